@@ -1,0 +1,79 @@
+"""Off-policy corrections for rollout/training mismatch and asynchronous staleness.
+
+Three policies can be in play for one token:
+  π_behav  the rollout engine that sampled it (``rollout_logprobs``; possibly stale in
+           async mode, and numerically different from the trainer even when not),
+  π_prox   the proximal/old policy, recomputed by the trainer (``old_logprobs``),
+  π_θ      the policy being optimised.
+
+TIS (Yao et al., fengyao.notion.site/off-policy-rl) and decoupled PPO (Hilton et al.
+arXiv 2110.00641; AReaL) both split the ratio π_θ/π_behav into
+    π_θ/π_prox  — PPO-clipped inside the loss (``ppo_clip`` with old_logprobs = lp_prox)
+  × π_prox/π_behav — a detached, truncated weight: ``rollout_is_weights`` here.
+How the training loop composes them, per micro-batch::
+
+    w, m = rollout_is_weights(old_logprobs, rollout_logprobs, response_mask)
+    out  = compute_policy_loss("ppo_clip", PolicyLossInput(lp, old_logprobs, adv,
+                               response_mask, is_weights=w, ...), cfg)
+
+With mode="mask" rejected tokens get weight 0 but stay in the denominators (M, S are
+counted from the original mask), so rejection does not up-weight the survivors
+(AReaL's N_orig).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from asyncrl.algorithms.masked import masked_mean, masked_sum
+
+MAX_LOG_WEIGHT = 20.0
+
+
+def rollout_is_weights(
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    response_mask: Tensor,
+    *,
+    level: str = "token",
+    threshold: float = 2.0,
+    mode: str = "truncate",
+) -> tuple[Tensor, dict[str, float]]:
+    """Importance weights w = π_old/π_rollout, detached, ``[b, L]`` (0 on masked tokens).
+
+    level "token":    w_t = exp(lp_old_t − lp_roll_t)
+    level "sequence": w_t = exp(Σ_t m·(lp_old − lp_roll)) for every token of the row
+    mode "truncate":  w = min(w, threshold)           (TIS; verl's default threshold 2.0)
+    mode "mask":      w = 0 where w > threshold       (reject instead of clamp)
+    The log weight is clamped to ±20 so exp() stays finite.
+
+    Metrics: is_weight_mean / is_weight_max (before truncation), is_clipped_frac
+    (tokens whose weight was truncated or masked), mismatch_k1 = mean(lp_old − lp_roll),
+    mismatch_k3 = mean of the k3 estimate of KL(π_roll‖π_old).
+    """
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
+    with torch.no_grad():
+        mask = response_mask.to(old_logprobs.dtype)
+        log_w = (old_logprobs - rollout_logprobs) * mask
+        if level == "sequence":
+            log_w = masked_sum(log_w, mask, dim=-1).unsqueeze(-1).expand_as(log_w)
+        raw = log_w.clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT).exp() * mask
+        over = (raw > threshold) & (mask > 0)
+        if mode == "truncate":
+            weights = raw.clamp(max=threshold)
+        else:
+            weights = torch.where(over, torch.zeros_like(raw), raw)
+        # k3 of KL(π_roll‖π_old) under samples from π_roll: ρ − 1 − log ρ, ρ = π_old/π_roll.
+        log_rho = ((old_logprobs - rollout_logprobs) * mask).clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT)
+        stats = torch.stack([
+            masked_mean(raw, mask),
+            (raw * mask).max() if mask.any() else raw.new_zeros(()),
+            masked_mean(over.to(mask.dtype), mask),
+            masked_mean(old_logprobs - rollout_logprobs, mask),
+            masked_mean(log_rho.exp() - 1.0 - log_rho, mask),
+        ]).tolist()
+    keys = ("is_weight_mean", "is_weight_max", "is_clipped_frac", "mismatch_k1", "mismatch_k3")
+    return weights * mask, dict(zip(keys, stats))
