@@ -1,0 +1,128 @@
+"""Attention over the paged KV cache, and the per-step metadata that drives it.
+
+KV cache layout, per layer: ``k_cache, v_cache: [num_blocks + 1, block_size, Hkv, D]``.
+A token's *slot* is ``block_id * block_size + offset``. The last block is a scratch
+block: padded rows of a batch write their K/V there, so no kernel needs a "skip" branch.
+
+Two ways to attend:
+  * gathered (CPU, and GPU prefill): each sequence's keys are gathered into a padded
+    ``[B, Lk, Hkv, D]`` tensor and one SDPA call with a boolean mask covers the batch.
+    Prefill is compute-bound, so the gather is cheap next to the matmuls.
+  * paged decode (GPU): a Triton kernel reads K/V in place through the block table
+    (``triton_decode.py``); gathering there would cost 11x (ENGINE.md §3.1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step inputs of every attention layer (same for all layers).
+
+    T = number of query tokens in the step (packed, no batch dim), B = sequences.
+      slot_mapping [T]        where each new token's K/V is written
+      -- gathered path --
+      q_index      [B, Lq]    row b: indices into the T tokens (padded with 0)
+      q_out_index  [T]        position of each real token in the flattened [B*Lq]
+      kv_slots     [B, Lk]    slot of key j of sequence b (padded -> scratch slot)
+      mask         [B, 1, Lq, Lk]  True where query may attend key (causal, in range)
+      -- paged decode path (one query token per sequence) --
+      block_tables [B, max_blocks] int32, context_lens [B] int32
+    """
+
+    slot_mapping: torch.Tensor
+    q_index: Optional[torch.Tensor] = None
+    q_out_index: Optional[torch.Tensor] = None
+    kv_slots: Optional[torch.Tensor] = None
+    mask: Optional[torch.Tensor] = None
+    block_tables: Optional[torch.Tensor] = None
+    context_lens: Optional[torch.Tensor] = None
+    paged_decode: bool = False
+
+
+def build_gathered_metadata(
+    block_tables: list[list[int]],
+    start_positions: list[int],
+    num_new_tokens: list[int],
+    block_size: int,
+    scratch_block: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Metadata for a step where sequence b computes tokens ``[start_b, start_b + n_b)``.
+
+    Keys ``[0, start_b + n_b)`` are attended (cached prefix + the new tokens, whose K/V
+    the layer writes into the cache before attending).
+    """
+    B = len(block_tables)
+    lq = max(num_new_tokens)
+    ctx = [s + n for s, n in zip(start_positions, num_new_tokens)]
+    lk = max(ctx)
+    max_blocks = (lk + block_size - 1) // block_size
+    bt = torch.full((B, max_blocks), scratch_block, dtype=torch.long)
+    for b, table in enumerate(block_tables):
+        m = min(len(table), max_blocks)
+        bt[b, :m] = torch.tensor(table[:m], dtype=torch.long)
+    starts = torch.tensor(start_positions, dtype=torch.long)
+    nnew = torch.tensor(num_new_tokens, dtype=torch.long)
+    ctx_t = torch.tensor(ctx, dtype=torch.long)
+
+    j = torch.arange(lk)
+    kv_slots = bt[:, j // block_size] * block_size + j % block_size  # [B, Lk]
+    kv_slots = torch.where(j[None, :] < ctx_t[:, None], kv_slots, scratch_block * block_size)
+    slot_rows = []
+    for b in range(B):
+        slot_rows.append(kv_slots[b, start_positions[b] : ctx[b]])
+    slot_mapping = torch.cat(slot_rows)
+
+    i = torch.arange(lq)
+    q_valid = i[None, :] < nnew[:, None]  # [B, Lq]
+    offsets = torch.cumsum(nnew, 0) - nnew
+    q_index = torch.where(q_valid, offsets[:, None] + i[None, :], 0)
+    q_pos = torch.where(q_valid, starts[:, None] + i[None, :], 0)  # padded rows see key 0 only
+    mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < ctx_t[:, None, None])
+    q_out_index = torch.nonzero(q_valid.flatten(), as_tuple=True)[0]
+    return AttentionMetadata(
+        slot_mapping=slot_mapping.to(device),
+        q_index=q_index.to(device),
+        q_out_index=q_out_index.to(device),
+        kv_slots=kv_slots.to(device),
+        mask=mask.unsqueeze(1).to(device),
+    )
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write new K/V ``[T, Hkv, D]`` into the cache at ``slot_mapping [T]``."""
+    Hkv, D = k.shape[1], k.shape[2]
+    k_cache.view(-1, Hkv, D).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, Hkv, D).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q ``[T, H, D]`` -> out ``[T, H, D]`` attending through ``meta.kv_slots``."""
+    T, H, D = q.shape
+    Hkv = k_cache.shape[2]
+    B, Lq = meta.q_index.shape
+    qb = q[meta.q_index].transpose(1, 2)  # [B, H, Lq, D]
+    kb = k_cache.view(-1, Hkv, D)[meta.kv_slots].transpose(1, 2)  # [B, Hkv, Lk, D]
+    vb = v_cache.view(-1, Hkv, D)[meta.kv_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(qb, kb.to(q.dtype), vb.to(q.dtype), attn_mask=meta.mask,
+                                         scale=scale, enable_gqa=H != Hkv)
+    return out.transpose(1, 2).reshape(B * Lq, H, D)[meta.q_out_index]
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Store this step's K/V, then attend. q ``[T, H, D]``, k/v ``[T, Hkv, D]``."""
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    if meta.paged_decode:
+        from asyncrl.engine.triton_decode import paged_decode_attention
+
+        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+    return gathered_attention(q, k_cache, v_cache, meta, scale)

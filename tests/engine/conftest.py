@@ -1,0 +1,47 @@
+"""Tiny random-weight HF checkpoints (Qwen3, Qwen2, Llama) saved to a tmp dir, fp32."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+VOCAB = 97
+
+
+def _make(arch: str):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+                  rms_norm_eps=1e-6, eos_token_id=3, bos_token_id=1, pad_token_id=0)
+    if arch == "qwen3":
+        return Qwen3Config(head_dim=16, tie_word_embeddings=True, **common)
+    if arch == "qwen2":
+        return Qwen2Config(tie_word_embeddings=False, **common)
+    return LlamaConfig(head_dim=16, tie_word_embeddings=False, **common)
+
+
+def build_tiny(arch: str, path) -> str:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed({"qwen3": 0, "qwen2": 1, "llama": 2}[arch])
+    model = AutoModelForCausalLM.from_config(_make(arch), dtype=torch.float32)
+    with torch.no_grad():  # larger-than-default init so logits are far from uniform
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+            elif arch == "qwen2" and p.dim() == 1 and p.numel() != 64:
+                p.normal_(0, 0.1)  # non-zero q/k/v biases
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    return {a: build_tiny(a, tmp_path_factory.mktemp(a)) for a in ("qwen3", "qwen2", "llama")}
+
+
+@pytest.fixture(scope="session")
+def hf_models(tiny_dirs):
+    from transformers import AutoModelForCausalLM
+
+    return {a: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for a, d in tiny_dirs.items()}
