@@ -215,7 +215,7 @@ def test_equal_rewards_in_a_group_give_zero_advantage(value, sizes, name):
     if name == "reinforce_plus_plus_baseline":
         # whitening mixes rows; with all groups non-singleton every centred value is 0
         if bool(in_group.all()):
-            assert adv.abs().max() == 0
+            assert adv.abs().max() < 1e-9
         return
     if bool(in_group.any()):
         assert adv[in_group].abs().max() < 1e-9
