@@ -1,0 +1,68 @@
+"""``asyncrl train | sft | eval | print-config``: parse arguments and call the library.
+
+Every subcommand takes an optional recipe (a path or a name under recipes/) followed by
+dotted overrides: ``asyncrl train quickstart rollout.n=4 algorithm.kl_coef=0.01``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from asyncrl.config import ConfigError, config_to_yaml, load_config
+
+DEFAULT_RECIPE = "quickstart"
+
+
+def _split(args: list[str]) -> tuple[str, list[str]]:
+    """(recipe, overrides): the first argument is a recipe unless it is an override."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return DEFAULT_RECIPE, args
+
+
+def _cmd_train(cfg) -> int:
+    from asyncrl.runtime.pipeline import run_training
+    run_training(cfg)
+    return 0
+
+
+def _cmd_sft(cfg) -> int:
+    from asyncrl.runtime.sft_job import run_sft_job
+    run_sft_job(cfg)
+    return 0
+
+
+def _cmd_print_config(cfg) -> int:
+    print(config_to_yaml(cfg), end="")
+    return 0
+
+
+COMMANDS = {
+    "train": (_cmd_train, "run RL training (no arguments: the CPU quickstart)"),
+    "sft": (_cmd_sft, "supervised fine-tuning on the task's demonstrations"),
+    "print-config": (_cmd_print_config, "print the resolved config tree"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncrl", description="Fast, transparent RL post-training for LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("args", nargs="*", help="[recipe] [key.path=value ...]")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    recipe, overrides = _split(ns.args)
+    try:
+        cfg = load_config(recipe, overrides)
+    except ConfigError as err:
+        print(f"asyncrl: config error: {err}", file=sys.stderr)
+        return 2
+    return COMMANDS[ns.command][0](cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The typed config tree: one dataclass per concern, composed into :class:`Config`.
+
+Loaded from a YAML recipe and overridden by dotted CLI arguments::
+
+    asyncrl train recipes/quickstart.yaml algorithm.kl_coef=0.01 rollout.n=8
+
+Every unknown key, wrong type or out-of-range value is refused by
+:func:`load_config` before anything runs (see ``config_schema``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from asyncrl.config_schema import (ConfigError, all_keys, build_dataclass, closest_key, field_spec,
+                                   parse_override, set_dotted, to_dict)
+
+__all__ = ["Config", "ConfigError", "load_config", "resolve_recipe", "to_dict"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class TinyModelConfig:
+    """A small Qwen3-architecture model built from a config (random init)."""
+
+    hidden_size: int = field_spec(128, ge=8)
+    num_hidden_layers: int = field_spec(4, ge=1)
+    num_attention_heads: int = field_spec(4, ge=1)
+    num_key_value_heads: int = field_spec(2, ge=1)
+    head_dim: int = field_spec(32, ge=4)
+    intermediate_size: int = field_spec(384, ge=8)
+    max_position_embeddings: int = field_spec(64, ge=8)
+    rope_theta: float = field_spec(1e4, gt=0)
+
+    def validate(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError("model.tiny.num_attention_heads must be a multiple of model.tiny.num_key_value_heads")
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = field_spec(None, help="local HF checkpoint dir; null builds model.tiny")
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: str = field_spec("float32", choices=("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class TaskConfig:
+    """A synthetic verifiable task (asyncrl.data.tasks)."""
+
+    name: str = field_spec("arithmetic", choices=("arithmetic", "countdown"))
+    min_digits: int = field_spec(1, ge=1, le=9, help="arithmetic: operand digit counts")
+    max_digits: int = field_spec(3, ge=1, le=9)
+    operations: list[str] = field_spec(default_factory=lambda: ["+"], help="arithmetic: subset of + - *")
+    num_numbers: int = field_spec(3, ge=2, le=6, help="countdown: how many numbers are given")
+    max_number: int = field_spec(20, ge=2, help="countdown: numbers are drawn from 1..max_number")
+    max_target: int = field_spec(200, ge=1, help="countdown: targets are in 1..max_target")
+    num_eval: int = field_spec(200, ge=1, help="held-out examples (never trained on)")
+
+    def validate(self) -> None:
+        if self.min_digits > self.max_digits:
+            raise ConfigError("task.min_digits must be <= task.max_digits")
+        bad = [op for op in self.operations if op not in ("+", "-", "*")]
+        if bad or not self.operations:
+            raise ConfigError(f"task.operations: {self.operations!r} must be a non-empty subset of ['+', '-', '*']")
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start on task demonstrations (stage 1 of the pipeline)."""
+
+    enabled: bool = True
+    steps: int = field_spec(300, ge=0)
+    batch_size: int = field_spec(128, ge=1)
+    lr: float = field_spec(1e-3, gt=0)
+    warmup_steps: int = field_spec(10, ge=0)
+    cache: bool = field_spec(True, help="reuse a warm start with the same model/task/sft/seed")
+    cache_dir: Optional[str] = field_spec(None, help="default: $ASYNCRL_CACHE or ~/.cache/asyncrl")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = field_spec("hf", choices=("hf", "engine"))
+    n: int = field_spec(8, ge=1, help="samples per prompt (GRPO group size)")
+    temperature: float = field_spec(1.0, gt=0)
+    top_p: float = field_spec(1.0, gt=0, le=1)
+    top_k: int = field_spec(-1, ge=-1)
+    max_tokens: int = field_spec(6, ge=1, help="max new tokens per response")
+
+
+@dataclass
+class AlgorithmConfig:
+    """What is optimised. Names follow verl's keys (ALGORITHMS.md)."""
+
+    adv_estimator: str = field_spec("grpo")
+    norm_adv_by_std_in_grpo: bool = True
+    policy_loss: str = field_spec("ppo_clip")
+    loss_agg_mode: str = field_spec("token-mean", choices=(
+        "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
+    loss_scale_factor: Optional[float] = field_spec(None, gt=0)
+    clip_ratio_low: float = field_spec(0.2, ge=0)
+    clip_ratio_high: float = field_spec(0.2, ge=0)
+    clip_ratio_c: float = field_spec(3.0, gt=1, help="dual-clip constant")
+    tau_pos: float = field_spec(1.0, gt=0)
+    tau_neg: float = field_spec(1.05, gt=0)
+    kl_coef: float = field_spec(0.0, ge=0, help="KL-to-reference loss coefficient (0: no ref model)")
+    kl_estimator: str = field_spec("k3", choices=("k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs",
+                                                 "k1+", "k2+", "k3+", "low_var_kl+"))
+    entropy_coeff: float = field_spec(0.0, ge=0)
+    gamma: float = field_spec(1.0, ge=0, le=1)
+    lam: float = field_spec(1.0, ge=0, le=1)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = field_spec(1e-4, gt=0)
+    weight_decay: float = field_spec(0.0, ge=0)
+    betas: list[float] = field_spec(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = field_spec(1.0, gt=0)
+    warmup_steps: int = field_spec(0, ge=0)
+    ppo_epochs: int = field_spec(1, ge=1)
+    mini_batches: int = field_spec(1, ge=1, help="optimizer steps per rollout batch (per epoch)")
+    micro_batch_size: int = field_spec(256, ge=1, help="rows per forward/backward")
+    logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = field_spec(100, ge=0, help="RL steps")
+    prompts_per_step: int = field_spec(16, ge=1)
+    max_wall_seconds: Optional[float] = field_spec(None, gt=0, help="stop RL early past this budget")
+    eval_every: int = field_spec(0, ge=0, help="held-out eval every N steps (0: only before/after)")
+    checkpoint_every: int = field_spec(0, ge=0, help="checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = field_spec(2, ge=1)
+    torch_threads: int = field_spec(2, ge=1)
+    device: str = field_spec("auto", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass
+class RuntimeConfig:
+    mode: str = field_spec("sync", choices=("sync",))
+    executor: str = field_spec("local", choices=("local",))
+
+
+@dataclass
+class LoggingConfig:
+    output_dir: str = "runs"
+    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<name>)")
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    seed: int = field_spec(0, ge=0)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> None:
+        batch = self.trainer.prompts_per_step * self.rollout.n
+        if batch % self.actor.mini_batches:
+            raise ConfigError(f"actor.mini_batches={self.actor.mini_batches} must divide the batch of "
+                              f"trainer.prompts_per_step * rollout.n = {batch} responses")
+
+
+def resolve_recipe(name_or_path: str) -> Path:
+    """A recipe given as a path, or as a name under the repo's ``recipes/``."""
+    candidates = [Path(name_or_path), REPO_ROOT / "recipes" / name_or_path,
+                  REPO_ROOT / "recipes" / f"{name_or_path}.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    known = sorted(p.stem for p in (REPO_ROOT / "recipes").glob("*.yaml"))
+    raise ConfigError(f"recipe '{name_or_path}' not found (known recipes: {', '.join(known)})")
+
+
+def load_config(recipe: Optional[str] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Load a recipe (YAML) and apply dotted overrides; refuse anything invalid."""
+    tree: dict[str, Any] = {}
+    if recipe is not None:
+        path = resolve_recipe(recipe)
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: a recipe must be a mapping of config sections")
+        tree.setdefault("name", path.stem)
+    valid = all_keys(Config)
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        dotted = ".".join(keys)
+        if dotted not in valid:
+            raise ConfigError(f"unknown config key '{dotted}'{closest_key(dotted, valid)}")
+        set_dotted(tree, keys, value)
+    return build_dataclass(Config, tree)
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def replace(cfg: Any, **changes: Any) -> Any:
+    return dataclasses.replace(cfg, **changes)

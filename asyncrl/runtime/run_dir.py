@@ -1,0 +1,21 @@
+"""The run directory: ``runs/<time>-<name>`` with the resolved config and all outputs."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from asyncrl.config import config_to_yaml
+
+
+def make_run_dir(cfg) -> Path:
+    if cfg.logging.run_dir:
+        path = Path(cfg.logging.run_dir)
+    else:
+        path = Path(cfg.logging.output_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}"
+        suffix = 1
+        while path.exists():  # two runs started within the same second
+            path = path.with_name(f"{path.name}-{suffix}")
+            suffix += 1
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.yaml").write_text(config_to_yaml(cfg))
+    return path

@@ -1,0 +1,121 @@
+"""The actor: the policy being optimised (one role per class; see critic.py, reference.py)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, kl_penalty)
+from asyncrl.training.logprobs import response_logprobs
+from asyncrl.types import TrainBatch
+
+
+def policy_loss_config(algo) -> PolicyLossConfig:
+    """The algorithms package's loss config from an ``AlgorithmConfig``."""
+    return PolicyLossConfig(
+        clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
+        clip_ratio_c=algo.clip_ratio_c, tau_pos=algo.tau_pos, tau_neg=algo.tau_neg,
+        loss_agg_mode=algo.loss_agg_mode, loss_scale_factor=algo.loss_scale_factor)
+
+
+class Actor:
+    """Policy model + AdamW; computes log-probs and runs PPO-style updates.
+
+    Invariant: one ``update`` call performs ``ppo_epochs * mini_batches`` optimizer
+    steps, and within each, micro-batch losses are aggregated with the mini-batch's
+    global token / sequence counts, so they sum to exactly the full mini-batch loss.
+    """
+
+    def __init__(self, model, actor_cfg, algo_cfg, temperature: float):
+        self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
+        self.loss_cfg = policy_loss_config(algo_cfg)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=actor_cfg.lr, betas=tuple(actor_cfg.betas),
+                                           weight_decay=actor_cfg.weight_decay)
+        warmup = actor_cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        self.version = 0  # policy version: incremented per rollout batch consumed
+
+    @property
+    def on_policy_shortcut(self) -> bool:
+        """With one optimizer step per batch, old log-probs equal the current ones (detached)."""
+        return self.cfg.ppo_epochs == 1 and self.cfg.mini_batches == 1
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, L] log-probs of the batch's responses under the current weights."""
+        self.model.eval()
+        parts = [self._forward(batch.select(idx), with_entropy=False)[0] for idx in self._micro_indices(batch.batch_size)]
+        return torch.cat(parts) * batch.response_mask
+
+    def _forward(self, batch: TrainBatch, with_entropy: bool):
+        device = next(self.model.parameters()).device
+        return response_logprobs(self.model, batch.input_ids.to(device), batch.attention_mask.to(device),
+                                 batch.prompt_length, self.temperature, self.cfg.logprob_chunk_tokens,
+                                 with_entropy=with_entropy)
+
+    def _micro_indices(self, size: int) -> list[torch.Tensor]:
+        order = torch.arange(size)
+        return list(order.split(self.cfg.micro_batch_size))
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """PPO epochs over mini-batches; returns averaged metrics of the step."""
+        self.model.train()
+        history: list[dict[str, float]] = []
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
+                history.append(self._optimizer_step(batch.select(mini)))
+        self.version += 1
+        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+
+    def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
+        device = next(self.model.parameters()).device
+        mask = mini.response_mask.to(device)
+        global_tokens = float(mask.sum())
+        global_seqs = float((mask.sum(-1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        micro_list = self._micro_indices(mini.batch_size)
+        for idx in micro_list:
+            micro = mini.select(idx)
+            metrics = self._micro_loss(micro, global_tokens, global_seqs, device)
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value * len(idx) / mini.batch_size
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            sums["actor/skipped_step"] = 0.0
+        else:  # a NaN/Inf gradient would poison the weights: skip the step and count it
+            self.optimizer.zero_grad(set_to_none=True)
+            sums["actor/skipped_step"] = 1.0
+        self.scheduler.step()
+        sums["actor/grad_norm"] = float(grad_norm)
+        sums["actor/lr"] = self.scheduler.get_last_lr()[0]
+        return sums
+
+    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device) -> dict[str, float]:
+        need_entropy = True  # entropy is always reported; its cost is one softmax per chunk
+        logprobs, entropy = self._forward(micro, with_entropy=need_entropy)
+        mask = micro.response_mask.to(device)
+        old = micro.old_logprobs.to(device) if micro.old_logprobs is not None else logprobs.detach()
+        out = compute_policy_loss(self.algo.policy_loss, PolicyLossInput(
+            logprobs=logprobs, old_logprobs=old, advantages=micro.advantages.to(device), response_mask=mask,
+            global_tokens=global_tokens, global_seqs=global_seqs), self.loss_cfg)
+        loss = out.loss
+        agg = dict(mode=self.algo.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
+                   norm_length=self.algo.loss_scale_factor)
+        metrics = {f"actor/{k}": float(v) for k, v in out.metrics.items()}
+        if micro.ref_logprobs is not None and self.algo.kl_coef > 0:
+            kl = agg_loss(kl_penalty(logprobs, micro.ref_logprobs.to(device), self.algo.kl_estimator), mask, **agg)
+            loss = loss + self.algo.kl_coef * kl
+            metrics["actor/kl_loss"] = float(kl)
+        entropy_term = agg_loss(entropy, mask, **agg)
+        if self.algo.entropy_coeff > 0:
+            loss = loss - self.algo.entropy_coeff * entropy_term
+        if not math.isfinite(float(loss)):
+            metrics["actor/nonfinite_loss"] = 1.0
+            return metrics  # no backward: the NaN must not reach the weights
+        loss.backward()
+        metrics["actor/pg_loss"] = float(out.loss)
+        metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        return metrics

@@ -1,0 +1,54 @@
+"""Supervised fine-tuning on demonstrations: stage 1 of the pipeline, before RL.
+
+The loss is the mean negative log-likelihood of the response tokens (answer + EOS);
+prompt tokens carry no loss. Log-probs come from the same chunked function the RL
+trainer uses, so SFT and RL see the model identically.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from asyncrl.training.batch import pad_prompt_response
+from asyncrl.training.logprobs import response_logprobs
+from asyncrl.types import Example
+
+
+def demonstration_batch(examples: list[Example], tokenizer):
+    """Tokenised (prompt, answer + EOS) pairs, padded for ``response_logprobs``."""
+    prompts = [tokenizer(ex.prompt)["input_ids"] for ex in examples]
+    answers = [tokenizer(ex.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+               for ex in examples]
+    return pad_prompt_response(prompts, answers, tokenizer.pad_token_id)
+
+
+def run_sft(model, tokenizer, stream: Iterator[Example], steps: int, batch_size: int, lr: float,
+            warmup_steps: int = 0, chunk_tokens: int = 4096,
+            on_step: Optional[Callable[[int, float], None]] = None) -> dict:
+    """Train ``model`` in place for ``steps`` AdamW steps; returns loss and time stats."""
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps else 1.0)
+    model.train()
+    start, losses = time.perf_counter(), []
+    for step in range(steps):
+        examples = [next(stream) for _ in range(batch_size)]
+        input_ids, attention_mask, response_mask, prompt_len = demonstration_batch(examples, tokenizer)
+        logprobs, _ = response_logprobs(model, input_ids.to(device), attention_mask.to(device), prompt_len,
+                                        chunk_tokens=chunk_tokens)
+        mask = response_mask.to(device)
+        loss = -(logprobs * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return {"sft/steps": steps, "sft/final_loss": losses[-1] if losses else float("nan"),
+            "sft/seconds": time.perf_counter() - start}

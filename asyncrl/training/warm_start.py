@@ -1,0 +1,62 @@
+"""The SFT warm start of a tiny model, cached so a second run skips it.
+
+The cache key hashes everything that determines the result (model shape, task, SFT
+settings, seed, tokenizer charset); the cached directory is a normal HF checkpoint
+(config.json, model.safetensors, tokenizer files), written atomically.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from asyncrl.config_schema import to_dict
+from asyncrl.data.char_tokenizer import DEFAULT_CHARSET, build_char_tokenizer, save_and_reload
+from asyncrl.training.model import build_tiny_model
+from asyncrl.training.sft import run_sft
+
+_CACHE_FORMAT = 1
+
+
+def cache_root(cfg_dir: Optional[str]) -> Path:
+    return Path(cfg_dir or os.environ.get("ASYNCRL_CACHE") or Path.home() / ".cache" / "asyncrl")
+
+
+def warm_start_key(cfg) -> str:
+    sft = {k: v for k, v in to_dict(cfg.sft).items() if k not in ("cache", "cache_dir")}
+    blob = json.dumps({"format": _CACHE_FORMAT, "tiny": to_dict(cfg.model.tiny), "task": to_dict(cfg.task),
+                       "sft": sft, "seed": cfg.seed, "charset": DEFAULT_CHARSET,
+                       "torch": torch.__version__.split("+")[0]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tiny_checkpoint(cfg, task, device, on_step: Optional[Callable[[int, float], None]] = None) -> tuple[Path, dict]:
+    """Path of a tiny-model checkpoint warm-started by SFT on ``task`` (from cache if present)."""
+    path = cache_root(cfg.sft.cache_dir) / "warm_start" / warm_start_key(cfg)
+    if cfg.sft.cache and (path / "config.json").is_file():
+        return path, {"sft/cached": 1.0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
+    try:
+        tokenizer = save_and_reload(build_char_tokenizer(), tmp)
+        model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.seed).to(device)
+        info = {"sft/cached": 0.0}
+        if cfg.sft.enabled and cfg.sft.steps > 0:
+            torch.manual_seed(cfg.seed)
+            info.update(run_sft(model, tokenizer, task.train_stream(seed=10_000 + cfg.seed), cfg.sft.steps,
+                                cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, on_step=on_step))
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        (tmp / "asyncrl_warm_start.json").write_text(json.dumps(info, indent=2))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path, info
