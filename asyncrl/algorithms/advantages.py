@@ -49,8 +49,10 @@ class AdvantageInput:
     epsilon: float = 1e-6
 
     def mask(self) -> Tensor:
-        """The response mask in the scores' float dtype."""
-        return self.response_mask.to(self.scores.dtype)
+        """The response mask as floats (the scores' dtype, or the default float dtype
+        when scores are integers), so every estimator computes in one dtype."""
+        dtype = self.scores.dtype if self.scores.is_floating_point() else torch.get_default_dtype()
+        return self.response_mask.to(dtype)
 
     def rewards(self) -> Tensor:
         """[B, L] per-token rewards, zero on masked tokens."""

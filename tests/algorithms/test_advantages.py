@@ -242,3 +242,13 @@ def test_rloo_is_scaled_dr_grpo(rewards):
     torch.testing.assert_close(
         compute_advantages("rloo", inp).advantages, n / (n - 1) * compute_advantages("grpo", inp).advantages
     )
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg"])
+def test_integer_scores_and_empty_rows(name):
+    # 0/1 accuracy as a long tensor; row 2 has no valid token (e.g. an aborted response)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    inp = AdvantageInput(torch.tensor([1, 0, 1, 0]), mask, torch.tensor([0, 0, 0, 0]))
+    adv = compute_advantages(name, inp).advantages
+    assert adv.dtype == torch.get_default_dtype() and torch.isfinite(adv).all()
+    assert (adv[2] == 0).all() and (adv[~mask] == 0).all()
