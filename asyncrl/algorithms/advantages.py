@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from asyncrl.algorithms.groups import group_mean, group_size, group_std, group_sum
+from asyncrl.algorithms.groups import group_index, group_mean, group_size, group_std, group_sum
 from asyncrl.algorithms.masked import last_token_index, masked_whiten
 from asyncrl.algorithms.registry import Registry
 
@@ -156,6 +156,29 @@ def rloo(inp: AdvantageInput) -> AdvantageOutput:
     n = group_size(inp.group_ids, R.dtype)
     loo_baseline = (group_sum(R, inp.group_ids) - R) / (n - 1).clamp(min=1)
     adv = torch.where(n > 1, R - loo_baseline, R)
+    return _broadcast(adv, mask)
+
+
+@ADV_ESTIMATORS.register("grpo_passk")
+def grpo_passk(inp: AdvantageInput) -> AdvantageOutput:
+    """Pass@k GRPO (verl ``grpo_passk``, after arXiv 2503.19595): only the best response
+    of each group is credited, with A = R_max − R_second (÷ (σ_g + ε) when
+    ``norm_adv_by_std_in_grpo``); every other response gets 0. This optimises the
+    best-of-n reward. Ties give 0 (the first maximum is credited). Groups need n ≥ 2.
+    """
+    R, mask = inp.outcome(), inp.mask()
+    adv = torch.zeros_like(R)
+    inverse, n_groups = group_index(inp.group_ids)
+    std = group_std(R, inp.group_ids)
+    for g in range(n_groups):
+        rows = (inverse == g).nonzero().squeeze(-1)
+        if rows.numel() < 2:
+            raise ValueError("grpo_passk needs at least 2 responses per prompt")
+        top = torch.topk(R[rows], 2)
+        best = rows[top.indices[0]]
+        adv[best] = top.values[0] - top.values[1]
+        if inp.norm_adv_by_std_in_grpo:
+            adv[best] = adv[best] / (std[best] + inp.epsilon)
     return _broadcast(adv, mask)
 
 

@@ -62,6 +62,7 @@ def _straight_through(base: KLFn) -> KLFn:
 
 for _name in ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"):
     KL_ESTIMATORS.register(_name + "+")(_straight_through(KL_ESTIMATORS.get(_name)))
+del _name
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:

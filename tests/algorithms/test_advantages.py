@@ -89,6 +89,18 @@ def test_gpg_scales_by_nonzero_fraction():
     assert adv.tolist() == [3.0, -1.0, -1.0, -1.0]
 
 
+def test_grpo_passk_credits_only_the_best():
+    # [1,0,0,0]: R_max − R_second = 1 − 0 = 1, ÷ (σ = 0.5) -> 2 for row 0, 0 elsewhere
+    adv = compute_advantages("grpo_passk", _inp([1.0, 0, 0, 0])).advantages[:, 0]
+    torch.testing.assert_close(adv, torch.tensor([2.0, 0, 0, 0], dtype=torch.float64), atol=1e-5, rtol=0)
+    # two groups, no std normalisation: best of [.2,.9,.5] gets .9 − .5 = .4; tie [1, 1] gets 0
+    out = compute_advantages("grpo_passk", _inp([0.2, 0.9, 0.5, 1.0, 1.0], group_ids=[3, 3, 3, 8, 8],
+                                                 norm_adv_by_std_in_grpo=False)).advantages[:, 0]
+    torch.testing.assert_close(out, torch.tensor([0, 0.4, 0, 0, 0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="at least 2"):
+        compute_advantages("grpo_passk", _inp([1.0], group_ids=[0]))
+
+
 # ---- conventions ------------------------------------------------------------------------
 
 def test_default_token_rewards_put_score_on_last_valid_token():
@@ -183,6 +195,8 @@ def test_token_estimators_match_reference(seed):
 @pytest.mark.parametrize("name", ADV_ESTIMATORS.names())
 def test_advantages_zero_on_masked_tokens_and_no_grad(name):
     inp = _random_case(0)
+    if name == "grpo_passk":  # needs groups of ≥ 2
+        inp.group_ids = torch.arange(inp.scores.shape[0]) // 2
     inp.scores.requires_grad_(True)
     out = compute_advantages(name, inp)
     assert not out.advantages.requires_grad
