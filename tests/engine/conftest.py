@@ -27,8 +27,8 @@ def build_tiny(arch: str, path) -> str:
     model = AutoModelForCausalLM.from_config(_make(arch), dtype=torch.float32)
     with torch.no_grad():  # larger-than-default init so logits are far from uniform
         for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.08)
+            if p.dim() > 1:  # embeddings large so next-token distributions are peaked
+                p.normal_(0, 0.5 if p.shape[0] == VOCAB else 0.15)
             elif arch == "qwen2" and p.dim() == 1 and p.numel() != 64:
                 p.normal_(0, 0.1)  # non-zero q/k/v biases
     model.save_pretrained(str(path))
@@ -45,3 +45,33 @@ def hf_models(tiny_dirs):
     from transformers import AutoModelForCausalLM
 
     return {a: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for a, d in tiny_dirs.items()}
+
+
+def make_llm(path, **kw):
+    from asyncrl.engine import LLM
+
+    kw.setdefault("block_size", 4)
+    kw.setdefault("max_num_seqs", 16)
+    return LLM(path, dtype=torch.float32, device="cpu", **kw)
+
+
+def hf_greedy(hf, prompt, max_new_tokens, eos=3):
+    """HF generate, batch 1 (no padding), greedy; stops at EOS like the engine."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def prompts_for(seed, lengths):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy_loop(hf, prompt, n):
+    """Greedy by full recompute with HF forward, no EOS handling (for ignore_eos runs)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]

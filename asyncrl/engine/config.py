@@ -1,0 +1,21 @@
+"""EngineConfig: the knobs of one engine instance (defaults suit a GPU; tests shrink them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 64              # tokens per KV block (prefix-cache granularity)
+    num_kv_blocks: Optional[int] = None  # None: sized from memory (GPU) or max_num_seqs x max_model_len (CPU)
+    max_num_seqs: int = 512           # running sequences at most (the decode batch)
+    max_num_batched_tokens: int = 16384  # prefill token budget of one step (chunked beyond it)
+    max_model_len: Optional[int] = None  # None: the model's max_position_embeddings
+    gpu_memory_utilization: float = 0.85
+    kv_memory_gb_cpu: float = 1.0     # CPU cap on the KV pool when num_kv_blocks is None
+    enable_prefix_caching: bool = True
+    enable_fork: bool = True          # n samples share the prompt's KV (prefill once)
+    enforce_eager: bool = False       # no CUDA graphs
+    compile_sampler: bool = True      # torch.compile the sampler on CUDA
+    seed: int = 0                     # seeds requests that give none

@@ -1,0 +1,195 @@
+"""LLM: the engine's public API, shaped like vLLM's ``LLM``, plus RL controls.
+
+    llm = LLM("path/to/hf_checkpoint", dtype=torch.bfloat16)
+    outs = llm.generate(prompts_or_token_ids, SamplingParams(n=16, temperature=1.0, max_tokens=256))
+    llm.update_weights(trainer.named_parameters(), version=v + 1)
+
+The engine step is: schedule -> run -> postprocess. ``generate`` loops steps until its
+requests finish. RL controls are thread-safe against a ``generate`` running in another
+thread: ``pause()`` blocks new steps (in-flight sequences keep their KV), and
+``update_weights`` swaps weights between steps, so tokens sampled after it carry the new
+version (vLLM's ``pause_generation(mode="keep")``). The prefix cache is namespaced by
+weight version, so K/V computed under old weights is never reused by new requests.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+from typing import Iterable, Optional, Sequence as Seq, Union
+
+import torch
+
+from asyncrl.engine.block_manager import BlockManager
+from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.model_runner import ModelRunner
+from asyncrl.engine.models import load_model
+from asyncrl.engine.scheduler import Scheduler
+from asyncrl.engine.sequence import Sequence
+from asyncrl.types import Completion, RequestOutput, SamplingParams
+
+PromptType = Union[str, list[int]]
+
+
+class LLM:
+    def __init__(self, model: str, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
+                 tokenizer=None, version: int = 0, **engine_kwargs):
+        """``model``: an HF checkpoint dir (config.json + safetensors [+ tokenizer]).
+        ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, ...)."""
+        self.config = EngineConfig(**engine_kwargs)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = load_model(model, dtype=dtype, device=device)
+        mc = self.model.config
+        self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.tokenizer = tokenizer if tokenizer is not None else _maybe_tokenizer(model)
+        self.eos_token_ids = list(mc.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
+            self.eos_token_ids = [self.tokenizer.eos_token_id]
+        self.runner = ModelRunner(self.model, self.config, self.max_model_len)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager, self.max_model_len, self.eos_token_ids,
+                                   self._hit_stop_string)
+        self.version = version
+        self.block_manager.set_namespace(version)
+        self._rng = random.Random(self.config.seed)
+        self._lock = threading.RLock()  # one step / weight update at a time
+        self._unpaused = threading.Event()
+        self._unpaused.set()
+        self._next_request = 0
+        self._requests: dict[str, Sequence] = {}  # request id -> its first sequence
+        self.num_steps = 0
+
+    # ---- requests --------------------------------------------------------------
+    def add_request(self, prompt: PromptType, params: SamplingParams, request_id: Optional[str] = None) -> str:
+        """Queue one prompt with ``params.n`` samples; returns its request id."""
+        token_ids = self._encode(prompt)
+        if request_id is None:
+            request_id = str(self._next_request)
+            self._next_request += 1
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        parent = Sequence(token_ids, params, request_id, 0, seed)
+        parent.prompt_text = prompt if isinstance(prompt, str) else None
+        with self._lock:
+            if self.config.enable_fork:
+                parent.num_forks = params.n - 1
+                self.scheduler.add(parent)
+            else:  # no sharing by construction: n independent sequences
+                self.scheduler.add(parent)
+                for i in range(1, params.n):
+                    child = parent.fork(i, seed)
+                    parent.group.append(child)
+                    child.group = parent.group
+                    self.scheduler.add(child)
+            self._requests[request_id] = parent
+        return request_id
+
+    def step(self) -> list[Sequence]:
+        """Run one engine step; returns the sequences that finished in it."""
+        self._unpaused.wait()
+        with self._lock:
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return []
+            tokens, logprobs = self.runner.run(batch)
+            self.num_steps += 1
+            return self.scheduler.postprocess(batch, tokens, logprobs, self.version)
+
+    def has_unfinished(self) -> bool:
+        return not self.scheduler.is_finished()
+
+    def generate(self, prompts: Union[PromptType, Seq[PromptType]],
+                 sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
+        """One ``RequestOutput`` per prompt (in order) with ``n`` completions each."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        pending = set(ids)
+        while pending:
+            if not self.has_unfinished():
+                break
+            self.step()
+            pending = {r for r in pending if not self._request_done(r)}
+        return [self._collect(r) for r in ids]
+
+    def _request_done(self, request_id: str) -> bool:
+        parent = self._requests[request_id]
+        return parent.num_forks == 0 and all(s.is_finished for s in parent.group) and \
+            len(parent.group) == parent.params.n
+
+    def _collect(self, request_id: str) -> RequestOutput:
+        parent = self._requests.pop(request_id)
+        seqs = sorted(parent.group, key=lambda s: s.sample_index)
+        comps = [self._completion(s) for s in seqs]
+        while len(comps) < parent.params.n:  # aborted before its siblings were forked
+            comps.append(Completion([], "", [] if parent.params.logprobs else None, "abort", []))
+        return RequestOutput(prompt_token_ids=parent.token_ids[: parent.num_prompt_tokens],
+                             prompt=parent.prompt_text, completions=comps)
+
+    def _completion(self, s: Sequence) -> Completion:
+        ids = s.completion_token_ids
+        text = s.text or self._decode(ids)
+        return Completion(token_ids=ids, text=text, logprobs=list(s.logprobs) if s.params.logprobs else None,
+                          finish_reason=s.finish_reason or "abort", versions=list(s.versions))
+
+    # ---- RL controls -------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load HF-named tensors in place (between steps) and set the policy version."""
+        with self._lock:
+            self.model.load_weights(named_tensors)
+            self.version = version
+            self.block_manager.set_namespace(version)
+
+    def pause(self) -> None:
+        """Stop scheduling steps (returns once no step is running); KV stays resident."""
+        self._unpaused.clear()
+        with self._lock:
+            pass
+
+    def resume(self) -> None:
+        self._unpaused.set()
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        """Finish these requests now with finish_reason "abort" (partial tokens kept)."""
+        with self._lock:
+            self.scheduler.abort(set(request_ids))
+
+    @property
+    def metrics(self) -> dict:
+        bm, sc = self.block_manager, self.scheduler
+        return dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
+                    forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
+                    steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+
+    # ---- text ----------------------------------------------------------------------
+    def _encode(self, prompt: PromptType) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompt given but the checkpoint has no tokenizer; pass token ids")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        return list(prompt)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def _hit_stop_string(self, seq: Sequence) -> bool:
+        """Stop strings: decode the completion; on a hit keep the text up to the stop."""
+        if self.tokenizer is None:
+            return False
+        text = self._decode(seq.completion_token_ids)
+        for stop in seq.params.stop:
+            i = text.find(stop)
+            if i >= 0:
+                seq.text = text[:i]
+                return True
+        return False
+
+
+def _maybe_tokenizer(path: str):
+    if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

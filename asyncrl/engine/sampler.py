@@ -1,0 +1,88 @@
+"""Sampler: temperature / top-k / top-p / greedy with batch-independent seeded noise,
+returning the log-prob of each sampled token under the distribution sampled from.
+
+Sampling is a Gumbel race: ``token = argmax(logp + g)`` with ``g = -log(-log(u))``,
+which draws exactly from ``softmax(logp)``. ``u`` comes from a counter-based hash of
+(row key, vocab index), where the row key mixes (seed, sample index, position). So a
+row's token depends only on its own logits and key: never on the batch it shares, on
+preemption, or on a global RNG state.
+
+``logp = log_softmax(masked(logits / T))`` where the mask drops tokens outside top-k /
+top-p; the returned log-prob is ``logp[token]`` (0 <= -logp; exactly what the trainer
+must renormalise over for an importance ratio). Greedy rows (T == 0) take argmax and
+report the T=1 log-prob of the argmax token.
+"""
+from __future__ import annotations
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x):
+    """Avalanche a 32-bit value held in int64 (products stay < 2^63: no overflow)."""
+    x = x & _M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _M32
+    return (x >> 16) ^ x
+
+
+def row_key(seed: int, sample_index: int, position: int) -> int:
+    """The per-(seed, sample, position) key, computed on the host in Python ints."""
+    k = _mix32(seed & _M32)
+    k = _mix32(k ^ (seed >> 32) & _M32)
+    k = _mix32(k ^ (sample_index & _M32))
+    return _mix32(k ^ (position & _M32))
+
+
+def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """keys ``[B]`` int64 -> Gumbel noise ``[B, vocab]`` fp32, a pure function of keys."""
+    v = torch.arange(vocab, device=keys.device, dtype=torch.int64)
+    x = _mix32(keys[:, None] * 0x9E3779B1 + v[None, :])
+    x = _mix32(x ^ (keys[:, None] >> 7))
+    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set logits outside each row's top-k / top-p nucleus to -inf. logits ``[B, V]``
+    (already temperature-scaled), top_k ``[B]`` int (<=0: off), top_p ``[B]`` float."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    V = logits.shape[-1]
+    rank = torch.arange(V, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, V)
+    drop = rank >= k[:, None]
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
+    # keep a token if the mass strictly before it is < top_p (the first is always kept)
+    before = probs.cumsum(-1) - probs
+    drop = drop | (before >= top_p[:, None])
+    drop_orig = torch.zeros_like(drop).scatter_(1, order, drop)
+    return logits.masked_fill(drop_orig, float("-inf"))
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           keys: torch.Tensor, use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits ``[B, V]`` fp32, temperature ``[B]`` (0 = greedy), keys ``[B]`` int64
+    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32)."""
+    greedy = temperature <= 0
+    t = torch.where(greedy, 1.0, temperature)
+    scaled = logits / t[:, None]
+    if use_filter:
+        scaled = _mask_top_k_top_p(scaled, top_k, top_p)
+    logp = torch.log_softmax(scaled, dim=-1)
+    race = torch.argmax(logp + gumbel_noise(keys, logits.shape[-1]), dim=-1)
+    tokens = torch.where(greedy, torch.argmax(logits, dim=-1), race)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+class Sampler:
+    """Wraps ``sample``; on CUDA it is compiled so the [B, V] elementwise chain (noise,
+    softmax, race) fuses into a few kernels instead of ~20 full passes over [B, V]."""
+
+    def __init__(self, device: torch.device, compile: bool = False):
+        self.fn = sample
+        if compile and device.type == "cuda":
+            self.fn = torch.compile(sample, dynamic=True)
+
+    def __call__(self, logits, temperature, top_k, top_p, keys, use_filter: bool):
+        return self.fn(logits, temperature, top_k, top_p, keys, use_filter)

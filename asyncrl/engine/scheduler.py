@@ -1,0 +1,195 @@
+"""Scheduler: continuous batching with chunked prefill and preemption by recompute.
+
+A step is either a prefill step (waiting sequences, packed under the token budget; the
+last one may be a chunk) or a decode step (one token for each running sequence).
+Prefill goes first so new sequences join the running batch as soon as others finish.
+
+When a decode step finds no free block, the most recently admitted running sequence is
+preempted: its blocks are freed and it returns to the head of ``waiting`` to be
+recomputed (its prefix blocks are usually still in the prefix cache). A sequence that
+alone exceeds the pool is rejected by ``add`` so this can neither crash nor spin.
+
+Invariant: every sequence is in exactly one of ``waiting`` / ``running`` until it
+finishes; sequences in ``running`` have all their tokens but the last in the cache.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from asyncrl.engine.block_manager import BlockManager
+from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """What one model step computes.
+
+    ``seqs[i]`` computes ``seqs[i].num_scheduled_tokens`` tokens from
+    ``num_cached_tokens``. ``logit_seqs`` are the seqs whose last computed token yields
+    logits (prefill completed, or decode). ``sample_seqs[j]`` draws its next token from
+    logits row ``sample_rows[j]`` (a forked child reads its parent's row).
+    ``copies``: (src, dst) KV blocks to copy after the forward (fork of a partial block).
+    """
+
+    seqs: list[Sequence]
+    is_prefill: bool
+    logit_seqs: list[Sequence] = field(default_factory=list)
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int,
+                 eos_token_ids: list[int], stop_checker: Optional[Callable[[Sequence], bool]] = None):
+        self.config = config
+        self.bm = block_manager
+        self.max_model_len = max_model_len
+        self.eos = set(eos_token_ids)
+        self.stop_checker = stop_checker
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+        self.prefill_tokens = 0  # tokens actually run through prefill (metrics)
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, seq: Sequence) -> None:
+        total = min(len(seq) + seq.params.max_tokens, self.max_model_len)
+        if len(seq) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(seq)} tokens >= max_model_len {self.max_model_len}")
+        if seq.num_blocks_needed(self.bm.block_size, total) > len(self.bm.blocks):
+            raise ValueError(f"a sequence of {total} tokens cannot fit the KV pool of "
+                             f"{len(self.bm.blocks)} x {self.bm.block_size} tokens")
+        self.waiting.append(seq)
+
+    # ---- schedule ------------------------------------------------------------
+    def schedule(self) -> Optional[ScheduledBatch]:
+        batch = self._schedule_prefill()
+        if batch is None:
+            batch = self._schedule_decode()
+        return batch
+
+    def _schedule_prefill(self) -> Optional[ScheduledBatch]:
+        batch = ScheduledBatch(seqs=[], is_prefill=True)
+        budget = self.config.max_num_batched_tokens
+        while self.waiting and budget > 0 and len(self.running) + len(batch.seqs) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                if not self.bm.can_allocate(seq):
+                    break
+                self.bm.allocate(seq)
+            remaining = len(seq) - seq.num_cached_tokens
+            n = min(remaining, budget)
+            seq.num_scheduled_tokens = n
+            budget -= n
+            batch.seqs.append(seq)
+            self.prefill_tokens += n
+            if n < remaining:
+                break  # chunked: continues next step, stays at the head of waiting
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            row = len(batch.logit_seqs)
+            batch.logit_seqs.append(seq)
+            batch.sample_seqs.append(seq)
+            batch.sample_rows.append(row)
+            if seq.num_forks:
+                self._fork(seq, row, batch)
+        return batch if batch.seqs else None
+
+    def _fork(self, parent: Sequence, row: int, batch: ScheduledBatch) -> None:
+        """Create parent's siblings now. Those that fit share its prompt blocks and draw
+        their first token from its logits row; the rest wait (and hit the prefix cache)."""
+        n, parent.num_forks = parent.num_forks, 0
+        base = parent.sample_index
+        for i in range(1, n + 1):
+            child = parent.fork(base + i, parent.seed)
+            parent.group.append(child)
+            child.group = parent.group
+            fits = (self.config.enable_fork and len(self.running) < self.config.max_num_seqs
+                    and self.bm.fork_cost(parent) <= self.bm.num_free_blocks)
+            if not fits:
+                self.waiting.append(child)
+                continue
+            copy = self.bm.fork(parent, child)
+            if copy:
+                batch.copies.append(copy)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+            batch.sample_seqs.append(child)
+            batch.sample_rows.append(row)
+
+    def _schedule_decode(self) -> Optional[ScheduledBatch]:
+        scheduled: list[Sequence] = []
+        while self.running and len(scheduled) < self.config.max_num_seqs:
+            seq = self.running.popleft()
+            while not self.bm.can_append(seq):
+                if self.running:
+                    self.preempt(self.running.pop())
+                else:
+                    self.preempt(seq)
+                    break
+            else:
+                self.bm.may_append(seq)
+                seq.num_scheduled_tokens = 1
+                scheduled.append(seq)
+        self.running.extendleft(reversed(scheduled))
+        if not scheduled:
+            return None
+        return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled,
+                              sample_seqs=scheduled, sample_rows=list(range(len(scheduled))))
+
+    def preempt(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.bm.deallocate(seq)
+        self.waiting.appendleft(seq)
+
+    # ---- postprocess ---------------------------------------------------------
+    def postprocess(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float],
+                    version: int) -> list[Sequence]:
+        """Commit the step: cached-token counts, prefix-cache hashes, new tokens, finishes."""
+        for seq in batch.seqs:
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.bm.hash_full_blocks(seq)
+        finished = []
+        for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):
+            seq.append_token(tok, lp, version)
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> Optional[str]:
+        p = seq.params
+        if (tok in self.eos and not p.ignore_eos) or tok in p.stop_token_ids:
+            return "stop"
+        if self.stop_checker is not None and p.stop and self.stop_checker(seq):
+            return "stop"
+        if seq.num_completion_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        seq.status = SequenceStatus.FINISHED
+        self.bm.deallocate(seq)
+        try:
+            self.running.remove(seq)
+        except ValueError:
+            self.waiting.remove(seq)
+
+    def abort(self, request_ids: set[str]) -> list[Sequence]:
+        """Finish every live sequence of these requests with reason "abort"."""
+        victims = [s for s in list(self.waiting) + list(self.running) if s.request_id in request_ids]
+        for seq in victims:
+            seq.num_forks = 0
+            self._finish(seq, "abort")
+        return victims
