@@ -24,6 +24,7 @@ from asyncrl.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
     build_kl_controller,
+    kl_in_reward,
     kl_penalty,
 )
 from asyncrl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
@@ -60,6 +61,7 @@ __all__ = [
     "entropy_from_logits",
     "filter_groups",
     "global_counts",
+    "kl_in_reward",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",

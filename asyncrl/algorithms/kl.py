@@ -23,6 +23,7 @@ from typing import Callable, Union
 import torch
 from torch import Tensor
 
+from asyncrl.algorithms.masked import last_token_index, masked_mean
 from asyncrl.algorithms.registry import Registry
 
 KLFn = Callable[[Tensor, Tensor], Tensor]
@@ -73,6 +74,34 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     ``KL_ESTIMATORS.names()``. Masking and aggregation are the caller's job.
     """
     return KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)
+
+
+def kl_in_reward(
+    scores: Tensor,
+    response_mask: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor,
+    kl_coef: float,
+    estimator: str = "k1",
+) -> tuple[Tensor, float]:
+    """Token rewards with the KL penalty folded in (PPO / REINFORCE++ / RLOO style).
+
+        token_rewards[i, t] = scores_i·[t = last valid token of i] − β·kl(lp_old, lp_ref)[i, t]·m
+
+    scores [B], response_mask / old_logprobs / ref_logprobs [B, L]. Uses the *old*
+    policy's log-probs and no gradient (the penalty is part of the reward, not the
+    loss). Returns (token_rewards [B, L], current_kl), current_kl being the batch mean
+    of each sequence's token-mean KL: feed it to the controller's ``update``.
+    """
+    with torch.no_grad():
+        mask = response_mask.to(old_logprobs.dtype)
+        kl = kl_penalty(old_logprobs, ref_logprobs, estimator) * mask
+        rewards = torch.zeros_like(mask)
+        rows = torch.arange(mask.shape[0], device=mask.device)
+        rewards[rows, last_token_index(mask)] = scores.to(mask.dtype)
+        token_rewards = (rewards - kl_coef * kl) * mask
+        current_kl = masked_mean(kl, mask, dim=-1).mean()
+    return token_rewards, float(current_kl)
 
 
 class FixedKLController:

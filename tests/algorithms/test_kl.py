@@ -96,3 +96,18 @@ def test_adaptive_controller_by_hand():
 def test_unknown_controller():
     with pytest.raises(ValueError, match="adaptive"):
         build_kl_controller("pid")
+
+
+def test_kl_in_reward_by_hand():
+    # row 0: 2 valid tokens, k1 = lp_old − lp_ref = [1, 0.5]; score 1 on token 1, β = 0.1
+    #   rewards = [0 − 0.1·1, 1 − 0.1·0.5] = [−0.1, 0.95]; token-mean KL = 0.75
+    # row 1: 1 valid token, k1 = 0.25; score 0 -> [−0.025, 0]; token-mean KL = 0.25
+    # current_kl = mean(0.75, 0.25) = 0.5
+    from asyncrl.algorithms import kl_in_reward
+
+    old = torch.tensor([[1.0, 0.5], [0.25, 9.0]])
+    ref = torch.zeros(2, 2)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    token_rewards, current_kl = kl_in_reward(torch.tensor([1.0, 0.0]), mask, old, ref, kl_coef=0.1)
+    torch.testing.assert_close(token_rewards, torch.tensor([[-0.1, 0.95], [-0.025, 0.0]]))
+    assert current_kl == pytest.approx(0.5)
