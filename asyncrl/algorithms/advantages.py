@@ -103,6 +103,8 @@ def _check_shapes(inp: AdvantageInput) -> None:
         t = getattr(inp, field)
         if t is not None and t.shape != (B, L):
             raise ValueError(f"{field} {tuple(t.shape)} must be [B, L]={(B, L)}")
+    if inp.baseline_scores is not None and inp.baseline_scores.shape != (B,):
+        raise ValueError(f"baseline_scores {tuple(inp.baseline_scores.shape)} must be [B]={B}")
 
 
 def _broadcast(per_row: Tensor, mask: Tensor) -> AdvantageOutput:

@@ -8,7 +8,6 @@ from asyncrl.algorithms import (
     POLICY_LOSSES,
     PolicyLossConfig,
     PolicyLossInput,
-    agg_loss,
     compute_policy_loss,
     global_counts,
 )
