@@ -32,16 +32,17 @@ PromptType = Union[str, list[int]]
 
 
 class LLM:
-    def __init__(self, model: str, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
+    def __init__(self, model, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
                  tokenizer=None, version: int = 0, **engine_kwargs):
-        """``model``: an HF checkpoint dir (config.json + safetensors [+ tokenizer]).
+        """``model``: an HF checkpoint dir (config.json + safetensors [+ tokenizer]), or an
+        in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``).
         ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, ...)."""
         self.config = EngineConfig(**engine_kwargs)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = load_model(model, dtype=dtype, device=device)
         mc = self.model.config
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
-        self.tokenizer = tokenizer if tokenizer is not None else _maybe_tokenizer(model)
+        self.tokenizer = tokenizer if tokenizer is not None or not isinstance(model, str) else _maybe_tokenizer(model)
         self.eos_token_ids = list(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
             self.eos_token_ids = [self.tokenizer.eos_token_id]

@@ -47,7 +47,18 @@ class ModelConfig:
     def from_dir(cls, path: str) -> "ModelConfig":
         with open(os.path.join(path, "config.json")) as f:
             raw = json.load(f)
-        arch = (raw.get("architectures") or ["LlamaForCausalLM"])[0]
+        gen_path = os.path.join(path, "generation_config.json")
+        if os.path.exists(gen_path):  # generation_config's eos list wins (Qwen instruct models)
+            with open(gen_path) as f:
+                eos = json.load(f).get("eos_token_id")
+            if eos is not None:
+                raw = {**raw, "eos_token_id": eos}
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict, architecture: Optional[str] = None) -> "ModelConfig":
+        """From a config.json dict (or an HF ``PretrainedConfig.to_dict()``)."""
+        arch = architecture or (raw.get("architectures") or ["LlamaForCausalLM"])[0]
         if arch not in ARCHITECTURES:
             raise ValueError(f"unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}")
         qk_norm, qkv_bias = ARCHITECTURES[arch]
@@ -57,10 +68,6 @@ class ModelConfig:
         theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         eos = raw.get("eos_token_id")
-        gen_path = os.path.join(path, "generation_config.json")
-        if os.path.exists(gen_path):  # generation_config's eos list wins (Qwen instruct models)
-            with open(gen_path) as f:
-                eos = json.load(f).get("eos_token_id", eos)
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         return cls(
             architecture=arch,

@@ -23,19 +23,30 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_model(path: str, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu") -> CausalLM:
-    """Random-init-free construction: parameters are allocated on ``device`` and then
-    filled from the checkpoint (every non-tied parameter must be present)."""
-    config = ModelConfig.from_dir(path)
-    dtype = dtype or getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
+def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu") -> CausalLM:
+    """Build from a checkpoint dir, or from an in-memory HF ``*ForCausalLM`` module (its
+    config and state dict; e.g. the trainer's policy).
+
+    Parameters are allocated on ``device`` and filled from the checkpoint; every
+    parameter must be filled (shards of fused ones each count)."""
+    if isinstance(path, torch.nn.Module):
+        hf = path
+        config = ModelConfig.from_dict(hf.config.to_dict(), architecture=type(hf).__name__)
+        tensors = hf.state_dict().items()
+        dtype = dtype or next(hf.parameters()).dtype
+    else:
+        config = ModelConfig.from_dir(path)
+        tensors = iter_safetensors(path)
+        dtype = dtype or getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
     with torch.device(device):
         model = CausalLM(config)
     model.to(dtype=dtype)
     # RoPE tables stay fp32: positions up to max_pos need the precision
     model.model.rotary_emb.float()
-    loaded = model.load_weights(iter_safetensors(path))
-    expected = len(list(model.parameters()))
-    # fused params count once per shard (qkv: 3, gate_up: 2) -> loaded >= expected
-    if loaded < expected:
-        raise ValueError(f"checkpoint {path} filled {loaded} tensors, model has {expected} parameters")
+    loaded = model.load_weights(tensors)
+    # fused params take several tensors (qkv: 3, gate_up: 2); the tied head none
+    expected = sum(3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else 2 if "gate_up" in n else 1
+                   for n, _ in model.named_parameters())
+    if loaded != expected:
+        raise ValueError(f"checkpoint filled {loaded} tensors, the model needs {expected}")
     return model.eval()

@@ -1,0 +1,37 @@
+"""EngineBackend: asyncrl's own engine (``asyncrl.engine.LLM``) behind the rollout protocol.
+
+Prompts are fanned out by the engine itself (``params.n`` samples share the prompt's KV),
+every token is tagged with the engine's weight version, and ``update_weights`` copies
+HF-named tensors into the engine in place between steps.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+
+from asyncrl.engine import LLM
+from asyncrl.types import RequestOutput, SamplingParams
+
+
+class EngineBackend:
+    """Invariant: ``self.version == self.llm.version``: the version every new token gets."""
+
+    def __init__(self, model, tokenizer=None, version: int = 0, dtype: Optional[torch.dtype] = None,
+                 device: Optional[str] = None, **engine_kwargs):
+        """``model``: checkpoint dir or in-memory HF ``*ForCausalLM`` (weights copied)."""
+        self.llm = LLM(model, tokenizer=tokenizer, version=version, dtype=dtype, device=device, **engine_kwargs)
+
+    @property
+    def version(self) -> int:
+        return self.llm.version
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        return self.llm.generate(prompt_token_ids, params)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.llm.update_weights(named_tensors, version)
+
+    @property
+    def metrics(self) -> dict:
+        return self.llm.metrics
