@@ -58,3 +58,22 @@ def test_bad_arguments():
         rollout_is_weights(x, x, x, level="geometric")
     with pytest.raises(ValueError, match="mode"):
         rollout_is_weights(x, x, x, mode="clip")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_matches_loop_reference(level, mode):
+    gen = torch.Generator().manual_seed(7)
+    old = torch.randn(5, 6, generator=gen, dtype=torch.float64) * 0.5
+    roll = torch.randn(5, 6, generator=gen, dtype=torch.float64) * 0.5
+    mask = (torch.rand(5, 6, generator=gen) < 0.7).double()
+    want = torch.zeros(5, 6, dtype=torch.float64)
+    for i in range(5):
+        seq = sum(float(old[i, t] - roll[i, t]) for t in range(6) if mask[i, t] > 0)
+        for t in range(6):
+            if mask[i, t] == 0:
+                continue
+            w = math.exp(seq if level == "sequence" else float(old[i, t] - roll[i, t]))
+            want[i, t] = min(w, 2.0) if mode == "truncate" else (0.0 if w > 2.0 else w)
+    got, _ = rollout_is_weights(old, roll, mask, level=level, mode=mode, threshold=2.0)
+    torch.testing.assert_close(got, want)

@@ -111,3 +111,19 @@ def test_kl_in_reward_by_hand():
     token_rewards, current_kl = kl_in_reward(torch.tensor([1.0, 0.0]), mask, old, ref, kl_coef=0.1)
     torch.testing.assert_close(token_rewards, torch.tensor([[-0.1, 0.95], [-0.025, 0.0]]))
     assert current_kl == pytest.approx(0.5)
+
+
+def test_estimators_match_elementwise_reference():
+    gen = torch.Generator().manual_seed(5)
+    lp = torch.randn(4, 6, generator=gen, dtype=torch.float64) * 4
+    ref_lp = torch.randn(4, 6, generator=gen, dtype=torch.float64) * 4
+
+    def k3(x):
+        d = min(max(-x, -20.0), 20.0)
+        return min(max(math.exp(d) - d - 1, -10.0), 10.0)
+
+    formulas = {"k1": lambda x: x, "abs": abs, "k2": lambda x: 0.5 * x * x, "k3": k3}
+    for name, f in formulas.items():
+        want = torch.tensor([[f(float(a - b)) for a, b in zip(r1, r2)] for r1, r2 in zip(lp, ref_lp)],
+                            dtype=torch.float64)
+        torch.testing.assert_close(kl_penalty(lp, ref_lp, name), want, msg=name)

@@ -249,3 +249,36 @@ def test_extreme_log_ratio_stays_finite():
     for name in POLICY_LOSSES.names():
         out = compute_policy_loss(name, inp, PolicyLossConfig())
         assert math.isfinite(out.loss.item()), name
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_cispo_and_pg_match_reference_value_and_gradient(seed, mode):
+    inp = _random_input(seed)
+    lp, old, A, m = inp.logprobs.detach(), inp.old_logprobs, inp.advantages, inp.response_mask
+
+    def cispo_token(lp_, old_, a):
+        w = min(max(math.exp(lp_ - old_), 0.8), 1.28)
+        return -w * a * lp_
+
+    cases = {
+        "cispo": (ref.elementwise(cispo_token, lp, old, A),
+                  # ∂ℓ/∂lp = −w·A (the weight is detached)
+                  ref.elementwise(lambda lp_, old_, a: -min(max(math.exp(lp_ - old_), 0.8), 1.28) * a, lp, old, A)),
+        "pg": (ref.elementwise(lambda lp_, old_, a: -a * lp_, lp, old, A), -A.double()),
+    }
+    cfg = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode=mode)
+    for name, (loss_mat, grad_mat) in cases.items():
+        out = compute_policy_loss(name, inp, cfg)
+        assert out.loss.item() == pytest.approx(ref.agg(loss_mat, m, mode)), name
+        grad, = torch.autograd.grad(out.loss, inp.logprobs)
+        # the aggregation is linear: its gradient is the per-token gradient times the
+        # aggregation weight of that token, read off by aggregating a one-hot matrix
+        expected = torch.zeros_like(grad)
+        for i in range(m.shape[0]):
+            for t in range(m.shape[1]):
+                if m[i, t] > 0:
+                    onehot = torch.zeros_like(m)
+                    onehot[i, t] = 1.0
+                    expected[i, t] = grad_mat[i, t] * ref.agg(onehot, m, mode)
+        torch.testing.assert_close(grad, expected, msg=name)
