@@ -4,8 +4,9 @@ Started by ``asyncrl.rewards.sandbox`` as ``python -I _sandbox_boot.py '<json co
 with the isolated temporary directory as working directory. Standard library only
 (it must not import asyncrl or torch). In order, it:
 
-  1. leaves the network: a new, empty network namespace (``unshare(CLONE_NEWNET)``;
-     unprivileged users try a user namespace too); if that is refused, step 6 still
+  1. enters new PID and network namespaces (``unshare``; unprivileged users try a user
+     namespace too): no network interface but a downed loopback, and when the program
+     ends the kernel kills and reaps everything it started; if refused, step 5 still
      blocks sockets from Python;
   2. when started as root, switches to the throw-away uid
      the parent chose: root is exempt from RLIMIT_NPROC, and a plain uid cannot
@@ -24,22 +25,61 @@ import ctypes.util
 import json
 import os
 import resource
+import signal
 import sys
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
-def isolate_network() -> str:
-    """Enter an empty network namespace; return how (or "audit-hook" if refused)."""
+def isolate(allow_network: bool) -> dict:
+    """Enter new PID and (unless allowed) network namespaces, whichever the kernel grants.
+
+    Tries as-is (root), then inside a new user namespace (unprivileged users), then
+    the network alone. The PID namespace is what makes cleanup exact: when its first
+    process exits, the kernel kills and reaps every process left inside.
+    """
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return "netns"
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        return "userns+netns"
-    return "audit-hook"
+    net = 0 if allow_network else CLONE_NEWNET
+    for flags, how in ((CLONE_NEWPID | net, "ns"), (CLONE_NEWUSER | CLONE_NEWPID | net, "userns+ns"),
+                       (net, "ns"), (CLONE_NEWUSER | net, "userns+ns")):
+        if flags and libc.unshare(flags) == 0:
+            return {"network": "allowed" if allow_network else f"{how}:netns",
+                    "pid_namespace": bool(flags & CLONE_NEWPID)}
+    return {"network": "allowed" if allow_network else "audit-hook", "pid_namespace": False}
+
+
+def supervise() -> None:
+    """Fork into the new PID namespace; return only in the process that runs the program.
+
+    outer boot (our parent's child)  waits for ns init, then dies the way the program died
+      ns init (pid 1 in the namespace)  reaps orphans until the program exits
+        program                         returns from this function
+    pid 1 of a namespace cannot die by its own non-KILL signals, so it reports a
+    signal death as exit code 128 + signal and the outer boot re-raises it.
+    """
+    init = os.fork()
+    if init:
+        _, status = os.waitpid(init, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code > 128:
+            signal.signal(code - 128, signal.SIG_DFL)
+            os.kill(os.getpid(), code - 128)
+        os._exit(code if code >= 0 else 128 - code)
+    program = os.fork()
+    if program == 0:
+        return
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if pid == program:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
 
 
 PR_SET_DUMPABLE = 4
@@ -145,14 +185,18 @@ def make_audit_hook(root: str, allow_network: bool):
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     report = os.fdopen(cfg["report_fd"], "w", buffering=1, closefd=False)
-    network = "allowed" if cfg["network"] else isolate_network()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    isolation = isolate(cfg["network"])
+    if isolation["pid_namespace"]:
+        supervise()
+    sys.path.insert(0, os.getcwd())  # the program may import its sibling files
     if cfg["uid"] is not None:
         drop_privileges(cfg["uid"])
     with open("main.py", encoding="utf-8") as fh:
         source = fh.read()
     set_limits(cfg)
     report.write(json.dumps({
-        "network": network, "uid": os.getuid(), "cpu_s": cfg["cpu_s"],
+        **isolation, "uid": os.getuid(), "cpu_s": cfg["cpu_s"],
         "memory_bytes": cfg["memory_bytes"], "nproc": cfg["nproc"],
         "fsize_bytes": cfg["fsize_bytes"], "audit_hook": True,
     }) + "\n")

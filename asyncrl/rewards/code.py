@@ -102,6 +102,8 @@ def run_tests(
         "tests.json": json.dumps({"tests": list(tests), "per_test_timeout_s": per_test_timeout_s}),
     }
     result = run_python(_DRIVER, limits=limits, files=files)
+    if result.status == "sandbox_error":  # not the program's fault: a recorded failure
+        raise RuntimeError(f"code sandbox failed to start: {result.stderr[-1000:]}")
     passed = [False] * len(tests)
     for line in result.report:
         try:

@@ -53,7 +53,8 @@ class SandboxLimits:
 @dataclass
 class SandboxResult:
     """What a run did. ``status``: ok | error | timeout | cpu_limit | memory_limit |
-    file_limit | killed (by a signal: SIGKILL from the CPU hard limit, the OOM killer)."""
+    file_limit | killed (by a signal: SIGKILL from the CPU hard limit, the OOM killer) |
+    sandbox_error (the sandbox itself failed to start; see stderr)."""
 
     status: str
     returncode: Optional[int]
@@ -95,7 +96,9 @@ def run_python(
             stdout, stderr = _read(out, limits.max_output_bytes), _read(err, limits.max_output_bytes)
             report_lines = _read(report, 16 * _MB).splitlines()
         isolation = json.loads(report_lines.pop(0)) if report_lines and report_lines[0].startswith("{") else {}
-        status = _classify(returncode, timed_out, stderr)
+        # No isolation line: the bootstrap failed before the program started, which is
+        # the sandbox's fault, not the program's.
+        status = _classify(returncode, timed_out, stderr) if isolation or timed_out else "sandbox_error"
         return SandboxResult(status, returncode, stdout, stderr, wall, report_lines, isolation)
     finally:
         _remove(work)
