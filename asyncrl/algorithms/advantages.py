@@ -19,7 +19,14 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from asyncrl.algorithms.groups import group_index, group_mean, group_size, group_std, group_sum
+from asyncrl.algorithms.groups import (
+    group_index,
+    group_mean,
+    group_min,
+    group_size,
+    group_std,
+    group_sum,
+)
 from asyncrl.algorithms.masked import last_token_index, masked_whiten
 from asyncrl.algorithms.registry import Registry
 
@@ -156,8 +163,9 @@ def rloo(inp: AdvantageInput) -> AdvantageOutput:
     """
     R, mask = inp.outcome(), inp.mask()
     n = group_size(inp.group_ids, R.dtype)
-    loo_baseline = (group_sum(R, inp.group_ids) - R) / (n - 1).clamp(min=1)
-    adv = torch.where(n > 1, R - loo_baseline, R)
+    # the scaled form (not Σ_{j≠i} R_j/(n−1)) keeps constant groups at exactly 0
+    loo = n / (n - 1).clamp(min=1) * (R - group_mean(R, inp.group_ids))
+    adv = torch.where(n > 1, loo, R)
     return _broadcast(adv, mask)
 
 
@@ -253,7 +261,8 @@ def opo(inp: AdvantageInput) -> AdvantageOutput:
     R, mask = inp.outcome(), inp.mask()
     lengths = mask.sum(-1)
     total_len = group_sum(lengths, inp.group_ids)
-    baseline = group_sum(lengths * R, inp.group_ids) / total_len.clamp(min=1)
+    shift = group_min(R, inp.group_ids)  # exact baseline for constant groups (see group_mean)
+    baseline = shift + group_sum(lengths * (R - shift), inp.group_ids) / total_len.clamp(min=1)
     return _broadcast(R - baseline, mask)
 
 

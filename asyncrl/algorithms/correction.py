@@ -22,6 +22,8 @@ counted from the original mask), so rejection does not up-weight the survivors
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -38,40 +40,50 @@ def rollout_is_weights(
     level: str = "token",
     threshold: float = 2.0,
     mode: str = "truncate",
+    lower_threshold: Optional[float] = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Importance weights w = π_old/π_rollout, detached, ``[b, L]`` (0 on masked tokens).
 
-    level "token":    w_t = exp(lp_old_t − lp_roll_t)
-    level "sequence": w_t = exp(Σ_t m·(lp_old − lp_roll)) for every token of the row
-    mode "truncate":  w = min(w, threshold)           (TIS; verl's default threshold 2.0)
-    mode "mask":      w = 0 where w > threshold       (reject instead of clamp)
-    The log weight is clamped to ±20 so exp() stays finite.
+    old_logprobs, rollout_logprobs, response_mask: [b, L].
+    level "token":     w_t = exp(lp_old_t − lp_roll_t)
+    level "sequence":  w_t = exp(Σ_t m·(lp_old − lp_roll)) for every token of the row
+    level "geometric": w_t = exp(mean_t m·(lp_old − lp_roll)), the per-token geometric
+                       mean: it does not explode with length (AReaL's "mean" for ratios)
+    mode "truncate":   w = clamp(w, lower_threshold, threshold)   (TIS; verl's default 2.0)
+    mode "mask":       w = 0 outside [lower_threshold, threshold]  (reject; IcePop with a
+                       lower bound, e.g. 0.5 / 5.0)
+    ``lower_threshold`` None means no lower bound. The log weight is clamped to ±20.
 
     Metrics: is_weight_mean / is_weight_max (before truncation), is_clipped_frac
     (tokens whose weight was truncated or masked), mismatch_k1 = mean(lp_old − lp_roll),
     mismatch_k3 = mean of the k3 estimate of KL(π_roll‖π_old).
     """
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    if level not in ("token", "sequence", "geometric"):
+        raise ValueError(f"level must be 'token', 'sequence' or 'geometric', got {level!r}")
     if mode not in ("truncate", "mask"):
         raise ValueError(f"mode must be 'truncate' or 'mask', got {mode!r}")
+    low = 0.0 if lower_threshold is None else lower_threshold
+    if not 0.0 <= low <= threshold:
+        raise ValueError(f"need 0 <= lower_threshold <= threshold, got {lower_threshold}, {threshold}")
     with torch.no_grad():
         mask = response_mask.to(old_logprobs.dtype)
         log_w = (old_logprobs - rollout_logprobs) * mask
         if level == "sequence":
             log_w = masked_sum(log_w, mask, dim=-1).unsqueeze(-1).expand_as(log_w)
+        elif level == "geometric":
+            log_w = masked_mean(log_w, mask, dim=-1).unsqueeze(-1).expand_as(log_w)
         raw = log_w.clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT).exp() * mask
-        over = (raw > threshold) & (mask > 0)
+        outside = ((raw > threshold) | (raw < low)) & (mask > 0)
         if mode == "truncate":
-            weights = raw.clamp(max=threshold)
+            weights = raw.clamp(min=low, max=threshold)
         else:
-            weights = torch.where(over, torch.zeros_like(raw), raw)
+            weights = torch.where(outside, torch.zeros_like(raw), raw)
         # k3 of KL(π_roll‖π_old) under samples from π_roll: ρ − 1 − log ρ, ρ = π_old/π_roll.
         log_rho = ((old_logprobs - rollout_logprobs) * mask).clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT)
         stats = torch.stack([
             masked_mean(raw, mask),
             (raw * mask).max() if mask.any() else raw.new_zeros(()),
-            masked_mean(over.to(mask.dtype), mask),
+            masked_mean(outside.to(mask.dtype), mask),
             masked_mean(old_logprobs - rollout_logprobs, mask),
             masked_mean(log_rho.exp() - 1.0 - log_rho, mask),
         ]).tolist()

@@ -28,9 +28,23 @@ def group_size(group_ids: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return group_sum(torch.ones(group_ids.shape, dtype=dtype, device=group_ids.device), group_ids)
 
 
+def group_min(x: Tensor, group_ids: Tensor) -> Tensor:
+    """Min of x over group(i), per row."""
+    inverse, n_groups = group_index(group_ids)
+    init = torch.full((n_groups,), float("inf"), dtype=x.dtype, device=x.device)
+    return init.scatter_reduce(0, inverse, x, reduce="amin")[inverse]
+
+
 def group_mean(x: Tensor, group_ids: Tensor) -> Tensor:
-    """Mean of x over group(i), per row."""
-    return group_sum(x, group_ids) / group_size(group_ids, x.dtype)
+    """Mean of x over group(i), per row, computed as min + mean(x − min).
+
+    Why the shift: a plain Σx/n of n equal float32 values can miss x by an ulp, and
+    GRPO then divides that ulp by (σ ≈ 0) + 1e-6, giving all-correct groups spurious
+    advantages up to ~0.2. Shifted by the group min, a constant group sums exact zeros,
+    so its mean is exactly its value and its advantage exactly 0.
+    """
+    shift = group_min(x, group_ids)
+    return shift + group_sum(x - shift, group_ids) / group_size(group_ids, x.dtype)
 
 
 def group_std(x: Tensor, group_ids: Tensor, unbiased: bool = True) -> Tensor:

@@ -55,7 +55,7 @@ def test_identical_policies_give_unit_weights():
 def test_bad_arguments():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="level"):
-        rollout_is_weights(x, x, x, level="geometric")
+        rollout_is_weights(x, x, x, level="bogus")
     with pytest.raises(ValueError, match="mode"):
         rollout_is_weights(x, x, x, mode="clip")
 
@@ -77,3 +77,23 @@ def test_matches_loop_reference(level, mode):
             want[i, t] = min(w, 2.0) if mode == "truncate" else (0.0 if w > 2.0 else w)
     got, _ = rollout_is_weights(old, roll, mask, level=level, mode=mode, threshold=2.0)
     torch.testing.assert_close(got, want)
+
+
+def test_geometric_level_by_hand():
+    # row: old − roll = [0.2, 0.4] -> mean 0.3 -> w = e^{0.3} on both tokens
+    w, _ = rollout_is_weights(torch.tensor([[0.2, 0.4, 5.0]]), torch.zeros(1, 3),
+                              torch.tensor([[1.0, 1.0, 0.0]]), level="geometric")
+    e3 = math.exp(0.3)
+    torch.testing.assert_close(w, torch.tensor([[e3, e3, 0.0]]))
+
+
+def test_lower_threshold_icepop_band():
+    # w = [e^{−1} ≈ .37, 1, e ≈ 2.72] with band [0.5, 2]
+    old = torch.tensor([[-1.0, 0.0, 1.0]])
+    w, m = rollout_is_weights(old, torch.zeros(1, 3), torch.ones(1, 3), mode="mask", lower_threshold=0.5)
+    torch.testing.assert_close(w, torch.tensor([[0.0, 1.0, 0.0]]))
+    assert m["is_clipped_frac"] == pytest.approx(2 / 3)
+    w, _ = rollout_is_weights(old, torch.zeros(1, 3), torch.ones(1, 3), lower_threshold=0.5)
+    torch.testing.assert_close(w, torch.tensor([[0.5, 1.0, 2.0]]))
+    with pytest.raises(ValueError, match="lower_threshold"):
+        rollout_is_weights(old, old, torch.ones(1, 3), lower_threshold=3.0)
