@@ -112,8 +112,13 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     qb = q[meta.q_index].transpose(1, 2)  # [B, H, Lq, D]
     kb = k_cache.view(-1, Hkv, D)[meta.kv_slots].transpose(1, 2)  # [B, Hkv, Lk, D]
     vb = v_cache.view(-1, Hkv, D)[meta.kv_slots].transpose(1, 2)
-    out = F.scaled_dot_product_attention(qb, kb.to(q.dtype), vb.to(q.dtype), attn_mask=meta.mask,
-                                         scale=scale, enable_gqa=H != Hkv)
+    kb, vb = kb.to(q.dtype), vb.to(q.dtype)
+    if q.is_cuda and H != Hkv:
+        # the fused (mem-efficient) CUDA kernel takes a mask but not enable_gqa: expand
+        # K/V heads rather than fall back to the math kernel's [B, H, Lq, Lk] scores
+        kb, vb = kb.repeat_interleave(H // Hkv, 1), vb.repeat_interleave(H // Hkv, 1)
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, scale=scale,
+                                         enable_gqa=H != kb.shape[1])
     return out.transpose(1, 2).reshape(B * Lq, H, D)[meta.q_out_index]
 
 

@@ -9,6 +9,7 @@ scratch block that padded rows write to (never handed out by the BlockManager).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
@@ -41,8 +42,11 @@ class ModelRunner:
         return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
 
     def _num_kv_blocks(self) -> int:
+        """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
+        (GPU: free memory x utilisation minus activation headroom; CPU: kv_memory_gb_cpu)."""
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
+        want = self.config.max_num_seqs * ((self.max_model_len + self.block_size - 1) // self.block_size)
         if self.is_cuda:
             torch.cuda.synchronize()
             free, total = torch.cuda.mem_get_info(self.device)
@@ -52,8 +56,7 @@ class ModelRunner:
             act = self.config.max_num_batched_tokens * (c.hidden_size + c.intermediate_size) * 2 * 4 * 4
             act += self.config.max_num_seqs * c.vocab_size * 4 * 6
             budget = free - total * (1 - self.config.gpu_memory_utilization) - act
-            return max(16, int(budget // self._block_bytes()))
-        want = self.config.max_num_seqs * ((self.max_model_len + self.block_size - 1) // self.block_size)
+            return max(16, min(want, int(budget // self._block_bytes())))
         cap = int(self.config.kv_memory_gb_cpu * 2**30 // self._block_bytes())
         return max(16, min(want, cap))
 
@@ -90,19 +93,20 @@ class ModelRunner:
         return input_ids, positions, meta
 
     def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int):
-        """Host tensors for a paged decode of ``bs`` rows (real seqs then padding)."""
-        width = self._bt_width()
-        ids = torch.zeros(bs, dtype=torch.long)
-        pos = torch.zeros(bs, dtype=torch.long)
-        slots = torch.full((bs,), self.scratch_block * self.block_size, dtype=torch.long)
-        bt = torch.full((bs, width), self.scratch_block, dtype=torch.int32)
-        ctx = torch.ones(bs, dtype=torch.int32)
+        """Host tensors for a paged decode of ``bs`` rows (real seqs, then padding rows
+        that write the scratch block and attend one scratch token)."""
+        bsz = self.block_size
+        ids = np.zeros(bs, dtype=np.int64)
+        pos = np.zeros(bs, dtype=np.int64)
+        slots = np.full(bs, self.scratch_block * bsz, dtype=np.int64)
+        bt = np.full((bs, self._bt_width()), self.scratch_block, dtype=np.int32)
+        ctx = np.ones(bs, dtype=np.int32)
         for i, s in enumerate(batch.seqs):
             p = len(s) - 1
             ids[i], pos[i], ctx[i] = s.token_ids[p], p, p + 1
-            slots[i] = s.block_table[p // self.block_size] * self.block_size + p % self.block_size
-            bt[i, : len(s.block_table)] = torch.tensor(s.block_table, dtype=torch.int32)
-        return ids, pos, slots, bt, ctx
+            slots[i] = s.block_table[p // bsz] * bsz + p % bsz
+            bt[i, : len(s.block_table)] = s.block_table
+        return tuple(torch.from_numpy(a) for a in (ids, pos, slots, bt, ctx))
 
     def _bt_width(self) -> int:
         return (self.max_model_len + self.block_size - 1) // self.block_size

@@ -20,7 +20,8 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, scale,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                         IEEE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -41,14 +42,20 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, scale,
         kmask = tok < ctx
         off = blk * stride_kb + (start % PAGE + n)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
         k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N]
+        if IEEE:  # fp32 caches (tests): no tf32 rounding
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(kmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     out = acc / l[:, None]
     tl.store(O + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
@@ -70,5 +77,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=block_n, num_warps=4)
+        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=block_n,
+        IEEE=k_cache.dtype == torch.float32, num_warps=4)
     return out

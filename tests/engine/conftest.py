@@ -73,5 +73,5 @@ def hf_greedy_loop(hf, prompt, n):
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(int(hf(torch.tensor([ids], device=hf.device)).logits[0, -1].argmax()))
     return ids[len(prompt):]

@@ -1,0 +1,234 @@
+"""Rollout throughput benchmark: the engine vs HF ``generate`` in the same run.
+
+Workloads (sizes configurable so it also runs small on a CPU):
+  a  batch B, prompt P, response R, EOS ignored (default 256/256/256)
+  b  GRPO-shaped: G prompts x n samples, prompt P, response R (32 x 16, 1024, 128),
+     engine with prefix sharing (fork + prefix cache) on and off
+  c  nano-vllm's bench.py: N seqs, input and output lengths uniform in [100, max]
+     drawn with Python ``random.seed(0)`` in nano-vllm's order, temperature 0.6
+
+tokens/s counts generated tokens over wall time of the whole call (prefill included).
+HF generate runs static batches (padded, every row to the batch's max length); for
+workloads b and c it runs on the first ``--hf-max-seqs`` sequences (a subset), and its
+tokens/s counts only the tokens each request asked for.
+
+    python -m asyncrl.engine.bench --shape qwen3-0.6b --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import random
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from asyncrl.types import SamplingParams
+
+SHAPES = {
+    # Qwen3-0.6B's config.json numbers
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+}
+
+
+def build_random_hf(shape: str, dtype: torch.dtype, device: str, max_pos: int):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(max_position_embeddings=max_pos, rms_norm_eps=1e-6, eos_token_id=0, pad_token_id=0,
+                      bos_token_id=0, **SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def _sync(device: str):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_engine(llm, prompts, params, device) -> dict:
+    _sync(device)
+    m0 = dict(llm.metrics)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    _sync(device)
+    dt = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
+    m1 = llm.metrics
+    return dict(tokens=tokens, seconds=round(dt, 3), tokens_per_s=round(tokens / dt, 1),
+                prefill_tokens=m1["prefill_tokens"] - m0["prefill_tokens"],
+                prefix_cache_hit_tokens=m1["prefix_cache_hit_tokens"] - m0["prefix_cache_hit_tokens"],
+                forked_prompt_tokens=m1["forked_prompt_tokens"] - m0["forked_prompt_tokens"],
+                preemptions=m1["preemptions"] - m0["preemptions"], steps=m1["steps"] - m0["steps"])
+
+
+@torch.inference_mode()
+def run_hf(hf, prompts: list[list[int]], n: int, max_tokens: list[int], temperature: float, batch: int,
+           device: str) -> dict:
+    """Static-batch HF generate (sampling, EOS ignored via min_new_tokens)."""
+    jobs = [(p, m) for p, m in zip(prompts, max_tokens) for _ in range(n)]
+    _sync(device)
+    t0 = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(jobs), batch):
+        chunk = jobs[i:i + batch]
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk], device=device)
+        new = max(m for _, m in chunk)
+        hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_k=0,
+                    top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+        tokens += sum(m for _, m in chunk)
+    _sync(device)
+    dt = time.perf_counter() - t0
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # give HF's cached blocks back before the next engine sizes its KV pool
+    return dict(tokens=tokens, seconds=round(dt, 3), tokens_per_s=round(tokens / dt, 1), sequences=len(jobs))
+
+
+def nano_workload(num_seqs: int, max_in: int, max_out: int):
+    """nano-vllm bench.py's requests, same RNG call order."""
+    random.seed(0)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, max_in))] for _ in range(num_seqs)]
+    outs = [random.randint(100, max_out) for _ in range(num_seqs)]
+    return prompts, outs
+
+
+def _rand_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab, (num, length), generator=g).tolist()
+
+
+def _free(*objs):
+    for o in objs:
+        del o
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="asyncrl bench rollout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="random-weight model shape")
+    ap.add_argument("--model", default=None, help="HF checkpoint dir instead of a random model")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="bfloat16 (GPU default) | float32 (CPU default)")
+    ap.add_argument("--workloads", default="a,b,c")
+    ap.add_argument("--a-batch", type=int, default=256)
+    ap.add_argument("--a-prompt", type=int, default=256)
+    ap.add_argument("--a-response", type=int, default=256)
+    ap.add_argument("--b-prompts", type=int, default=32)
+    ap.add_argument("--b-samples", type=int, default=16)
+    ap.add_argument("--b-prompt", type=int, default=1024)
+    ap.add_argument("--b-response", type=int, default=128)
+    ap.add_argument("--c-seqs", type=int, default=256)
+    ap.add_argument("--c-max-in", type=int, default=1024)
+    ap.add_argument("--c-max-out", type=int, default=1024)
+    ap.add_argument("--hf-batch", type=int, default=256, help="HF generate static batch size")
+    ap.add_argument("--hf-max-seqs", type=int, default=256, help="HF runs on at most this many sequences")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--max-num-seqs", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
+                    help="engine's share of GPU memory (the rest leaves room for the HF baseline)")
+    ap.add_argument("--json", default=None, help="write results to this path")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from asyncrl.engine import LLM
+
+    dev = args.device
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if dev.startswith("cuda") else torch.float32)
+    block = args.block_size or (64 if dev.startswith("cuda") else 16)
+    if args.model:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(dev).eval()
+    else:
+        hf = build_random_hf(args.shape, dtype, dev, args.max_model_len)
+    vocab = hf.config.vocab_size
+    engine_kw = dict(dtype=dtype, device=dev, block_size=block, max_num_seqs=args.max_num_seqs,
+                     max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                     enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization)
+
+    def make_llm(**kw):
+        t0 = time.perf_counter()
+        llm = LLM(hf, **{**engine_kw, **kw})
+        # warm-up: Triton/compile caches and allocator, outside the timed runs
+        llm.generate([[1] * 16] * 4, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
+        return llm, round(time.perf_counter() - t0, 1)
+
+    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), command="asyncrl bench rollout " + " ".join(argv or []),
+                   device=torch.cuda.get_device_name() if dev.startswith("cuda") else platform.processor() or "cpu",
+                   torch=torch.__version__, model=args.model or f"random {args.shape}", dtype=str(dtype),
+                   block_size=block, workloads={})
+    wl = set(args.workloads.split(","))
+    llm, startup = make_llm()
+    results["engine_startup_s"] = startup
+
+    if "a" in wl:
+        prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
+        params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
+        r = dict(engine=run_engine(llm, prompts, params, dev))
+        if not args.no_hf:
+            k = min(args.hf_max_seqs, len(prompts))
+            r["hf_generate"] = run_hf(hf, prompts[:k], 1, [args.a_response] * k, 1.0, args.hf_batch, dev)
+            r["speedup"] = round(r["engine"]["tokens_per_s"] / r["hf_generate"]["tokens_per_s"], 2)
+        results["workloads"]["a"] = r
+        print("a", json.dumps(r), flush=True)
+
+    if "b" in wl:
+        prompts = _rand_prompts(args.b_prompts, args.b_prompt, vocab, 2)
+        params = SamplingParams(n=args.b_samples, temperature=1.0, max_tokens=args.b_response, ignore_eos=True)
+        r = dict(sharing_on=run_engine(llm, prompts, params, dev))
+        _free(llm)
+        llm = None
+        off, _ = make_llm(enable_fork=False, enable_prefix_caching=False)
+        r["sharing_off"] = run_engine(off, prompts, params, dev)
+        _free(off)
+        off = None
+        r["sharing_speedup"] = round(r["sharing_on"]["tokens_per_s"] / r["sharing_off"]["tokens_per_s"], 2)
+        if not args.no_hf:
+            k = max(1, min(args.hf_max_seqs // args.b_samples, len(prompts)))
+            r["hf_generate"] = run_hf(hf, prompts[:k], args.b_samples, [args.b_response] * k, 1.0, args.hf_batch, dev)
+            r["speedup"] = round(r["sharing_on"]["tokens_per_s"] / r["hf_generate"]["tokens_per_s"], 2)
+        results["workloads"]["b"] = r
+        print("b", json.dumps(r), flush=True)
+
+    if "c" in wl:
+        if llm is None:
+            llm, _ = make_llm()
+        prompts, outs = nano_workload(args.c_seqs, args.c_max_in, args.c_max_out)
+        prompts = [[t % vocab for t in p] for p in prompts]
+        params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs]
+        r = dict(engine=run_engine(llm, prompts, params, dev))
+        if not args.no_hf:
+            k = min(args.hf_max_seqs, len(prompts))
+            r["hf_generate"] = run_hf(hf, prompts[:k], 1, outs[:k], 0.6, args.hf_batch, dev)
+            r["speedup"] = round(r["engine"]["tokens_per_s"] / r["hf_generate"]["tokens_per_s"], 2)
+        results["workloads"]["c"] = r
+        print("c", json.dumps(r), flush=True)
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
