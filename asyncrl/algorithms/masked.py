@@ -39,10 +39,16 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     a short one (this is verl's REINFORCE++ / GAE whitening). Masked entries are not
     zeroed here; callers multiply by the mask.
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=True)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
-    return whitened if shift_mean else whitened + mean
+    # Whitening is shift-invariant; shifting by the smallest valid entry makes a constant
+    # input whiten to exactly 0 (a plain float32 mean can miss it by an ulp, which
+    # rsqrt(0 + 1e-8) = 1e4 would amplify).
+    shift = torch.where(mask > 0, x, torch.full_like(x, float("inf"))).min()
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))  # empty mask
+    x0 = x - shift
+    mean = masked_mean(x0, mask)
+    var = masked_var(x0, mask, unbiased=True)
+    whitened = (x0 - mean) * torch.rsqrt(var + eps)
+    return whitened if shift_mean else whitened + mean + shift
 
 
 def last_token_index(mask: Tensor) -> Tensor:

@@ -272,3 +272,20 @@ def test_integer_scores_and_empty_rows(name):
     adv = compute_advantages(name, inp).advantages
     assert adv.dtype == torch.get_default_dtype() and torch.isfinite(adv).all()
     assert (adv[2] == 0).all() and (adv[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["reinforce_plus_plus", "gae"])
+def test_constant_token_returns_whiten_to_exactly_zero(name):
+    # every valid token has the same return (float32): the whitened advantage must be 0,
+    # not an ulp of the mean amplified by rsqrt(0 + 1e-8) = 1e4
+    mask = torch.ones(16, 1)
+    inp = AdvantageInput(torch.full((16,), 0.7), mask, torch.zeros(16, dtype=torch.long),
+                         values=torch.zeros(16, 1))
+    assert (compute_advantages(name, inp).advantages == 0).all()
+
+
+def test_whiten_empty_mask_is_finite():
+    from asyncrl.algorithms import masked_whiten
+
+    out = masked_whiten(torch.randn(2, 3), torch.zeros(2, 3))
+    assert torch.isfinite(out).all()
