@@ -10,6 +10,7 @@ the per-token ratio, with lp − lp_old clamped to ±20 so exp() stays finite.
 | ppo_clip      | max(−A·r, −A·clip(r, 1−ε_lo, 1+ε_hi)), capped at −A·c     | 1707.06347,    |
 |               | when A < 0 (dual clip)                                   | 1912.09729     |
 | gspo          | same clip on s_it = sg(s_i)·exp(lp − sg(lp)) (GSPO-token) | 2507.18071     |
+| gmpo          | −Ā_i·exp(mean_t clip±(lp − lp_old)) per sequence          | 2507.20673     |
 | sapo          | −(4/τ)·σ(τ(r − 1))·A, τ = τ_pos if A > 0 else τ_neg        | 2511.20347     |
 | cispo         | −sg(clip(r, 1−ε_lo, 1+ε_hi))·A·lp                         | 2506.13585     |
 | pg, gpg       | −A·lp                                                    | 2504.02546     |
@@ -186,6 +187,34 @@ def gspo(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
     clipped = -A * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     loss_mat = torch.maximum(unclipped, clipped)
     return _finish(loss_mat, inp, cfg, ratio.detach(), clipped > unclipped, agg_mode="seq-mean-token-mean")
+
+
+@POLICY_LOSSES.register("gmpo", "geo_mean")
+def gmpo(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
+    """GMPO (2507.20673): geometric mean of token ratios, clipped per token in log space.
+
+        x_t   = lp − lp_old, clipped sign-aware: min(x, ε_hi) if A > 0, max(x, −ε_lo) if A < 0
+        ρ_i   = exp(Σ_t m·x_t / |o_i|),   Ā_i = Σ_t m·A / |o_i|
+        loss  = mean_i(−Ā_i·ρ_i)          (each valid token carries −Ā_i·ρ_i, seq-mean-token-mean)
+
+    Here ε_lo / ε_hi bound the *log* ratio (the paper uses 0.4, i.e. r in (e^-0.4, e^0.4)).
+    Clipped tokens drop out of the gradient; the rest get −Ā_i·ρ_i/|o_i|·∇lp_t. As in
+    verl, aggregation is forced to a mean over sequences. ``is_weights`` enter through the
+    token mean, i.e. as each sequence's arithmetic-mean weight (verl: geometric mean).
+    """
+    A, mask = inp.advantages, inp.mask()
+    log_ratio = inp.logprobs - inp.old_logprobs
+    sign = torch.sign(A)
+    clamped = log_ratio.clamp(-cfg.clip_ratio_low, cfg.clip_ratio_high)
+    clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    lengths = mask.sum(-1, keepdim=True).clamp(min=1)
+    seq_log_ratio = masked_sum(clipped_log_ratio, mask, dim=-1).unsqueeze(-1) / lengths
+    seq_ratio = seq_log_ratio.clamp(max=MAX_LOG_RATIO).exp()
+    seq_adv = masked_sum(A, mask, dim=-1).unsqueeze(-1) / lengths
+    loss_mat = (-seq_adv * seq_ratio).expand_as(A)
+    was_clipped = log_ratio != clamped
+    return _finish(loss_mat, inp, cfg, seq_ratio.detach().expand_as(A), was_clipped & (A > 0),
+                   was_clipped & (A < 0), agg_mode="seq-mean-token-mean")
 
 
 @POLICY_LOSSES.register("sapo")

@@ -200,7 +200,7 @@ def test_pg_is_minus_advantage_times_logprob():
 
 # ---- shared behaviour ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "sapo", "cispo", "pg"])
+@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "gmpo", "sapo", "cispo", "pg"])
 def test_is_weights_multiply_the_token_loss(name):
     inp = _random_input(0)
     cfg = PolicyLossConfig(loss_agg_mode="token-sum")
@@ -209,7 +209,7 @@ def test_is_weights_multiply_the_token_loss(name):
     torch.testing.assert_close(compute_policy_loss(name, inp, cfg).loss, 0.5 * base)
 
 
-@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "sapo", "cispo", "pg"])
+@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "gmpo", "sapo", "cispo", "pg"])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_micro_batches_sum_to_full_batch(name, mode):
     inp = _random_input(1, B=6)
@@ -282,3 +282,50 @@ def test_cispo_and_pg_match_reference_value_and_gradient(seed, mode):
                     onehot[i, t] = 1.0
                     expected[i, t] = grad_mat[i, t] * ref.agg(onehot, m, mode)
         torch.testing.assert_close(grad, expected, msg=name)
+
+
+# ---- GMPO -------------------------------------------------------------------------------------
+
+def test_gmpo_by_hand():
+    # one row, A = +1, log-ratios x = [0.1, 0.6], ε_hi = 0.4: A > 0 caps x at 0.4 -> [0.1, 0.4]
+    # ρ = exp((0.1 + 0.4)/2) = e^{0.25}; loss = −1·e^{0.25}
+    # gradient: token 0 (unclipped) −A·ρ/|o| = −e^{0.25}/2, token 1 (clipped) 0
+    lp = torch.tensor([[0.1, 0.6]], dtype=torch.float64, requires_grad=True)
+    inp = PolicyLossInput(lp, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64),
+                          torch.ones(1, 2))
+    out = compute_policy_loss("gmpo", inp, PolicyLossConfig(clip_ratio_low=0.4, clip_ratio_high=0.4))
+    out.loss.backward()
+    assert out.loss.item() == pytest.approx(-math.exp(0.25))
+    torch.testing.assert_close(lp.grad, torch.tensor([[-math.exp(0.25) / 2, 0.0]], dtype=torch.float64))
+    assert out.metrics["clipfrac"] == 0.5 and out.metrics["clipfrac_lower"] == 0.0
+    assert POLICY_LOSSES.get("geo_mean") is POLICY_LOSSES.get("gmpo")
+
+
+def test_gmpo_negative_advantage_floors_log_ratio():
+    # A = −2, x = [−0.6, 0.2], ε_lo = 0.4: A < 0 floors x at −0.4 -> [−0.4, 0.2]
+    # ρ = exp(−0.1); loss = −(−2)·ρ = 2e^{−0.1}
+    lp = torch.tensor([[-0.6, 0.2]], dtype=torch.float64)
+    inp = PolicyLossInput(lp, torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), -2.0, dtype=torch.float64),
+                          torch.ones(1, 2))
+    out = compute_policy_loss("gmpo", inp, PolicyLossConfig(clip_ratio_low=0.4, clip_ratio_high=0.4))
+    assert out.loss.item() == pytest.approx(2 * math.exp(-0.1)) and out.metrics["clipfrac_lower"] == 0.5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gmpo_matches_reference(seed):
+    inp = _random_input(seed)
+    lp, old, A, m = inp.logprobs.detach(), inp.old_logprobs, inp.advantages, inp.response_mask
+    total, seqs = 0.0, 0
+    for i in range(m.shape[0]):
+        valid = [t for t in range(m.shape[1]) if m[i, t] > 0]
+        if not valid:
+            continue
+        xs = []
+        for t in valid:
+            x, a = float(lp[i, t] - old[i, t]), float(A[i, t])
+            xs.append(min(x, 0.4) if a > 0 else max(x, -0.4) if a < 0 else 0.0)
+        a_bar = sum(float(A[i, t]) for t in valid) / len(valid)
+        total += -a_bar * math.exp(sum(xs) / len(xs))
+        seqs += 1
+    out = compute_policy_loss("gmpo", inp, PolicyLossConfig(clip_ratio_low=0.4, clip_ratio_high=0.4))
+    assert out.loss.item() == pytest.approx(total / seqs)
