@@ -127,6 +127,8 @@ def _reward_to_go(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return is carried through unchanged, so it skips them instead of resetting (verl
     2026-08 behaviour). Output is zero on masked tokens.
     """
+    if gamma == 1.0:  # undiscounted: a reverse cumulative sum, no Python loop over L
+        return (rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
     running = torch.zeros_like(rewards[:, 0])
     out = torch.zeros_like(rewards)
     for t in reversed(range(rewards.shape[1])):
@@ -256,7 +258,7 @@ def gae(inp: AdvantageInput) -> AdvantageOutput:
 
 @ADV_ESTIMATORS.register("opo")
 def opo(inp: AdvantageInput) -> AdvantageOutput:
-    """OPO (optimal baseline, on-policy): length-weighted group baseline
+    """OPO (arXiv 2505.23585, optimal reward baseline): length-weighted group baseline
     b_g = Σ_j |o_j|·R_j / Σ_j |o_j|;  A_i = R_i − b_g."""
     R, mask = inp.outcome(), inp.mask()
     lengths = mask.sum(-1)
