@@ -297,3 +297,20 @@ def test_undiscounted_fast_path_matches_loop_reference():
     inp.gamma = 1.0
     out = compute_advantages("reinforce_plus_plus", inp)
     torch.testing.assert_close(out.returns, ref.reward_to_go(inp.token_rewards, inp.response_mask, 1.0))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grpo_passk_matches_reference(seed):
+    gen = torch.Generator().manual_seed(seed)
+    B, L = 12, 4
+    gids = torch.arange(B) // 3  # groups of 3
+    scores = torch.rand(B, generator=gen, dtype=torch.float64)
+    mask = random_mask(B, L, gen)
+    want = [0.0] * B
+    for idx in ref.groups_of(gids).values():
+        order = sorted(idx, key=lambda i: -float(scores[i]))
+        best, second = order[0], order[1]
+        rs = [float(scores[i]) for i in idx]
+        want[best] = (rs[idx.index(best)] - float(scores[second])) / (ref.std_unbiased(rs) + 1e-6)
+    got = compute_advantages("grpo_passk", AdvantageInput(scores, mask, gids)).advantages
+    torch.testing.assert_close(got, ref.broadcast(want, mask))
