@@ -50,13 +50,16 @@ class RewardSpec:
 
     ``fn`` is a registered name, ``"module:function"`` or a callable (process mode
     needs it picklable, i.e. defined at module level). ``kwargs`` are bound to every
-    call (e.g. ``{"pattern": r"\\d+"}`` for ``regex``).
+    call (e.g. ``{"pattern": r"\\d+"}`` for ``regex``). A batched reward
+    (``fn(prompts, responses, fields_list) -> scores``, marked by ``fn.batched = True``
+    or ``batched=True`` here) is called once per ``submit`` with all its items.
     """
 
     name: str
     fn: Union[str, Callable]
     weight: float = 1.0
     kwargs: dict = field(default_factory=dict)
+    batched: Optional[bool] = None  # None: the function's own ``batched`` attribute
 
 
 @dataclass
@@ -133,8 +136,10 @@ class RewardPool:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if num_workers < 1 or timeout_s <= 0:
             raise ValueError("num_workers must be >= 1 and timeout_s > 0")
+        self._batched = {}
         for spec in specs:  # fail at construction, in the caller, on a bad spec
-            resolve_reward(spec.fn)
+            fn = resolve_reward(spec.fn)
+            self._batched[spec.name] = bool(getattr(fn, "batched", False) if spec.batched is None else spec.batched)
         self.specs = list(specs)
         self.timeout_s = float(timeout_s)
         self.default_score = float(default_score)
@@ -167,16 +172,22 @@ class RewardPool:
         if self._closed:
             raise RuntimeError("RewardPool is closed")
         pendings = [_Pending(item, len(self.specs)) for item in items]
-        for pending in pendings:
-            for spec in self.specs:
-                if self.mode == "inline":
-                    outcome = self._inline.call(spec.name, pending.request.prompt,
-                                                pending.request.response, pending.request.fields,
-                                                self.timeout_s)
-                    self._finish(pending, spec, outcome)
-                else:
-                    self._jobs.put((pending, spec))
+        if not pendings:
+            return []
+        for spec in self.specs:
+            if self._batched[spec.name]:
+                self._dispatch(pendings, spec)
+            else:
+                for pending in pendings:
+                    self._dispatch(pending, spec)
         return [p.future for p in pendings]
+
+    def _dispatch(self, target: Union[_Pending, list[_Pending]], spec: RewardSpec) -> None:
+        """Run now (inline) or queue for a slot; ``target`` is a list for batched rewards."""
+        if self.mode == "inline":
+            self._run(self._inline, target, spec)
+        else:
+            self._jobs.put((target, spec))
 
     def score(self, items: list[RewardRequest]) -> list[RewardResult]:
         """Score a batch and wait for all results (in input order)."""
@@ -221,14 +232,40 @@ class RewardPool:
             job = self._jobs.get()
             if job is None:
                 return
-            pending, spec = job
-            request = pending.request
-            try:
-                outcome = runner.call(spec.name, request.prompt, request.response,
-                                      request.fields, self.timeout_s)
-            except Exception as err:  # e.g. a replacement worker failed to start
-                outcome = CallOutcome("error", error=f"reward runner failed: {type(err).__name__}: {err}")
-            self._finish(pending, spec, outcome)
+            self._run(runner, *job)
+
+    def _run(self, runner, target: Union[_Pending, list[_Pending]], spec: RewardSpec) -> None:
+        """One call (a single item, or a whole batch for a batched reward)."""
+        batched = isinstance(target, list)
+        items = target if batched else [target]
+        requests = [p.request for p in items]
+        try:
+            if batched:
+                outcome = runner.call(spec.name, [r.prompt for r in requests], [r.response for r in requests],
+                                      [r.fields for r in requests], self.timeout_s, batched=True)
+            else:
+                outcome = runner.call(spec.name, requests[0].prompt, requests[0].response,
+                                      requests[0].fields, self.timeout_s)
+        except Exception as err:  # e.g. a replacement worker failed to start
+            outcome = CallOutcome("error", error=f"reward runner failed: {type(err).__name__}: {err}")
+        if not batched:
+            self._finish(items[0], spec, outcome)
+            return
+        for pending, item_outcome in zip(items, self._split(outcome, len(items))):
+            self._finish(pending, spec, item_outcome)
+
+    @staticmethod
+    def _split(outcome: CallOutcome, n: int) -> list[CallOutcome]:
+        """A batched call's outcome as n per-item outcomes (its time shared equally)."""
+        seconds = outcome.seconds / n
+        if outcome.status != "ok":
+            return [CallOutcome(outcome.status, error=outcome.error, seconds=seconds)] * n
+        values = outcome.value
+        if not isinstance(values, (list, tuple)) or len(values) != n:
+            got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            error = f"batched reward returned {got} for {n} items; expected a list of {n} scores"
+            return [CallOutcome("error", error=error, seconds=seconds)] * n
+        return [CallOutcome("ok", v, seconds=seconds) for v in values]
 
     def _finish(self, pending: _Pending, spec: RewardSpec, outcome: CallOutcome) -> None:
         """Turn one outcome into a component score; resolve the item when complete."""

@@ -31,6 +31,8 @@ _BUILTINS: dict[str, str] = {
     "think_answer_format": "asyncrl.rewards.format:think_answer_format",
     "regex": "asyncrl.rewards.format:regex_reward",
     "code": "asyncrl.rewards.code:code_reward",
+    "reward_model": "asyncrl.rewards.model:reward_model_batch",
+    "judge": "asyncrl.rewards.judge:judge_reward",
 }
 
 

@@ -55,11 +55,14 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def invoke(fns: dict[str, Callable], name: str, prompt: str, response: str, fields: dict) -> CallOutcome:
-    """Run one reward call and capture anything it raises (SystemExit included)."""
+def invoke(fns: dict[str, Callable], name: str, prompt, response, fields, batched: bool = False) -> CallOutcome:
+    """Run one reward call and capture anything it raises (SystemExit included).
+
+    A batched reward takes lists: ``fn(prompts, responses, fields_list) -> scores``.
+    """
     start = time.perf_counter()
     try:
-        value = fns[name](prompt, response, **fields)
+        value = fns[name](prompt, response, fields) if batched else fns[name](prompt, response, **fields)
         return CallOutcome("ok", value, seconds=time.perf_counter() - start)
     except BaseException as err:  # a reward calling sys.exit() must not end the slot
         return CallOutcome("error", error=_describe(err), seconds=time.perf_counter() - start)
@@ -71,8 +74,8 @@ class InlineRunner:
     def __init__(self, specs: list[WorkerSpec]):
         self.fns = build_functions(specs)
 
-    def call(self, name, prompt, response, fields, timeout_s) -> CallOutcome:
-        return invoke(self.fns, name, prompt, response, fields)
+    def call(self, name, prompt, response, fields, timeout_s, batched=False) -> CallOutcome:
+        return invoke(self.fns, name, prompt, response, fields, batched)
 
     def close(self) -> None:
         pass
@@ -85,10 +88,10 @@ class ThreadRunner:
         self.fns = build_functions(specs)
         self.abandoned = 0
 
-    def call(self, name, prompt, response, fields, timeout_s) -> CallOutcome:
+    def call(self, name, prompt, response, fields, timeout_s, batched=False) -> CallOutcome:
         box: list[CallOutcome] = []
         thread = threading.Thread(
-            target=lambda: box.append(invoke(self.fns, name, prompt, response, fields)),
+            target=lambda: box.append(invoke(self.fns, name, prompt, response, fields, batched)),
             name=f"reward-{name}", daemon=True,
         )
         start = time.perf_counter()
@@ -105,7 +108,7 @@ class ThreadRunner:
 
 
 def _process_main(conn, specs: list[WorkerSpec]) -> None:
-    """Child loop: receive (name, prompt, response, fields), send a CallOutcome."""
+    """Child loop: receive (name, prompt, response, fields, batched), send a CallOutcome."""
     try:
         fns = build_functions(specs)
     except BaseException as err:
@@ -186,10 +189,10 @@ class ProcessRunner:
         self.restarts += 1
         self._start()
 
-    def call(self, name, prompt, response, fields, timeout_s) -> CallOutcome:
+    def call(self, name, prompt, response, fields, timeout_s, batched=False) -> CallOutcome:
         start = time.perf_counter()
         try:
-            self.conn.send((name, prompt, response, fields))
+            self.conn.send((name, prompt, response, fields, batched))
             if not self.conn.poll(timeout_s):
                 self._restart()
                 return CallOutcome("timeout", error=f"timed out after {timeout_s:g} s (worker killed)",

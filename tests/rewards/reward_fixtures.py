@@ -48,3 +48,18 @@ def exits(prompt, response, **fields):
 def kills_worker(prompt, response, **fields):
     """Ends its process without Python cleanup, like a segfault would."""
     os._exit(7)
+
+
+def batched_lengths(prompts, responses, fields):
+    """Batched contract: one score per item."""
+    return [len(r) / 10 for r in responses]
+
+
+batched_lengths.batched = True
+
+
+def batched_wrong_size(prompts, responses, fields):
+    return [1.0]
+
+
+batched_wrong_size.batched = True

@@ -94,3 +94,17 @@ def test_bad_configuration_fails_at_construction():
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(_requests("x"))
+
+
+@pytest.mark.parametrize("mode", ["inline", "thread"])
+def test_batched_reward_is_called_once_per_submit(mode):
+    specs = [RewardSpec("b", "reward_fixtures:batched_lengths"), RewardSpec("one", "reward_fixtures:length")]
+    with RewardPool(specs, mode=mode) as pool:
+        results = pool.score(_requests("a", "bbb"))
+        wrong = RewardPool([RewardSpec("w", "reward_fixtures:batched_wrong_size")], mode=mode)
+        broken = wrong.score(_requests("a", "b"))
+        wrong.close()
+    assert [r.components["b"] for r in results] == [0.1, 0.3]
+    assert [r.total for r in results] == [0.2, 0.6]
+    assert all("returned 1 for 2 items" in r.failed["w"] for r in broken)
+    assert pool.stats()["components"]["b"]["calls"] == 2
