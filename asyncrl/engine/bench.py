@@ -9,7 +9,7 @@ Workloads (sizes configurable so it also runs small on a CPU):
 
 tokens/s counts generated tokens over wall time of the whole call (prefill included).
 HF generate runs static batches (padded, every row to the batch's max length); for
-workloads b and c it runs on the first ``--hf-max-seqs`` sequences (a subset), and its
+workloads b and c it runs on the first ``--hf-max-seqs`` / ``--hf-c-seqs`` sequences (a subset), and its
 tokens/s counts only the tokens each request asked for.
 
     python -m asyncrl.engine.bench --shape qwen3-0.6b --json out.json
@@ -107,12 +107,48 @@ def _rand_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[int
     return torch.randint(1, vocab, (num, length), generator=g).tolist()
 
 
-def _free(*objs):
-    for o in objs:
-        del o
+def _free(llm) -> None:
+    llm.close()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> dict:
+    """Per-phase wall time of the engine loop (schedule / forward / sample / postprocess,
+    each followed by a device sync) and a torch.profiler table of a few decode steps."""
+    for p in prompts:
+        llm.add_request(p, params)
+    phases = dict(schedule=0.0, forward=0.0, sample=0.0, postprocess=0.0)
+    decode_steps, prof = 0, None
+    sc, runner = llm.scheduler, llm.runner
+    while not sc.is_finished():
+        t0 = time.perf_counter()
+        batch = sc.schedule()
+        t1 = time.perf_counter()
+        if not batch.is_prefill and decode_steps == 20:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+        hidden = runner.forward(batch)
+        runner.copy_blocks(batch.copies)
+        _sync(device)
+        t2 = time.perf_counter()
+        tokens, logprobs = runner.sample(batch, hidden)
+        t3 = time.perf_counter()
+        sc.postprocess(batch, tokens, logprobs, llm.version)
+        t4 = time.perf_counter()
+        if not batch.is_prefill:
+            decode_steps += 1
+            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                phases[k] += v
+            if prof is not None and decode_steps == 20 + trace_steps:
+                prof.__exit__(None, None, None)
+                print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18), flush=True)
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+                prof = None
+    llm._requests.clear()
+    return {k: round(v / max(decode_steps, 1) * 1000, 3) for k, v in phases.items()} | {"decode_steps": decode_steps}
 
 
 def parse_args(argv):
@@ -135,7 +171,10 @@ def parse_args(argv):
     ap.add_argument("--c-max-out", type=int, default=1024)
     ap.add_argument("--hf-batch", type=int, default=256, help="HF generate static batch size")
     ap.add_argument("--hf-max-seqs", type=int, default=256, help="HF runs on at most this many sequences")
+    ap.add_argument("--hf-c-seqs", type=int, default=64,
+                    help="HF runs workload c on this many sequences (static batches run to the longest)")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-compile-sampler", action="store_true")
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
@@ -143,6 +182,7 @@ def parse_args(argv):
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
                     help="engine's share of GPU memory (the rest leaves room for the HF baseline)")
+    ap.add_argument("--profile", action="store_true", help="phase timings + torch.profiler of workload a, then exit")
     ap.add_argument("--json", default=None, help="write results to this path")
     return ap.parse_args(argv)
 
@@ -163,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = hf.config.vocab_size
     engine_kw = dict(dtype=dtype, device=dev, block_size=block, max_num_seqs=args.max_num_seqs,
                      max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                     enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization)
+                     enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
+                     compile_sampler=not args.no_compile_sampler)
 
     def make_llm(**kw):
         t0 = time.perf_counter()
@@ -179,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     wl = set(args.workloads.split(","))
     llm, startup = make_llm()
     results["engine_startup_s"] = startup
+
+    if args.profile:
+        prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
+        params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
+        print("ms per decode step:", json.dumps(profile_steps(llm, prompts, params, dev)), flush=True)
+        return 0
 
     if "a" in wl:
         prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
@@ -200,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
         off, _ = make_llm(enable_fork=False, enable_prefix_caching=False)
         r["sharing_off"] = run_engine(off, prompts, params, dev)
         _free(off)
-        off = None
         r["sharing_speedup"] = round(r["sharing_on"]["tokens_per_s"] / r["sharing_off"]["tokens_per_s"], 2)
         if not args.no_hf:
             k = max(1, min(args.hf_max_seqs // args.b_samples, len(prompts)))
@@ -217,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs]
         r = dict(engine=run_engine(llm, prompts, params, dev))
         if not args.no_hf:
-            k = min(args.hf_max_seqs, len(prompts))
+            k = min(args.hf_c_seqs, len(prompts))
             r["hf_generate"] = run_hf(hf, prompts[:k], 1, outs[:k], 0.6, args.hf_batch, dev)
             r["speedup"] = round(r["engine"]["tokens_per_s"] / r["hf_generate"]["tokens_per_s"], 2)
         results["workloads"]["c"] = r

@@ -157,6 +157,12 @@ class LLM:
         with self._lock:
             self.scheduler.abort(set(request_ids))
 
+    def close(self) -> None:
+        """Release device memory (KV pool, CUDA graphs, weights)."""
+        with self._lock:
+            self.runner.release()
+            self.model.to("meta")
+
     @property
     def metrics(self) -> dict:
         bm, sc = self.block_manager, self.scheduler

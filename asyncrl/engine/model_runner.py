@@ -67,6 +67,14 @@ class ModelRunner:
             layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
+    def release(self) -> None:
+        """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""
+        self.graphs.clear()
+        self.graph_vars = {}
+        for layer in self.model.model.layers:
+            layer.self_attn.k_cache = torch.empty(0)
+            layer.self_attn.v_cache = torch.empty(0)
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
@@ -179,6 +187,11 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
         hidden = self.forward(batch)
         self.copy_blocks(batch.copies)
+        return self.sample(batch, hidden)
+
+    @torch.inference_mode()
+    def sample(self, batch: ScheduledBatch, hidden: torch.Tensor) -> tuple[list[int], list[float]]:
+        """LM head on the logit rows, then one token (and its log-prob) per sample seq."""
         if not batch.sample_seqs:  # a prefill chunk that completes no sequence
             return [], []
         rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)

@@ -3,7 +3,7 @@ through the block table (no gather; ENGINE.md §3.1 measured gathering 11x slowe
 
 Grid: (sequence, kv head). A program loads the GQA group's ``GROUP`` query heads
 (padded to 16 rows so ``tl.dot`` applies), walks the sequence's context in tiles of
-``BLOCK_N`` tokens (a tile never crosses a block: ``block_size % BLOCK_N == 0``) and keeps
+``BLOCK_N`` tokens (each token's block looked up in the table, so any block size works) and keeps
 an online softmax (running max ``m``, normaliser ``l``, accumulator ``acc``) in fp32.
 The loop bound is read from ``context_lens`` on the device, so the launch is
 CUDA-graph-capturable with any per-sequence lengths.
@@ -37,10 +37,11 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, scale,
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for start in range(0, ctx, BLOCK_N):
-        blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
         tok = start + n
         kmask = tok < ctx
-        off = blk * stride_kb + (start % PAGE + n)[:, None] * stride_ks + kvh * stride_kh + d[None, :]
+        # per-token block lookup: a tile may span several small blocks
+        blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
         k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -69,8 +70,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
-    block_n = min(64, page)
-    assert page % block_n == 0 and k_cache.stride(3) == 1 and q.stride(2) == 1
+    block_n = 64
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1
     out = torch.empty_like(q)
     _paged_decode_kernel[(B, hkv)](
         q, k_cache, v_cache, out, block_tables, context_lens, scale,
