@@ -1,0 +1,209 @@
+"""Each health monitor: a healthy synthetic stream in which nothing fires, and a stream driven
+into that monitor's failure in which its warning (and only its warning) fires."""
+from __future__ import annotations
+
+import io
+import math
+import random
+
+import pytest
+from rich.console import Console
+
+from asyncrl.metrics.health import (MONITORS, HealthConfig, HealthMonitor, SampleStats,
+                                    length_reward_correlation, read_events)
+
+STEPS, BREAK = 60, 30  # failures start at step BREAK
+
+
+def healthy_row(step: int, rng: random.Random) -> dict:
+    """Every metric the monitors read, at healthy values with a little noise."""
+    row = {
+        "reward/mean": 0.3 + 0.004 * step + rng.uniform(-0.02, 0.02),
+        "kl/ref": 0.01 + 0.0002 * step,
+        "async/staleness_violations": 0.0,
+        "async/version_lag": float(rng.choice([0, 1])),
+        "throughput/rollout_tokens_per_s": 1000.0 * rng.uniform(0.9, 1.1),
+        "engine/prefix_cache_hit_rate": 0.8 + rng.uniform(-0.03, 0.03),
+        "groups/degenerate_fraction": rng.uniform(0.1, 0.5),
+        "actor/entropy": 1.2 - 0.005 * step,
+        "actor/skipped_step": 0.0,
+        "actor/pg_loss": rng.uniform(-0.1, 0.1),
+        "actor/grad_norm": rng.uniform(0.5, 2.0),
+        "rollout/logprob_gap": rng.uniform(0.005, 0.02),
+    }
+    if step % 5 == 0:
+        row["eval/accuracy"] = 0.4 + 0.004 * step + rng.uniform(-0.01, 0.01)
+    return row
+
+
+def healthy_samples(rng: random.Random, groups: int = 8, n: int = 4) -> SampleStats:
+    """Lengths and 0/1 rewards drawn independently: no length-reward correlation."""
+    return SampleStats(lengths=[rng.randint(5, 50) for _ in range(groups * n)],
+                       rewards=[float(rng.random() < 0.5) for _ in range(groups * n)],
+                       group_ids=[g for g in range(groups) for _ in range(n)])
+
+
+def length_hacked_samples(rng: random.Random, groups: int = 8, n: int = 4) -> SampleStats:
+    """Within each group the longer answers score higher."""
+    lengths = [rng.randint(5, 50) for _ in range(groups * n)]
+    return SampleStats(lengths=lengths, rewards=[1.0 if x > 27 else 0.0 for x in lengths],
+                       group_ids=[g for g in range(groups) for _ in range(n)])
+
+
+def drive(break_row=None, break_samples=None, cfg: HealthConfig | None = None):
+    """Run STEPS synthetic steps; from step BREAK on, ``break_row`` mutates the row."""
+    rng = random.Random(0)
+    monitor = HealthMonitor(cfg or HealthConfig())
+    for step in range(1, STEPS + 1):
+        row = healthy_row(step, rng)
+        samples = healthy_samples(rng)
+        if step >= BREAK and break_row is not None:
+            break_row(row, step)
+        if step >= BREAK and break_samples is not None:
+            samples = break_samples(rng)
+        monitor.observe(step, row, samples)
+    return monitor
+
+
+def test_healthy_stream_fires_nothing():
+    monitor = drive()
+    assert monitor.events == []
+    metrics = monitor.step_metrics()
+    for cls in MONITORS:  # every monitor saw its input and reports 0
+        assert metrics[f"health/{cls.name}"] == 0.0, cls.name
+        assert metrics[f"health/{cls.name}_count"] == 0.0
+    assert metrics["health/events_total"] == 0.0
+    assert metrics["health/kl_budget_used"] == pytest.approx((0.01 + 0.0002 * STEPS) / 0.1)
+    assert abs(metrics["reward/length_corr"]) < 0.3
+
+
+def _set(**values):
+    def mutate(row, step):
+        row.update(values)
+    return mutate
+
+
+def _hacking(row, step):
+    row["reward/mean"] = 0.5 + 0.02 * (step - BREAK)  # reward keeps climbing...
+    if "eval/accuracy" in row:
+        row["eval/accuracy"] = 0.5 - 0.01 * (step - BREAK)  # ...held-out accuracy falls
+
+
+def _nonfinite(row, step):
+    if step == 40:
+        row.update({"actor/skipped_step": 1.0, "actor/nonfinite_loss": 0.25, "actor/grad_norm": math.nan})
+
+
+FAILURES = {
+    "kl_budget": _set(**{"kl/ref": 0.5}),
+    "reward_hacking": _hacking,
+    "staleness": lambda row, step: row.update({"async/staleness_violations": 3.0} if step == 40 else {}),
+    "version_lag": _set(**{"async/version_lag": 5.0}),
+    "throughput_drop": _set(**{"throughput/rollout_tokens_per_s": 300.0}),
+    "prefix_cache_drop": _set(**{"engine/prefix_cache_hit_rate": 0.2}),
+    "degenerate_groups": _set(**{"groups/degenerate_fraction": 0.97}),
+    "entropy_collapse": _set(**{"actor/entropy": 0.01}),
+    "entropy_blowup": _set(**{"actor/entropy": 5.0}),
+    "nonfinite": _nonfinite,
+    "logprob_gap": _set(**{"rollout/logprob_gap": 0.5}),
+}
+
+
+def test_every_monitor_has_a_failure_test():
+    assert set(FAILURES) | {"length_hacking"} == {cls.name for cls in MONITORS}
+
+
+@pytest.mark.parametrize("name", sorted(FAILURES))
+def test_failure_fires_its_monitor_only(name):
+    monitor = drive(break_row=FAILURES[name])
+    fired = {e.monitor for e in monitor.events}
+    assert fired == {name}
+    first = min(e.step for e in monitor.events)
+    assert BREAK <= first <= BREAK + 10  # fires soon after the failure starts
+    assert monitor.counts[name] >= 1
+
+
+def test_length_hacking_fires_from_samples():
+    monitor = drive(break_samples=length_hacked_samples)
+    assert {e.monitor for e in monitor.events} == {"length_hacking"}
+    assert monitor.step_metrics()["reward/length_corr"] > 0.5
+
+
+def test_length_hacking_reads_a_correlation_metric():
+    monitor = HealthMonitor(HealthConfig())
+    assert monitor.observe(1, {"reward/length_corr": 0.2}) == []
+    events = monitor.observe(2, {"reward/length_corr": 0.8})
+    assert [e.monitor for e in events] == ["length_hacking"]
+
+
+def test_nonfinite_counts_each_skipped_step():
+    monitor = HealthMonitor(HealthConfig())
+    for step in range(1, 6):
+        monitor.observe(step, {"actor/skipped_step": float(step % 2), "actor/pg_loss": 0.1})
+    assert monitor.counts["nonfinite"] == 3  # steps 1, 3, 5
+    assert monitor.step_metrics()["health/nonfinite_count"] == 3.0
+
+
+def test_nan_string_from_jsonl_counts_as_nonfinite():
+    monitor = HealthMonitor(HealthConfig())
+    events = monitor.observe(1, {"actor/pg_loss": "nan"})  # the JSONL sink writes NaN as "nan"
+    assert [e.monitor for e in events] == ["nonfinite"]
+
+
+def test_absent_inputs_keep_monitors_silent_and_unreported():
+    monitor = HealthMonitor(HealthConfig())
+    monitor.observe(1, {"reward/mean": 0.5})  # synchronous run without a reference model
+    metrics = monitor.step_metrics()
+    assert "health/kl_budget" not in metrics and "health/staleness" not in metrics
+    assert metrics["health/events_total"] == 0.0
+
+
+def test_disabled_config_fires_nothing():
+    monitor = drive(break_row=FAILURES["kl_budget"], cfg=HealthConfig(enabled=False))
+    assert monitor.events == []
+
+
+def test_events_are_logged_and_read_back(tmp_path):
+    path = tmp_path / "health_events.jsonl"
+    monitor = HealthMonitor(HealthConfig(), events_path=path)
+    monitor.observe(1, {"kl/ref": 0.3})
+    monitor.observe(2, {"kl/ref": math.inf})
+    events = read_events(path)
+    assert [(e.step, e.monitor) for e in events] == [(1, "kl_budget"), (2, "kl_budget")]
+    assert events[0].value == pytest.approx(0.3) and math.isinf(events[1].value)
+
+
+def test_console_warning_is_printed_then_throttled():
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    monitor = HealthMonitor(HealthConfig(repeat_every=10))
+    printed = []
+    for step in range(1, 16):
+        printed += monitor.warn(monitor.observe(step, {"kl/ref": 0.5}), console)
+    assert [e.step for e in printed] == [1, 11]
+    text = out.getvalue()
+    assert "kl_budget" in text and "exceeds the budget" in text
+
+
+def test_length_reward_correlation_hand_values():
+    assert length_reward_correlation([1, 2, 3], [1, 2, 3]) == pytest.approx(1.0)
+    assert length_reward_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert length_reward_correlation([1, 2, 3], [1, 1, 1]) is None
+    # Two prompts: the long-answer prompt is hard (low reward), so pooled r < 0, yet within each
+    # prompt the longer answer scores higher: centred values are x = (-1, 1, -1, 1) and
+    # y = (-0.5, 0.5, -0.5, 0.5), so the within-group r is exactly +1.
+    lengths, rewards, groups = [10, 12, 50, 52], [0.5, 1.5, 0.0, 1.0], [0, 0, 1, 1]
+    assert length_reward_correlation(lengths, rewards) < 0
+    assert length_reward_correlation(lengths, rewards, groups) == pytest.approx(1.0)
+
+
+def test_sample_stats_from_batch():
+    torch = pytest.importorskip("torch")
+
+    class Batch:
+        response_mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+        scores = torch.tensor([0.0, 1.0])
+        group_ids = torch.tensor([0, 0])
+
+    stats = SampleStats.from_batch(Batch())
+    assert stats.lengths == [2, 3] and stats.rewards == [0.0, 1.0] and stats.group_ids == [0, 0]
