@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,8 @@ def run_python(
             stdout, stderr = _read(out, limits.max_output_bytes), _read(err, limits.max_output_bytes)
             report_lines = _read(report, 16 * _MB).splitlines()
         isolation = json.loads(report_lines.pop(0)) if report_lines and report_lines[0].startswith("{") else {}
+        if uid is not None and not isolation.get("pid_namespace"):
+            _kill_by_uid(uid)
         # No isolation line: the bootstrap failed before the program started, which is
         # the sandbox's fault, not the program's.
         status = _classify(returncode, timed_out, stderr) if isolation or timed_out else "sandbox_error"
@@ -162,32 +165,49 @@ def _launch(work: Path, uid, limits: SandboxLimits, stdin: str, out, err, report
         stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(report.fileno(),),
         start_new_session=True,  # its own process group: one killpg reaches its children
     )
-    timed_out = False
+    # A timer kills the group at the deadline, so the wait below can block (it
+    # returns the moment the program exits) instead of polling.
+    fired = threading.Event()
+
+    def on_deadline() -> None:
+        fired.set()
+        _kill_group(proc)
+
+    deadline = threading.Timer(limits.wall_time_s, on_deadline)
+    deadline.start()
     try:
-        proc.communicate(stdin.encode("utf-8", errors="replace"), timeout=limits.wall_time_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    except (BrokenPipeError, OSError):
-        pass  # the program exited without reading its stdin
+        try:
+            proc.stdin.write(stdin.encode("utf-8", errors="replace"))
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass  # the program exited (or was killed) without reading its stdin
+        # Wait for exit without reaping: until reaped, the pid (= the group id)
+        # cannot be reused, so the killpg below cannot hit an unrelated group.
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
     finally:
-        _kill_everything(proc, uid)
-    return proc.returncode, timed_out
+        deadline.cancel()
+        deadline.join()
+        _kill_group(proc)
+        proc.wait()
+    return proc.returncode, fired.is_set()
 
 
-def _kill_everything(proc: subprocess.Popen, uid: Optional[int]) -> None:
-    """SIGKILL the process group, and with a sandbox uid every process of that uid
-    (children that called setsid() left the group)."""
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the program's process group (with a PID namespace this also ends
+    every process inside it: the namespace's first process is in the group)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if uid is not None:
-        # kill(-1) as the sandbox uid reaches exactly that uid's processes. Repeat:
-        # a fork bomb may fork between the scan and the signal.
-        for _ in range(3):
-            subprocess.run(["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    proc.wait()
+
+
+def _kill_by_uid(uid: int) -> None:
+    """Without a PID namespace, children that called setsid() escaped the group:
+    kill(-1) as the sandbox uid reaches exactly that uid's processes. Repeated
+    because a fork bomb may fork between the scan and the signal."""
+    for _ in range(3):
+        subprocess.run(["kill", "-9", "-1"], user=uid, group=uid, extra_groups=[],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def _read(fh, limit: int) -> str:
