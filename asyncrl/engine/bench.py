@@ -120,7 +120,7 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
     for p in prompts:
         llm.add_request(p, params)
     phases = dict(schedule=0.0, forward=0.0, sample=0.0, postprocess=0.0)
-    decode_steps, prof = 0, None
+    decode_steps, prof, prefill_s, prefill_steps = 0, None, 0.0, 0
     sc, runner = llm.scheduler, llm.runner
     while not sc.is_finished():
         t0 = time.perf_counter()
@@ -138,7 +138,10 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
         t3 = time.perf_counter()
         sc.postprocess(batch, tokens, logprobs, llm.version)
         t4 = time.perf_counter()
-        if not batch.is_prefill:
+        if batch.is_prefill:
+            prefill_s += t4 - t0
+            prefill_steps += 1
+        else:
             decode_steps += 1
             for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
                 phases[k] += v
@@ -148,7 +151,8 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
                 prof = None
     llm._requests.clear()
-    return {k: round(v / max(decode_steps, 1) * 1000, 3) for k, v in phases.items()} | {"decode_steps": decode_steps}
+    return {k: round(v / max(decode_steps, 1) * 1000, 3) for k, v in phases.items()} | {
+        "decode_steps": decode_steps, "prefill_steps": prefill_steps, "prefill_ms_total": round(prefill_s * 1000, 1)}
 
 
 def parse_args(argv):

@@ -15,7 +15,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.models.decoder import CausalLM
-from asyncrl.engine.sampler import Sampler, row_key
+from asyncrl.engine.sampler import Sampler
 from asyncrl.engine.scheduler import ScheduledBatch
 
 
@@ -197,11 +197,11 @@ class ModelRunner:
         rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
         logits = self.model.compute_logits(hidden)[rows]
         seqs = batch.sample_seqs
-        temp = torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32)
-        top_k = torch.tensor([s.params.top_k for s in seqs], dtype=torch.long)
-        top_p = torch.tensor([s.params.top_p for s in seqs], dtype=torch.float32)
-        keys = torch.tensor([row_key(s.seed, s.sample_index, len(s)) for s in seqs], dtype=torch.long)
+        floats = np.array([[s.params.temperature for s in seqs], [s.params.top_p for s in seqs]], dtype=np.float32)
+        ints = np.array([[s.seed for s in seqs], [s.sample_index for s in seqs], [len(s) for s in seqs],
+                         [s.params.top_k for s in seqs]], dtype=np.int64)
         use_filter = any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs)
         d = self.device
-        tokens, logprobs = self.sampler(logits, temp.to(d), top_k.to(d), top_p.to(d), keys.to(d), use_filter)
+        tokens, logprobs = self.sampler(logits, torch.from_numpy(floats).to(d, non_blocking=True),
+                                        torch.from_numpy(ints).to(d, non_blocking=True), use_filter)
         return tokens.tolist(), logprobs.tolist()

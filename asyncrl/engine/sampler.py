@@ -27,12 +27,12 @@ def _mix32(x):
     return (x >> 16) ^ x
 
 
-def row_key(seed: int, sample_index: int, position: int) -> int:
-    """The per-(seed, sample, position) key, computed on the host in Python ints."""
-    k = _mix32(seed & _M32)
-    k = _mix32(k ^ (seed >> 32) & _M32)
+def row_keys(seeds: torch.Tensor, sample_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The per-(seed, sample, position) keys ``[B]`` (int64 ops; seeds < 2^63)."""
+    k = _mix32(seeds & _M32)
+    k = _mix32(k ^ ((seeds >> 32) & _M32))
     k = _mix32(k ^ (sample_index & _M32))
-    return _mix32(k ^ (position & _M32))
+    return _mix32(k ^ (positions & _M32))
 
 
 def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -60,10 +60,14 @@ def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return logits.masked_fill(drop_orig, float("-inf"))
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           keys: torch.Tensor, use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits ``[B, V]`` fp32, temperature ``[B]`` (0 = greedy), keys ``[B]`` int64
-    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32)."""
+def sample(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
+           use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits ``[B, V]`` fp32; floats ``[2, B]`` = (temperature (0 = greedy), top_p);
+    ints ``[4, B]`` int64 = (seed, sample index, position, top_k (<= 0: off))
+    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32). Packed so a step needs 2 copies."""
+    temperature, top_p = floats[0], floats[1]
+    top_k = ints[3]
+    keys = row_keys(ints[0], ints[1], ints[2])
     greedy = temperature <= 0
     t = torch.where(greedy, 1.0, temperature)
     scaled = logits / t[:, None]
@@ -84,5 +88,5 @@ class Sampler:
         if compile and device.type == "cuda":
             self.fn = torch.compile(sample, dynamic=True)
 
-    def __call__(self, logits, temperature, top_k, top_p, keys, use_filter: bool):
-        return self.fn(logits, temperature, top_k, top_p, keys, use_filter)
+    def __call__(self, logits, floats, ints, use_filter: bool):
+        return self.fn(logits, floats, ints, use_filter)

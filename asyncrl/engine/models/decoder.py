@@ -12,7 +12,8 @@ parameter storage (and any CUDA graph captured over it) stays valid.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import os
+from typing import Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -22,23 +23,86 @@ from asyncrl.engine.attention import AttentionMetadata, paged_attention
 from asyncrl.engine.models.config import ModelConfig
 
 
-class RMSNorm(nn.Module):
-    """``x * rsqrt(mean(x^2) + eps) * weight``, computed in fp32 like HF."""
+class _CudaCompiled:
+    """Calls ``fn`` eagerly on CPU and through ``torch.compile`` on CUDA, where fusing a
+    layer's elementwise glue (norms, RoPE, SiLU) into a few kernels shortens both the
+    GPU time and the CUDA graph (ASYNCRL_ENGINE_COMPILE=0 turns it off)."""
 
+    def __init__(self, fn):
+        self.fn, self.compiled = fn, None
+        self.enabled = os.environ.get("ASYNCRL_ENGINE_COMPILE", "1") != "0"
+
+    def __call__(self, x, *args):
+        if not (x.is_cuda and self.enabled):
+            return self.fn(x, *args)
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, dynamic=True)
+        return self.compiled(x, *args)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight``, in fp32 then back, like HF."""
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(norm(x + residual), x + residual): the residual add fused into the norm."""
+    residual = x + residual
+    return _rms_norm(residual, weight, eps), residual
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    half = x.shape[-1] // 2
+    rot = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + rot * sin).to(x.dtype)
+
+
+def _qkv_prepare(qkv, positions, cos_table, sin_table, q_norm_w, k_norm_w, eps: float,
+                 num_heads: int, num_kv_heads: int, head_dim: int):
+    """qkv ``[T, (H + 2 Hkv) D]`` -> q ``[T, H, D]``, k, v ``[T, Hkv, D]``, with the optional
+    per-head q/k RMSNorm (Qwen3) and RoPE applied to q and k."""
+    T = qkv.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q = q.reshape(T, num_heads, head_dim)
+    k = k.reshape(T, num_kv_heads, head_dim)
+    v = v.reshape(T, num_kv_heads, head_dim)
+    if q_norm_w is not None:
+        q, k = _rms_norm(q, q_norm_w, eps), _rms_norm(k, k_norm_w, eps)
+    cos = cos_table[positions].unsqueeze(1)
+    sin = sin_table[positions].unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
+
+
+def _silu_and_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    gate, up = gate_up.split(inter, dim=-1)
+    return F.silu(gate) * up
+
+
+rms_norm = _CudaCompiled(_rms_norm)
+add_rms_norm = _CudaCompiled(_add_rms_norm)
+qkv_prepare = _CudaCompiled(_qkv_prepare)
+silu_and_mul = _CudaCompiled(_silu_and_mul)
+
+
+class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        """``norm(x)``; with ``residual``: ``(norm(x + residual), x + residual)``."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE. cos/sin are precomputed for all positions: ``[max_pos, D]``."""
+    """Rotate-half RoPE tables for all positions: ``cos, sin: [max_pos, D]`` (fp32)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -48,19 +112,6 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q ``[T, H, D]``, k ``[T, Hkv, D]``, positions ``[T]``."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    xf = x.float()
-    half = x.shape[-1] // 2
-    rot = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos + rot * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -73,6 +124,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, c.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.eps = c.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         # set by ModelRunner.allocate_kv_cache: [num_blocks + 1, block_size, Hkv, D]
         self.k_cache = torch.empty(0)
@@ -81,13 +133,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 meta: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+        qn = self.q_norm.weight if self.q_norm is not None else None
+        kn = self.k_norm.weight if self.k_norm is not None else None
+        q, k, v = qkv_prepare(self.qkv_proj(x), positions, rope.cos, rope.sin, qn, kn, self.eps,
+                              self.num_heads, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -100,8 +149,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.inter))
 
 
 class DecoderLayer(nn.Module):
@@ -112,9 +160,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, positions, rope, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rope, meta):
+        """Pre-norm block over a separate residual stream (the add fused into the norms):
+        returns (mlp output, residual) with ``residual + output`` = HF's hidden state."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rope, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -126,10 +181,10 @@ class DecoderModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(c)
 
     def forward(self, input_ids, positions, meta):
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, self.rotary_emb, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, self.rotary_emb, meta)
+        return self.norm(x, residual)[0]
 
 
 # HF name fragment -> (our fused parameter fragment, shard name)
