@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from asyncrl.config import ConfigError, config_to_yaml, load_config
+from asyncrl.runtime.validate import check_registered_names
 
 DEFAULT_RECIPE = "quickstart"
 
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe, overrides = _split(ns.args)
     try:
         cfg = load_config(recipe, overrides)
+        check_registered_names(cfg)
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2

@@ -81,6 +81,9 @@ class SFTConfig:
     warmup_steps: int = field_spec(10, ge=0)
     cache: bool = field_spec(True, help="reuse a warm start with the same model/task/sft/seed")
     cache_dir: Optional[str] = field_spec(None, help="default: $ASYNCRL_CACHE or ~/.cache/asyncrl")
+    data_path: Optional[str] = field_spec(None, help="asyncrl sft: jsonl of demonstrations (default: the task's)")
+    prompt_field: str = "prompt"
+    response_field: str = "response"
 
 
 @dataclass
@@ -97,9 +100,9 @@ class RolloutConfig:
 class AlgorithmConfig:
     """What is optimised. Names follow verl's keys (ALGORITHMS.md)."""
 
-    adv_estimator: str = field_spec("grpo")
+    adv_estimator: str = field_spec("grpo", help="see asyncrl.algorithms.ADV_ESTIMATORS")
     norm_adv_by_std_in_grpo: bool = True
-    policy_loss: str = field_spec("ppo_clip")
+    policy_loss: str = field_spec("ppo_clip", help="see asyncrl.algorithms.POLICY_LOSSES")
     loss_agg_mode: str = field_spec("token-mean", choices=(
         "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
     loss_scale_factor: Optional[float] = field_spec(None, gt=0)
@@ -109,8 +112,7 @@ class AlgorithmConfig:
     tau_pos: float = field_spec(1.0, gt=0)
     tau_neg: float = field_spec(1.05, gt=0)
     kl_coef: float = field_spec(0.0, ge=0, help="KL-to-reference loss coefficient (0: no ref model)")
-    kl_estimator: str = field_spec("k3", choices=("k1", "k2", "k3", "kl", "mse", "low_var_kl", "abs",
-                                                 "k1+", "k2+", "k3+", "low_var_kl+"))
+    kl_estimator: str = field_spec("k3", help="k1|k2|k3|abs (aliases kl|mse|low_var_kl), '+' = straight-through")
     entropy_coeff: float = field_spec(0.0, ge=0)
     gamma: float = field_spec(1.0, ge=0, le=1)
     lam: float = field_spec(1.0, ge=0, le=1)

@@ -60,11 +60,13 @@ def run_training(cfg) -> dict:
     controller = SyncController(cfg, actor, reference, backend, tokenizer, task.reward,
                                 task.train_stream(seed=cfg.seed))
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
-    steps_done, rl_start = 0, time.perf_counter()
+    steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
             for step in range(1, cfg.trainer.steps + 1):
+                step_start = time.perf_counter()
                 metrics = controller.step(step)
+                step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
                     metrics["eval/accuracy"] = evaluate()
                 sinks.write(step, metrics)
@@ -85,7 +87,8 @@ def run_training(cfg) -> dict:
         "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
         "accuracy_gain": final_accuracy - sft_accuracy, "rl_seconds": rl_seconds,
         "wall_seconds": time.perf_counter() - wall_start,
-        "stage_seconds": dict(controller.timer.total_seconds), "checkpoint": str(checkpoint),
+        "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
+        "checkpoint": str(checkpoint),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -108,14 +108,14 @@ class Actor:
         if micro.ref_logprobs is not None and self.algo.kl_coef > 0:
             kl = agg_loss(kl_penalty(logprobs, micro.ref_logprobs.to(device), self.algo.kl_estimator), mask, **agg)
             loss = loss + self.algo.kl_coef * kl
-            metrics["actor/kl_loss"] = float(kl)
+            metrics["actor/kl_loss"] = kl.detach().item()
         entropy_term = agg_loss(entropy, mask, **agg)
         if self.algo.entropy_coeff > 0:
             loss = loss - self.algo.entropy_coeff * entropy_term
-        if not math.isfinite(float(loss)):
+        if not math.isfinite(loss.detach().item()):
             metrics["actor/nonfinite_loss"] = 1.0
             return metrics  # no backward: the NaN must not reach the weights
         loss.backward()
-        metrics["actor/pg_loss"] = float(out.loss)
+        metrics["actor/pg_loss"] = out.loss.detach().item()
         metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         return metrics

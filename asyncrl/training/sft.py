@@ -46,7 +46,7 @@ def run_sft(model, tokenizer, stream: Iterator[Example], steps: int, batch_size:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss))
+        losses.append(loss.detach().item())
         if on_step is not None:
             on_step(step, losses[-1])
     model.eval()

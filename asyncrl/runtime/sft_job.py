@@ -1,0 +1,53 @@
+"""``asyncrl sft``: supervised fine-tuning as a job of its own (stage 1 before RL).
+
+Fine-tunes ``model.path`` (or the tiny model built from ``model.tiny``) on the task's
+demonstrations, or on ``sft.data_path`` (jsonl of prompt/response), and saves an HF
+checkpoint in ``<run_dir>/model`` that ``asyncrl train model.path=...`` can start from.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from asyncrl.data.char_tokenizer import build_char_tokenizer, save_and_reload
+from asyncrl.data.demonstrations import cycle_shuffled, load_demonstrations
+from asyncrl.data.tasks import build_task
+from asyncrl.eval.accuracy import heldout_accuracy
+from asyncrl.metrics.console import console
+from asyncrl.rollout.hf import HFGenerateBackend
+from asyncrl.runtime.run_dir import make_run_dir
+from asyncrl.training.checkpoint import write_atomic_text
+from asyncrl.training.model import build_tiny_model, load_policy, resolve_device
+from asyncrl.training.sft import run_sft
+
+
+def run_sft_job(cfg) -> dict:
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.trainer.device)
+    run_dir = make_run_dir(cfg)
+    console.print(f"[bold]asyncrl sft[/] -> {run_dir}")
+    task = build_task(cfg.task, cfg.seed)
+    if cfg.model.path:
+        model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
+    else:
+        tokenizer = save_and_reload(build_char_tokenizer(), run_dir / "model")
+        model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.seed).to(device)
+    if cfg.sft.data_path:
+        stream = cycle_shuffled(load_demonstrations(cfg.sft.data_path, cfg.sft.prompt_field,
+                                                    cfg.sft.response_field), cfg.seed)
+    else:
+        stream = task.train_stream(seed=10_000 + cfg.seed)
+    backend = HFGenerateBackend(model, tokenizer)
+    accuracy = lambda: heldout_accuracy(backend, tokenizer, task.reward, task.eval_examples(), cfg.rollout.max_tokens)
+    before = accuracy()
+    info = run_sft(model, tokenizer, stream, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps,
+                   cfg.actor.logprob_chunk_tokens)
+    after = accuracy()
+    model.save_pretrained(str(run_dir / "model"), safe_serialization=True)
+    tokenizer.save_pretrained(str(run_dir / "model"))
+    summary = {**info, "accuracy_before": before, "accuracy_after": after, "model": str(run_dir / "model")}
+    write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    console.print(f"held-out accuracy {before:.3f} -> {after:.3f}; model saved to {run_dir / 'model'}")
+    return summary

@@ -1,0 +1,36 @@
+"""Shared fixtures: a tiny tokenizer + Qwen3 model saved in HF format (no hub access)."""
+import os
+
+import pytest
+import torch
+
+from asyncrl.config import load_config
+from asyncrl.data.char_tokenizer import build_char_tokenizer, save_and_reload
+from asyncrl.training.model import build_tiny_model, load_policy
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A random tiny Qwen3 + char tokenizer saved like a real local checkpoint."""
+    path = tmp_path_factory.mktemp("tiny_ckpt")
+    cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2",
+                             "model.tiny.head_dim=8", "model.tiny.intermediate_size=64"])
+    tokenizer = save_and_reload(build_char_tokenizer(), path)
+    build_tiny_model(cfg.model.tiny, tokenizer, seed=0).save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture()
+def tiny_policy(tiny_checkpoint):
+    return load_policy(tiny_checkpoint)
