@@ -214,7 +214,10 @@ def load_examples(path: Union[str, Path], mapping: Optional[FieldMapping] = None
 # -- iteration ----------------------------------------------------------------------
 
 class ExampleDataset:
-    """Examples in a seeded order, reshuffled every epoch, resumable.
+    """An endless stream of examples in a seeded order, reshuffled every epoch, resumable.
+
+    ``next(ds)`` (or ``ds.next()``) never stops: the runtime draws prompts from it;
+    ``ds.examples`` is the file order (for evaluation). ``ds.epoch`` counts rollovers.
 
     Order of epoch e: ``random.Random(seed + e)`` shuffles the indices (the file
     order when ``shuffle=False``). The state is ``(epoch, position)``: the next
@@ -259,9 +262,9 @@ class ExampleDataset:
         return [self.next() for _ in range(n)]
 
     def __iter__(self) -> Iterator[Example]:
-        """The rest of the current epoch (then stops; call again for the next one)."""
-        while self.position < len(self._order):
-            yield self.next()
+        return self
+
+    __next__ = next
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,

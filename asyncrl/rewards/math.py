@@ -26,6 +26,8 @@ from typing import Any, Optional
 # sympy parse all of it. Keep the tail only.
 MAX_RESPONSE_CHARS = 4000
 _GSM8K_ANSWER = re.compile(r"####\s*(.+)")
+# A leading number after "####" ("18.", "18 dollars", "$1,000"): the number alone.
+_LEADING_NUMBER = re.compile(r"^\$?\s*(-?[\d,]*\.?\d+)(?![\d/^{])")
 
 
 def _timeout() -> Optional[int]:
@@ -36,10 +38,13 @@ def _timeout() -> Optional[int]:
 def extract_gsm8k(text: str) -> Optional[str]:
     """The answer after the last ``####`` (thousands separators and ``$`` removed)."""
     matches = _GSM8K_ANSWER.findall(text)
-    if not matches:
+    if not matches or not matches[-1].strip():
         return None
-    answer = matches[-1].strip().splitlines()[0] if matches[-1].strip() else ""
-    return answer.replace(",", "").replace("$", "").strip() or None
+    answer = matches[-1].strip().splitlines()[0]
+    number = _LEADING_NUMBER.match(answer)
+    if number:
+        return number.group(1).replace(",", "")
+    return answer.replace("$", "").strip() or None
 
 
 def _parse(text: str) -> list:

@@ -208,16 +208,33 @@ class RewardPool:
         return {**totals, "components": per}
 
     def close(self) -> None:
-        """Stop the slots and the worker processes. Pending items are not scored."""
+        """Stop the slots and the worker processes. Items still queued are not run:
+        their futures resolve with the default score and a "pool closed" failure, so
+        no caller waits forever."""
         if self._closed:
             return
         self._closed = True
-        for _ in self._threads:
-            self._jobs.put(None)
-        for thread in self._threads:
-            thread.join(self.timeout_s + 5)
+        if self.mode != "inline":
+            self._cancel_queued()
+            for _ in self._threads:
+                self._jobs.put(None)
+            for thread in self._threads:
+                thread.join(self.timeout_s + 5)
         for runner in self._runners:
             runner.close()
+
+    def _cancel_queued(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                continue
+            target, spec = job
+            items = target if isinstance(target, list) else [target]
+            for pending in items:
+                self._finish(pending, spec, CallOutcome("error", error="pool closed before this call ran"))
 
     def __enter__(self) -> "RewardPool":
         return self

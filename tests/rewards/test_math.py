@@ -108,3 +108,13 @@ def test_works_off_the_main_thread():
 
     with ThreadPoolExecutor(2) as ex:
         assert list(ex.map(lambda r: math_reward("", r, answer="0.5"), ["\\boxed{1/2}", "#### 2"])) == [1.0, 0.0]
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from(list("0123456789+-*/^{}()[]\\$#.,= abcfrxqtsboxed\n")) | st.characters(),
+               max_size=200))
+def test_any_text_scores_zero_or_one(response):
+    assert math_reward("", response, answer="\\frac{1}{2}") in (0.0, 1.0)

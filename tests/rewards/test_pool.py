@@ -108,3 +108,13 @@ def test_batched_reward_is_called_once_per_submit(mode):
     assert [r.total for r in results] == [0.2, 0.6]
     assert all("returned 1 for 2 items" in r.failed["w"] for r in broken)
     assert pool.stats()["components"]["b"]["calls"] == 2
+
+
+def test_close_resolves_queued_items():
+    pool = RewardPool([RewardSpec("h", "reward_fixtures:hangs")], mode="thread", num_workers=1, timeout_s=0.5)
+    futures = pool.submit(_requests("hang", "fine", "fine"))
+    time.sleep(0.1)  # the first call is running, the other two are queued
+    pool.close()
+    results = [f.result(timeout=5) for f in futures]
+    assert results[0].failed["h"].startswith("timed out")
+    assert all(r.failed["h"] == "pool closed before this call ran" for r in results[1:])
