@@ -15,8 +15,8 @@ with the isolated temporary directory as working directory. Standard library onl
      address space, process count, file size, no core dumps;
   4. writes what it enforced as one JSON line to the report fd;
   5. installs an audit hook (PEP 578) that refuses, from Python: non-Unix sockets,
-     writing/removing/renaming files outside the working directory, signalling other
-     processes, starting programs (subprocess, exec, spawn, system: a new interpreter
+     writing/removing/renaming files outside the working directory, signalling
+     processes outside the sandbox's process group, starting programs (subprocess, exec, spawn, system: a new interpreter
      would not carry the hook) and ctypes (which could bypass the hook);
   6. runs ``main.py`` as ``__main__``.
 """
@@ -136,8 +136,8 @@ def make_audit_hook(root: str, allow_network: bool):
     # Everything the hook uses is bound here: __main__'s globals are cleared before
     # the program runs, and the program must not be able to swap them out.
     root = os.path.realpath(root)
-    me = os.getpid()
-    realpath, getpid, fspath = os.path.realpath, os.getpid, os.fspath
+    realpath, getpgid, fspath = os.path.realpath, os.getpgid, os.fspath
+    own_group = os.getpgid(0)
     isinstance_, str_, bytes_, int_, any_ = isinstance, str, bytes, int, any
     write_flags = WRITE_FLAGS
     path_events = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "os.link",
@@ -156,6 +156,21 @@ def make_audit_hook(root: str, allow_network: bool):
         full = realpath(path)
         return full == root or full.startswith(root + "/") or full == "/dev/null"
 
+    def may_signal(target: int, is_group: bool) -> bool:
+        """Only the sandbox's own process group: the program and what it forked
+        (multiprocessing terminates its workers). The caller is never in it;
+        -1 ("every process I may signal") is refused outright."""
+        if target == -1:
+            return False
+        if target == 0:
+            return True
+        if is_group or target < 0:
+            return abs(target) == own_group
+        try:
+            return getpgid(target) == own_group
+        except OSError:
+            return True  # no such process: the kill itself fails
+
     def hook(event, args):
         if event == "open":
             path, mode, flags = args
@@ -171,9 +186,9 @@ def make_audit_hook(root: str, allow_network: bool):
             if event == "socket.__new__" and args[1] == 1:  # AF_UNIX: local only
                 return
             raise PermissionError(f"sandbox: network access is disabled ({event})")
-        elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
-            if event != "os.kill" or args[0] not in (me, getpid()):
-                raise PermissionError(f"sandbox: signalling other processes is disabled ({event})")
+        elif event in ("os.kill", "os.killpg"):
+            if not may_signal(args[0], event == "os.killpg"):
+                raise PermissionError(f"sandbox: signalling processes outside the sandbox is disabled ({event})")
         elif event in exec_events:
             raise PermissionError(f"sandbox: starting programs is disabled ({event})")
         elif event.startswith("ctypes."):
