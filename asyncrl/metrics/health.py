@@ -480,6 +480,16 @@ class HealthMonitor:
                 f.write(event.to_json() + "\n")
 
 
+def replay(rows, cfg: Optional[HealthConfig] = None) -> HealthMonitor:
+    """Run the monitors over logged metrics.jsonl rows (no per-sample data: ``length_hacking``
+    then sees only a logged ``reward/length_corr``). For runs logged without the monitor, and
+    for checking a finished run against other thresholds."""
+    monitor = HealthMonitor(cfg or HealthConfig())
+    for row in rows:
+        monitor.observe(int(row.get("step", 0)), row)
+    return monitor
+
+
 def read_events(path: Path) -> list[HealthEvent]:
     """Load ``health_events.jsonl`` (missing file: no events)."""
     path = Path(path)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from asyncrl.metrics import report_plots as plots
-from asyncrl.metrics.health import HealthEvent, read_events
+from asyncrl.metrics.health import HealthEvent, read_events, replay
 from asyncrl.metrics.profile import ASYNC_LANES, StageProfile, factor_label, headline, profile_from_rows
 
 REPORT_NAME = "report.html"
@@ -33,6 +33,7 @@ class RunData:
     summary: dict = field(default_factory=dict)
     events: list[HealthEvent] = field(default_factory=list)
     config_text: str = ""
+    events_replayed: bool = False  # no health_events.jsonl: events recomputed from metrics.jsonl
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -45,7 +46,11 @@ def load_run(run_dir: Path) -> RunData:
     summary_path, config_path = run_dir / "summary.json", run_dir / "config.yaml"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     config_text = config_path.read_text() if config_path.is_file() else ""
-    return RunData(run_dir, rows, summary, read_events(run_dir / "health_events.jsonl"), config_text)
+    events_path = run_dir / "health_events.jsonl"
+    if events_path.is_file():
+        return RunData(run_dir, rows, summary, read_events(events_path), config_text)
+    # A run logged without the monitor: replay the metrics through it with default thresholds.
+    return RunData(run_dir, rows, summary, replay(rows).events, config_text, events_replayed=True)
 
 
 def write_report(run_dir: Path, output: Optional[Path] = None) -> Path:
@@ -63,7 +68,7 @@ def render(run: RunData) -> str:
     sections = [
         _section("Summary", _summary_table(run)),
         _section("Stage profile", _profile_html(profile)),
-        _section("Health", _health_html(run.events)),
+        _section("Health", _health_html(run.events, run.events_replayed)),
         _section("Reward and accuracy", _image(plots.reward_accuracy(run.rows, run.summary), "reward and accuracy")),
         _section("KL", _image(plots.kl(run.rows), "KL",
                               "no KL metrics: the run has no reference model (algorithm.kl_coef = 0)")),
@@ -153,10 +158,12 @@ def _profile_html(profile: StageProfile) -> str:
     return "".join(f"<p>{html.escape(n)}</p>" for n in notes) + _table(header, rows)
 
 
-def _health_html(events: list[HealthEvent]) -> str:
+def _health_html(events: list[HealthEvent], replayed: bool = False) -> str:
     """Events grouped into episodes: consecutive firing steps of one monitor are one row."""
+    note = ('<p class="na">no health_events.jsonl: monitors replayed over metrics.jsonl with default '
+            'thresholds (length_hacking needs per-sample data and is not replayed)</p>' if replayed else "")
     if not events:
-        return '<p class="ok">no health warning fired</p>'
+        return note + '<p class="ok">no health warning fired</p>'
     episodes: list[dict] = []
     for event in sorted(events, key=lambda e: (e.monitor, e.step)):
         last = episodes[-1] if episodes else None
@@ -168,7 +175,7 @@ def _health_html(events: list[HealthEvent]) -> str:
     episodes.sort(key=lambda e: e["first"])
     rows = [(e["monitor"], e["first"], e["last"], e["count"], e["value"], e["threshold"], e["message"])
             for e in episodes]
-    return _table(("monitor", "first step", "last step", "steps", "last value", "threshold", "message"), rows)
+    return note + _table(("monitor", "first step", "last step", "steps", "last value", "threshold", "message"), rows)
 
 
 def _memory_html(run: RunData) -> str:

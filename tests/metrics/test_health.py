@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from asyncrl.metrics.health import (MONITORS, HealthConfig, HealthMonitor, SampleStats,
-                                    length_reward_correlation, read_events)
+                                    length_reward_correlation, read_events, replay)
 
 STEPS, BREAK = 60, 30  # failures start at step BREAK
 
@@ -207,3 +207,19 @@ def test_sample_stats_from_batch():
 
     stats = SampleStats.from_batch(Batch())
     assert stats.lengths == [2, 3] and stats.rewards == [0.0, 1.0] and stats.group_ids == [0, 0]
+
+
+def test_replay_of_logged_rows_matches_live_monitoring():
+    rng = random.Random(1)
+    rows = []
+    for step in range(1, 41):
+        row = {"step": step, **healthy_row(step, rng)}
+        if step >= BREAK:
+            row["kl/ref"] = 0.5
+        rows.append(row)
+    live = HealthMonitor(HealthConfig())
+    for row in rows:
+        live.observe(row["step"], row)
+    replayed = replay(rows)
+    assert [(e.step, e.monitor) for e in replayed.events] == [(e.step, e.monitor) for e in live.events]
+    assert {e.monitor for e in replayed.events} == {"kl_budget"}

@@ -47,13 +47,15 @@ def test_report_renders_async_run_with_staleness(tmp_path):
     assert "async overlap" in page
 
 
-def test_report_without_summary_or_events(tmp_path):
+def test_report_without_summary_or_events_replays_health(tmp_path):
     run_dir = make_run_dir(tmp_path)
     (run_dir / "summary.json").unlink()
     (run_dir / "health_events.jsonl").unlink()
+    run = load_run(run_dir)
+    assert run.events_replayed and {e.monitor for e in run.events} == {"kl_budget", "nonfinite"}
     page = write_report(run_dir).read_text()
     assert "run in progress or interrupted" in page
-    assert "no health warning fired" in page
+    assert "monitors replayed over metrics.jsonl" in page and "kl_budget" in page
 
 
 def test_load_run_reads_nan_rows(tmp_path):
