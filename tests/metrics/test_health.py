@@ -223,3 +223,12 @@ def test_replay_of_logged_rows_matches_live_monitoring():
     replayed = replay(rows)
     assert [(e.step, e.monitor) for e in replayed.events] == [(e.step, e.monitor) for e in live.events]
     assert {e.monitor for e in replayed.events} == {"kl_budget"}
+
+
+def test_health_config_loads_strictly_from_a_dict():
+    from asyncrl.config_schema import ConfigError, build_dataclass
+
+    cfg = build_dataclass(HealthConfig, {"kl_budget": 0.2, "window": 3}, "health")
+    assert cfg.kl_budget == 0.2 and cfg.window == 3 and cfg.degenerate_max == 0.9
+    with pytest.raises(ConfigError, match="health.kl_budget"):
+        build_dataclass(HealthConfig, {"kl_budget": -1.0}, "health")
