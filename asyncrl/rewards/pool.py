@@ -60,6 +60,7 @@ class RewardSpec:
     weight: float = 1.0
     kwargs: dict = field(default_factory=dict)
     batched: Optional[bool] = None  # None: the function's own ``batched`` attribute
+    timeout_s: Optional[float] = None  # overrides the pool's per-call timeout (a batched call is one call)
 
 
 @dataclass
@@ -156,7 +157,14 @@ class RewardPool:
         self._jobs: queue.Queue = queue.Queue()
         factory = {"thread": lambda: ThreadRunner(worker_specs),
                    "process": lambda: ProcessRunner(worker_specs, start_method)}[mode]
-        self._runners = [factory() for _ in range(num_workers)]
+        self._runners = []
+        try:
+            for _ in range(num_workers):
+                self._runners.append(factory())
+        except BaseException:  # do not leak the workers that did start
+            for runner in self._runners:
+                runner.close()
+            raise
         self._threads = [
             threading.Thread(target=self._slot_loop, args=(r,), name=f"reward-slot-{i}", daemon=True)
             for i, r in enumerate(self._runners)
@@ -177,8 +185,11 @@ class RewardPool:
         for spec in self.specs:
             if self._batched[spec.name]:
                 self._dispatch(pendings, spec)
-            else:
-                for pending in pendings:
+        # Item-major order: the first items complete first, which is what a caller
+        # streaming results (and a runtime scoring groups as they finish) wants.
+        for pending in pendings:
+            for spec in self.specs:
+                if not self._batched[spec.name]:
                     self._dispatch(pending, spec)
         return [p.future for p in pendings]
 
@@ -218,8 +229,9 @@ class RewardPool:
             self._cancel_queued()
             for _ in self._threads:
                 self._jobs.put(None)
+            longest = max([s.timeout_s or self.timeout_s for s in self.specs])
             for thread in self._threads:
-                thread.join(self.timeout_s + 5)
+                thread.join(longest + 5)
         for runner in self._runners:
             runner.close()
 
@@ -256,13 +268,14 @@ class RewardPool:
         batched = isinstance(target, list)
         items = target if batched else [target]
         requests = [p.request for p in items]
+        timeout_s = spec.timeout_s or self.timeout_s
         try:
             if batched:
                 outcome = runner.call(spec.name, [r.prompt for r in requests], [r.response for r in requests],
-                                      [r.fields for r in requests], self.timeout_s, batched=True)
+                                      [r.fields for r in requests], timeout_s, batched=True)
             else:
                 outcome = runner.call(spec.name, requests[0].prompt, requests[0].response,
-                                      requests[0].fields, self.timeout_s)
+                                      requests[0].fields, timeout_s)
         except Exception as err:  # e.g. a replacement worker failed to start
             outcome = CallOutcome("error", error=f"reward runner failed: {type(err).__name__}: {err}")
         if not batched:

@@ -118,3 +118,11 @@ def test_close_resolves_queued_items():
     results = [f.result(timeout=5) for f in futures]
     assert results[0].failed["h"].startswith("timed out")
     assert all(r.failed["h"] == "pool closed before this call ran" for r in results[1:])
+
+
+def test_per_spec_timeout_overrides_the_pool_timeout():
+    specs = [RewardSpec("slow_ok", "reward_fixtures:hangs", timeout_s=0.2), RewardSpec("len", "reward_fixtures:length")]
+    with RewardPool(specs, mode="thread", num_workers=2, timeout_s=30) as pool:
+        start = time.monotonic()
+        [result] = pool.score(_requests("hang"))
+    assert time.monotonic() - start < 5 and "timed out after 0.2 s" in result.failed["slow_ok"]
