@@ -16,7 +16,9 @@ which returns a ``CallOutcome`` and never raises.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import multiprocessing
 import threading
 import time
@@ -59,10 +61,13 @@ def invoke(fns: dict[str, Callable], name: str, prompt, response, fields, batche
     """Run one reward call and capture anything it raises (SystemExit included).
 
     A batched reward takes lists: ``fn(prompts, responses, fields_list) -> scores``.
+    An ``async def`` reward is run to completion here (its own event loop).
     """
     start = time.perf_counter()
     try:
         value = fns[name](prompt, response, fields) if batched else fns[name](prompt, response, **fields)
+        if inspect.iscoroutine(value):
+            value = asyncio.run(value)
         return CallOutcome("ok", value, seconds=time.perf_counter() - start)
     except BaseException as err:  # a reward calling sys.exit() must not end the slot
         return CallOutcome("error", error=_describe(err), seconds=time.perf_counter() - start)

@@ -63,3 +63,11 @@ def batched_wrong_size(prompts, responses, fields):
 
 
 batched_wrong_size.batched = True
+
+
+async def async_length(prompt, response, **fields):
+    """An ``async def`` reward (e.g. one that awaits an HTTP client)."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return len(response) / 10

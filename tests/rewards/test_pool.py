@@ -126,3 +126,9 @@ def test_per_spec_timeout_overrides_the_pool_timeout():
         start = time.monotonic()
         [result] = pool.score(_requests("hang"))
     assert time.monotonic() - start < 5 and "timed out after 0.2 s" in result.failed["slow_ok"]
+
+
+@pytest.mark.parametrize("mode", ["inline", "thread"])
+def test_async_reward_functions(mode):
+    with RewardPool([RewardSpec("a", "reward_fixtures:async_length")], mode=mode) as pool:
+        assert [r.total for r in pool.score(_requests("ab", "abcd"))] == [0.2, 0.4]
