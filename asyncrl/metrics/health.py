@@ -461,6 +461,10 @@ class HealthMonitor:
             metrics["reward/length_corr"] = self._length_corr
         return metrics
 
+    def summary(self) -> dict:
+        """JSON-ready ``{"events": total, "fired": {monitor: steps fired}}`` for summary.json."""
+        return {"events": sum(self.counts.values()), "fired": {k: v for k, v in self.counts.items() if v}}
+
     def warn(self, events: Sequence[HealthEvent], console=None) -> list[HealthEvent]:
         """Print events on the rich console: a monitor's first firing, then every
         ``repeat_every`` steps while it keeps firing. Returns the events printed."""

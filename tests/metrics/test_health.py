@@ -232,3 +232,9 @@ def test_health_config_loads_strictly_from_a_dict():
     assert cfg.kl_budget == 0.2 and cfg.window == 3 and cfg.degenerate_max == 0.9
     with pytest.raises(ConfigError, match="health.kl_budget"):
         build_dataclass(HealthConfig, {"kl_budget": -1.0}, "health")
+
+
+def test_summary_counts_firings_per_monitor():
+    monitor = drive(break_row=FAILURES["version_lag"])
+    summary = monitor.summary()
+    assert summary["fired"] == {"version_lag": STEPS - BREAK + 1} and summary["events"] == STEPS - BREAK + 1
