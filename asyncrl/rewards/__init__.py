@@ -5,10 +5,12 @@ The contract is a plain function ``fn(prompt, response, **fields) -> float | Non
 per-call timeout. Importing this package is cheap: math-verify, torch models and the
 sandbox load only when their reward is first resolved.
 """
+from asyncrl.rewards.build import build_reward_pool, reward_metrics, spec_from_config
 from asyncrl.rewards.pool import RewardFailure, RewardPool, RewardRequest, RewardResult, RewardSpec
 from asyncrl.rewards.registry import register_reward, registered_names, resolve_reward
 
 __all__ = [
     "RewardFailure", "RewardPool", "RewardRequest", "RewardResult", "RewardSpec",
-    "register_reward", "registered_names", "resolve_reward",
+    "build_reward_pool", "register_reward", "registered_names", "resolve_reward", "reward_metrics",
+    "spec_from_config",
 ]
