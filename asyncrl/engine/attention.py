@@ -39,7 +39,7 @@ class AttentionMetadata:
     q_index: Optional[torch.Tensor] = None
     q_out_index: Optional[torch.Tensor] = None
     kv_slots: Optional[torch.Tensor] = None
-    mask: Optional[torch.Tensor] = None
+    mask: Optional[torch.Tensor] = None  # None on the gathered path: plain causal (see below)
     block_tables: Optional[torch.Tensor] = None
     context_lens: Optional[torch.Tensor] = None
     paged_decode: bool = False
@@ -86,12 +86,15 @@ def build_gathered_metadata(
     q_pos = torch.where(q_valid, starts[:, None] + i[None, :], 0)  # padded rows see key 0 only
     mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < ctx_t[:, None, None])
     q_out_index = torch.nonzero(q_valid.flatten(), as_tuple=True)[0]
+    # equal-length prompts with nothing cached (a fresh batch): the mask is exactly causal,
+    # so SDPA can use its causal flash kernel instead of a masked one
+    uniform = all(s == 0 for s in start_positions) and len(set(num_new_tokens)) == 1
     return AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
         q_index=q_index.to(device),
         q_out_index=q_out_index.to(device),
         kv_slots=kv_slots.to(device),
-        mask=mask.unsqueeze(1).to(device),
+        mask=None if uniform else mask.unsqueeze(1).to(device),
     )
 
 
@@ -117,8 +120,8 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         # the fused (mem-efficient) CUDA kernel takes a mask but not enable_gqa: expand
         # K/V heads rather than fall back to the math kernel's [B, H, Lq, Lk] scores
         kb, vb = kb.repeat_interleave(H // Hkv, 1), vb.repeat_interleave(H // Hkv, 1)
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, scale=scale,
-                                         enable_gqa=H != kb.shape[1])
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None,
+                                         scale=scale, enable_gqa=H != kb.shape[1])
     return out.transpose(1, 2).reshape(B * Lq, H, D)[meta.q_out_index]
 
 

@@ -60,14 +60,10 @@ def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return logits.masked_fill(drop_orig, float("-inf"))
 
 
-def sample(logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
-           use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits ``[B, V]`` fp32; floats ``[2, B]`` = (temperature (0 = greedy), top_p);
-    ints ``[4, B]`` int64 = (seed, sample index, position, top_k (<= 0: off))
-    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32). Packed so a step needs 2 copies."""
-    temperature, top_p = floats[0], floats[1]
-    top_k = ints[3]
-    keys = row_keys(ints[0], ints[1], ints[2])
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           keys: torch.Tensor, use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits ``[B, V]`` fp32, temperature ``[B]`` (0 = greedy), top_k ``[B]`` (<= 0: off),
+    top_p ``[B]``, keys ``[B]`` int64 -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32)."""
     greedy = temperature <= 0
     t = torch.where(greedy, 1.0, temperature)
     scaled = logits / t[:, None]
@@ -88,5 +84,10 @@ class Sampler:
         if compile and device.type == "cuda":
             self.fn = torch.compile(sample, dynamic=True)
 
-    def __call__(self, logits, floats, ints, use_filter: bool):
-        return self.fn(logits, floats, ints, use_filter)
+    def __call__(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, use_filter: bool):
+        """floats ``[2, B]`` = (temperature, top_p); ints ``[4, B]`` int64 = (seed, sample
+        index, position, top_k): packed so a step needs two host->device copies. The keys
+        are computed outside the compiled region (inside it, inductor fused them into the
+        [B, V] reduction and ran 30x slower on an H200)."""
+        keys = row_keys(ints[0], ints[1], ints[2])
+        return self.fn(logits, floats[0], ints[3], floats[1], keys, use_filter)
