@@ -291,9 +291,25 @@ def load_dataset(path: Union[str, Path], mapping: Optional[FieldMapping] = None,
     return ExampleDataset(load_examples(path, mapping, format, limit), shuffle=shuffle, seed=seed)
 
 
-# Mappings for the reference data sets in ../shared/data (see its README).
-GSM8K = FieldMapping(prompt="question", answer="answer")
-MATH_EVAL = FieldMapping(prompt="problem", answer="answer")
+# Presets for the reference data sets in ../shared/data (see its README), with the
+# prompts their evaluations use: GSM8K's "####" answer line, Qwen2.5-Math's \boxed{}.
+GSM8K_PROMPT = "{question}\nLet's think step by step and output the final answer after \"####\"."
+BOXED_PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+
+GSM8K = FieldMapping(prompt="question", answer="answer", prompt_template=GSM8K_PROMPT)
+MATH_EVAL = FieldMapping(prompt="problem", answer="answer", prompt_template=BOXED_PROMPT)
 # Minerva has no answer field: the reference is the solution, whose \boxed{} the math
 # reward extracts.
-MINERVA = FieldMapping(prompt="problem", answer="solution")
+MINERVA = FieldMapping(prompt="problem", answer="solution", prompt_template=BOXED_PROMPT)
+
+PRESETS = {"gsm8k": GSM8K, "aime24": MATH_EVAL, "amc23": MATH_EVAL, "math_eval": MATH_EVAL,
+           "minerva_math": MINERVA}
+
+
+def preset_mapping(name: str) -> FieldMapping:
+    """The ``FieldMapping`` of a named preset (a copy: callers may change it)."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown dataset preset {name!r}; presets: {', '.join(sorted(PRESETS))}")
+    import dataclasses
+
+    return dataclasses.replace(PRESETS[name])

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.data.datasets import (
-    GSM8K, MINERVA, DatasetError, ExampleDataset, FieldMapping, load_dataset, load_examples,
+    GSM8K, MINERVA, DatasetError, preset_mapping, ExampleDataset, FieldMapping, load_dataset, load_examples,
 )
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -124,7 +124,11 @@ def test_resume_continues_exactly_across_epochs():
 def test_reference_data_sets_load_with_their_mappings():
     gsm8k = load_dataset(DATA / "gsm8k" / "test.jsonl", GSM8K, seed=0)
     assert len(gsm8k) == 1319 and "####" in gsm8k[0].answer
+    assert gsm8k[0].prompt.startswith("Janet") and gsm8k[0].prompt.endswith('after "####".')
     minerva = load_dataset(DATA / "math_eval" / "minerva_math.jsonl", MINERVA)
     assert len(minerva) == 272 and "\\boxed" in minerva[0].answer
-    amc = load_examples(DATA / "math_eval" / "amc23.jsonl", FieldMapping(prompt="problem", answer="answer"))
+    amc = load_examples(DATA / "math_eval" / "amc23.jsonl", preset_mapping("amc23"))
     assert amc[0].answer == "27"  # the float 27.0, as text
+    assert amc[0].prompt.endswith("put your final answer within \\boxed{}.")
+    with pytest.raises(KeyError, match="presets: aime24"):
+        preset_mapping("gsm8")
