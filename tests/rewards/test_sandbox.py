@@ -7,8 +7,6 @@ import socket
 import threading
 import time
 
-import pytest
-
 from asyncrl.rewards.sandbox import SandboxLimits, run_python
 
 LIMITS = SandboxLimits(wall_time_s=3.0, cpu_time_s=1, memory_mb=256, max_processes=8, max_file_mb=1)
