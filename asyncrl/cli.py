@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from asyncrl.config import ConfigError, config_to_yaml, load_config
-from asyncrl.runtime.validate import check_registered_names
+from asyncrl.runtime.validate import validate_config
 
 DEFAULT_RECIPE = "quickstart"
 
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe, overrides = _split(ns.args)
     try:
         cfg = load_config(recipe, overrides)
-        check_registered_names(cfg)
+        validate_config(cfg)
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2

@@ -97,6 +97,63 @@ class RolloutConfig:
 
 
 @dataclass
+class KLControlConfig:
+    """The coefficient β of the KL folded into the reward (``algorithm.use_kl_in_reward``).
+
+    ``fixed`` keeps β; ``adaptive`` is Ziegler et al.'s controller (1909.08593):
+    β ← β·(1 + clip(KL/target_kl − 1, ±0.2)·n/horizon), n = sequences in the batch.
+    """
+
+    type: str = field_spec("fixed", choices=("fixed", "adaptive"))
+    kl_coef: float = field_spec(0.001, ge=0, help="initial β of the KL-in-reward penalty")
+    target_kl: float = field_spec(0.1, gt=0, help="adaptive: the KL the controller steers to")
+    horizon: int = field_spec(10000, ge=1, help="adaptive: sequences over which β moves by ≤ 20%")
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: drop groups whose metric is constant, generate more rounds
+    until ``trainer.prompts_per_step`` groups remain, keep exactly that many."""
+
+    enable: bool = False
+    metric: str = field_spec("acc", choices=("acc", "score"),
+                             help="acc: correct (reward >= 1) or not; score: the shaped reward")
+    max_num_gen_batches: int = field_spec(10, ge=0, help="rollout rounds per step before an error (0: unlimited)")
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO overlong reward shaping: a penalty falling linearly from 0 at
+    ``rollout.max_tokens − len`` tokens to ``−penalty_factor`` at ``rollout.max_tokens``."""
+
+    enable: bool = False
+    len: int = field_spec(4, ge=1, help="buffer length in tokens (DAPO: 4096 of 20480)")
+    penalty_factor: float = field_spec(1.0, ge=0)
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Rollout/training mismatch correction: each token's loss is multiplied by the detached
+    weight w = π_old/π_rollout (old log-probs recomputed by the trainer, rollout log-probs
+    from the backend), truncated (TIS) or masked (IcePop) outside the band."""
+
+    level: str = field_spec("none", choices=("none", "token", "sequence", "geometric"),
+                            help="none: no weights; sequence: product over the response; geometric: its per-token mean")
+    threshold: float = field_spec(2.0, gt=0, help="upper bound of w (verl's default 2.0)")
+    lower_threshold: Optional[float] = field_spec(None, ge=0, help="lower bound of w (null: none)")
+    mode: str = field_spec("truncate", choices=("truncate", "mask"), help="truncate: clamp w; mask: w = 0 outside")
+
+    def validate(self) -> None:
+        if self.lower_threshold is not None and self.lower_threshold > self.threshold:
+            raise ConfigError(f"algorithm.rollout_correction.lower_threshold={self.lower_threshold} must be "
+                              f"<= threshold={self.threshold}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.level != "none"
+
+
+@dataclass
 class AlgorithmConfig:
     """What is optimised. Names follow verl's keys (ALGORITHMS.md)."""
 
@@ -107,15 +164,57 @@ class AlgorithmConfig:
         "token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"))
     loss_scale_factor: Optional[float] = field_spec(None, gt=0)
     clip_ratio_low: float = field_spec(0.2, ge=0)
-    clip_ratio_high: float = field_spec(0.2, ge=0)
+    clip_ratio_high: float = field_spec(0.2, ge=0, help="DAPO clip-higher: 0.28")
     clip_ratio_c: float = field_spec(3.0, gt=1, help="dual-clip constant")
     tau_pos: float = field_spec(1.0, gt=0)
     tau_neg: float = field_spec(1.05, gt=0)
-    kl_coef: float = field_spec(0.0, ge=0, help="KL-to-reference loss coefficient (0: no ref model)")
-    kl_estimator: str = field_spec("k3", help="k1|k2|k3|abs (aliases kl|mse|low_var_kl), '+' = straight-through")
+    kl_coef: float = field_spec(0.0, ge=0, help="KL-to-reference loss coefficient (0: no KL loss term)")
+    kl_estimator: str = field_spec("k3", help="KL loss estimator: k1|k2|k3|abs (aliases kl|mse|low_var_kl), '+' = straight-through")
+    use_kl_in_reward: bool = field_spec(False, help="fold -β·KL(old‖ref) into the token rewards (PPO/REINFORCE++ style)")
+    kl_penalty: str = field_spec("k1", help="KL-in-reward estimator (same names as kl_estimator)")
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     entropy_coeff: float = field_spec(0.0, ge=0)
+    calculate_entropy: bool = field_spec(True, help="report actor/entropy when entropy_coeff is 0 (one softmax per chunk)")
     gamma: float = field_spec(1.0, ge=0, le=1)
     lam: float = field_spec(1.0, ge=0, le=1)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    decoupled: bool = field_spec(False, help="decoupled PPO: clip on π_θ/π_prox (recomputed), weight by "
+                                             "π_prox/π_behav (rollout_correction); the async runtime requires it")
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO (``algorithm.adv_estimator=gae``): the policy architecture with
+    a scalar head (asyncrl/training/critic.py), trained on the clipped value loss."""
+
+    enable: bool = field_spec(False, help="build and train a critic (required by adv_estimator=gae)")
+    lr: float = field_spec(1e-4, gt=0)
+    weight_decay: float = field_spec(0.0, ge=0)
+    grad_clip: float = field_spec(1.0, gt=0)
+    warmup_steps: int = field_spec(0, ge=0, help="linear lr warmup, in critic optimizer steps")
+    cliprange_value: float = field_spec(0.5, gt=0, help="ε_v of the clipped value loss")
+    ppo_epochs: int = field_spec(1, ge=1)
+    mini_batches: int = field_spec(1, ge=1, help="critic optimizer steps per rollout batch (per epoch)")
+    freeze_actor_steps: int = field_spec(0, ge=0, help="first RL steps train only the critic (verl trainer.critic_warmup)")
+
+
+@dataclass
+class DPOConfig:
+    """``asyncrl dpo``: offline preference optimisation against a frozen reference."""
+
+    data_path: Optional[str] = field_spec(None, help="jsonl of prompt/chosen/rejected (null: pairs built from the task)")
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    beta: float = field_spec(0.1, gt=0, help="inverse temperature of the implicit reward")
+    label_smoothing: float = field_spec(0.0, ge=0, lt=0.5, help="conservative DPO: assumed fraction of flipped labels")
+    steps: int = field_spec(100, ge=0)
+    batch_size: int = field_spec(32, ge=1, help="preference pairs per optimizer step")
+    lr: float = field_spec(1e-4, gt=0)
+    warmup_steps: int = field_spec(0, ge=0)
+    num_pairs: int = field_spec(512, ge=1, help="pairs built from the task when data_path is null")
 
 
 @dataclass
@@ -167,6 +266,8 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -176,6 +277,13 @@ class Config:
         if batch % self.actor.mini_batches:
             raise ConfigError(f"actor.mini_batches={self.actor.mini_batches} must divide the batch of "
                               f"trainer.prompts_per_step * rollout.n = {batch} responses")
+        if self.critic.enable and batch % self.critic.mini_batches:
+            raise ConfigError(f"critic.mini_batches={self.critic.mini_batches} must divide the batch of "
+                              f"trainer.prompts_per_step * rollout.n = {batch} responses")
+        buffer = self.algorithm.overlong_buffer
+        if buffer.enable and buffer.len > self.rollout.max_tokens:
+            raise ConfigError(f"algorithm.overlong_buffer.len={buffer.len} must be <= rollout.max_tokens="
+                              f"{self.rollout.max_tokens} (the penalty starts at max_tokens - len)")
 
 
 def resolve_recipe(name_or_path: str) -> Path:

@@ -17,11 +17,10 @@ from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.hf import HFGenerateBackend
 from asyncrl.runtime.run_dir import make_run_dir
-from asyncrl.runtime.sync_controller import SyncController
+from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
 from asyncrl.training.model import load_policy, resolve_device
-from asyncrl.training.reference import Reference
 from asyncrl.training.warm_start import tiny_checkpoint
 
 
@@ -54,11 +53,8 @@ def run_training(cfg) -> dict:
     evaluate = lambda: heldout_accuracy(backend, tokenizer, task.reward, task.eval_examples(), cfg.rollout.max_tokens)
     sft_accuracy = evaluate()
     console.print(f"held-out accuracy before RL: [bold]{sft_accuracy:.3f}[/]")
-    actor = Actor(model, cfg.actor, cfg.algorithm, cfg.rollout.temperature)
-    reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
-                 if cfg.algorithm.kl_coef > 0 else None)
-    controller = SyncController(cfg, actor, reference, backend, tokenizer, task.reward,
-                                task.train_stream(seed=cfg.seed))
+    controller = build_sync_controller(cfg, model, backend, tokenizer, task.reward, task.train_stream(seed=cfg.seed))
+    actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
     try:

@@ -1,19 +1,78 @@
-"""Checks of a loaded config against what is registered at run time.
+"""Checks of a loaded config against what is registered, and of combinations that cannot work.
 
 ``config`` may not import ``algorithms`` (dependency direction), so the names of
-registered estimators and losses are checked here, before anything runs.
+registered estimators and losses are checked here, before anything runs. Each
+combination rule is one entry of ``RULES``: a predicate that is True when the config
+is broken, and the message that says why and what to set instead.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from asyncrl.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from asyncrl.config_schema import ConfigError, closest_key
 
+# What an advantage estimator reads besides scores (the controller fills these).
+VALUE_ESTIMATORS = frozenset({"gae"})               # critic values [B, L]
+GREEDY_BASELINE_ESTIMATORS = frozenset({"remax"})   # one greedy rollout per prompt
+GROUP_ESTIMATORS_NEEDING_PAIRS = frozenset({"grpo_passk"})
+ON_POLICY_LOSSES = frozenset({"pg", "gpg"})          # -A·lp: no ratio, so no use for old log-probs
+
 
 def check_registered_names(cfg) -> None:
     """Refuse an unknown estimator / loss name, naming the key and the closest valid name."""
-    for key, value, registry in (("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS),
-                                 ("algorithm.policy_loss", cfg.algorithm.policy_loss, POLICY_LOSSES),
-                                 ("algorithm.kl_estimator", cfg.algorithm.kl_estimator, KL_ESTIMATORS)):
+    algo = cfg.algorithm
+    for key, value, registry in (("algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS),
+                                 ("algorithm.policy_loss", algo.policy_loss, POLICY_LOSSES),
+                                 ("algorithm.kl_estimator", algo.kl_estimator, KL_ESTIMATORS),
+                                 ("algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS)):
         names = registry.names()
         if value not in names:
             raise ConfigError(f"{key}: {value!r} is not one of {names}{closest_key(value, names)}")
+
+
+def _multi_step(cfg) -> bool:
+    return cfg.actor.ppo_epochs > 1 or cfg.actor.mini_batches > 1
+
+
+Rule = tuple[Callable[[object], bool], Callable[[object], str]]
+
+RULES: list[Rule] = [
+    (lambda c: c.algorithm.adv_estimator in VALUE_ESTIMATORS and not c.critic.enable,
+     lambda c: f"algorithm.adv_estimator={c.algorithm.adv_estimator} needs critic values: set critic.enable=true "
+               "(and critic.lr), or pick a critic-free estimator such as grpo or rloo"),
+    (lambda c: c.critic.enable and c.algorithm.adv_estimator not in VALUE_ESTIMATORS,
+     lambda c: f"critic.enable=true but algorithm.adv_estimator={c.algorithm.adv_estimator} never reads values: "
+               f"the critic would train for nothing; use one of {sorted(VALUE_ESTIMATORS)} or critic.enable=false"),
+    (lambda c: c.algorithm.adv_estimator in GROUP_ESTIMATORS_NEEDING_PAIRS and c.rollout.n < 2,
+     lambda c: f"algorithm.adv_estimator={c.algorithm.adv_estimator} compares the best and second-best response "
+               "of a group: set rollout.n >= 2"),
+    (lambda c: c.algorithm.filter_groups.enable and c.rollout.n < 2,
+     lambda c: "algorithm.filter_groups drops groups whose metric is constant, and a group of rollout.n=1 is "
+               "always kept: set rollout.n >= 2 or filter_groups.enable=false"),
+    (lambda c: c.algorithm.decoupled and not c.algorithm.rollout_correction.enabled,
+     lambda c: "algorithm.decoupled=true weights each token by π_prox/π_behav: set "
+               "algorithm.rollout_correction.level (token is AReaL's choice; sequence or geometric)"),
+    (lambda c: c.algorithm.policy_loss in ON_POLICY_LOSSES and _multi_step(c)
+     and not c.algorithm.rollout_correction.enabled,
+     lambda c: f"algorithm.policy_loss={c.algorithm.policy_loss} (−A·lp) has no ratio, so it is only correct for "
+               "one optimizer step per batch: set actor.ppo_epochs=1 and actor.mini_batches=1, or use ppo_clip"),
+    (lambda c: c.algorithm.kl_ctrl.type == "adaptive" and not c.algorithm.use_kl_in_reward,
+     lambda c: "algorithm.kl_ctrl drives the β of the KL in the reward: set algorithm.use_kl_in_reward=true "
+               "(the KL loss term uses the fixed algorithm.kl_coef)"),
+    (lambda c: c.critic.freeze_actor_steps > 0 and not c.critic.enable,
+     lambda c: "critic.freeze_actor_steps trains only the critic for the first steps: it needs critic.enable=true"),
+]
+
+
+def check_combinations(cfg) -> None:
+    """Refuse the first combination of settings that cannot work, saying why."""
+    for broken, message in RULES:
+        if broken(cfg):
+            raise ConfigError(message(cfg))
+
+
+def validate_config(cfg) -> None:
+    """Every run-time check: registered names, then combinations."""
+    check_registered_names(cfg)
+    check_combinations(cfg)

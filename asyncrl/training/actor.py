@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, kl_penalty)
+from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, kl_penalty,
+                                rollout_is_weights)
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.types import TrainBatch
 
@@ -16,6 +17,23 @@ def policy_loss_config(algo) -> PolicyLossConfig:
         clip_ratio_low=algo.clip_ratio_low, clip_ratio_high=algo.clip_ratio_high,
         clip_ratio_c=algo.clip_ratio_c, tau_pos=algo.tau_pos, tau_neg=algo.tau_neg,
         loss_agg_mode=algo.loss_agg_mode, loss_scale_factor=algo.loss_scale_factor)
+
+
+def behaviour_weights(algo, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
+                      mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Detached w = π_old/π_rollout ``[b, L]`` per ``algo.rollout_correction`` (rows must be whole:
+    the sequence levels reduce over each row). Used by TIS and by decoupled PPO alike."""
+    corr = algo.rollout_correction
+    return rollout_is_weights(old_logprobs, rollout_logprobs, mask, level=corr.level, threshold=corr.threshold,
+                              mode=corr.mode, lower_threshold=corr.lower_threshold)
+
+
+def needs_recomputed_old_logprobs(actor_cfg, algo) -> bool:
+    """True when the old log-probs must be computed before the update: several optimizer steps
+    per batch (PPO ratio), a behaviour-weight correction or decoupled PPO (π_old/π_rollout), or
+    KL in the reward (β·KL(old‖ref) enters the advantages before any update)."""
+    return (actor_cfg.ppo_epochs > 1 or actor_cfg.mini_batches > 1 or algo.rollout_correction.enabled
+            or algo.decoupled or algo.use_kl_in_reward)
 
 
 class Actor:
@@ -38,15 +56,21 @@ class Actor:
 
     @property
     def on_policy_shortcut(self) -> bool:
-        """With one optimizer step per batch, old log-probs equal the current ones (detached)."""
-        return self.cfg.ppo_epochs == 1 and self.cfg.mini_batches == 1
+        """With one optimizer step per batch, old log-probs equal the current ones (detached),
+        unless a correction or the KL-in-reward needs them recomputed beforehand."""
+        return not needs_recomputed_old_logprobs(self.cfg, self.algo)
+
+    @property
+    def computes_entropy(self) -> bool:
+        """Entropy is needed for the bonus; otherwise it is computed only as a metric, if asked."""
+        return self.algo.entropy_coeff > 0 or self.algo.calculate_entropy
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L] log-probs of the batch's responses under the current weights."""
         self.model.eval()
         parts = [self._forward(batch.select(idx), with_entropy=False)[0] for idx in self._micro_indices(batch.batch_size)]
-        return torch.cat(parts) * batch.response_mask
+        return torch.cat(parts).to(batch.response_mask.device) * batch.response_mask  # the batch's device
 
     def _forward(self, batch: TrainBatch, with_entropy: bool):
         device = next(self.model.parameters()).device
@@ -94,28 +118,31 @@ class Actor:
         return sums
 
     def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device) -> dict[str, float]:
-        need_entropy = True  # entropy is always reported; its cost is one softmax per chunk
-        logprobs, entropy = self._forward(micro, with_entropy=need_entropy)
+        logprobs, entropy = self._forward(micro, with_entropy=self.computes_entropy)
         mask = micro.response_mask.to(device)
         old = micro.old_logprobs.to(device) if micro.old_logprobs is not None else logprobs.detach()
+        is_weights, is_metrics = None, {}
+        if self.algo.rollout_correction.enabled:  # decoupled PPO / TIS: clip on π_θ/π_old, weight π_old/π_roll
+            is_weights, is_metrics = behaviour_weights(self.algo, old, micro.rollout_logprobs.to(device), mask)
         out = compute_policy_loss(self.algo.policy_loss, PolicyLossInput(
             logprobs=logprobs, old_logprobs=old, advantages=micro.advantages.to(device), response_mask=mask,
-            global_tokens=global_tokens, global_seqs=global_seqs), self.loss_cfg)
+            is_weights=is_weights, global_tokens=global_tokens, global_seqs=global_seqs), self.loss_cfg)
         loss = out.loss
         agg = dict(mode=self.algo.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
                    norm_length=self.algo.loss_scale_factor)
         metrics = {f"actor/{k}": float(v) for k, v in out.metrics.items()}
+        metrics.update({f"rollout_correction/{k}": v for k, v in is_metrics.items()})
         if micro.ref_logprobs is not None and self.algo.kl_coef > 0:
             kl = agg_loss(kl_penalty(logprobs, micro.ref_logprobs.to(device), self.algo.kl_estimator), mask, **agg)
             loss = loss + self.algo.kl_coef * kl
             metrics["actor/kl_loss"] = kl.detach().item()
-        entropy_term = agg_loss(entropy, mask, **agg)
         if self.algo.entropy_coeff > 0:
-            loss = loss - self.algo.entropy_coeff * entropy_term
+            loss = loss - self.algo.entropy_coeff * agg_loss(entropy, mask, **agg)
         if not math.isfinite(loss.detach().item()):
             metrics["actor/nonfinite_loss"] = 1.0
             return metrics  # no backward: the NaN must not reach the weights
         loss.backward()
         metrics["actor/pg_loss"] = out.loss.detach().item()
-        metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+        if self.computes_entropy:
+            metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         return metrics

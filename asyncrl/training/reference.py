@@ -25,4 +25,4 @@ class Reference:
             lp, _ = response_logprobs(self.model, micro.input_ids.to(device), micro.attention_mask.to(device),
                                       micro.prompt_length, self.temperature, self.chunk_tokens)
             parts.append(lp)
-        return torch.cat(parts) * batch.response_mask.to(device)
+        return torch.cat(parts).to(batch.response_mask.device) * batch.response_mask  # the batch's device

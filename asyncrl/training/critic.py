@@ -1,0 +1,124 @@
+"""The critic: a value model for PPO (``algorithm.adv_estimator=gae``), one role per class.
+
+Architecture choice: transformers' ``AutoModelForTokenClassification`` with
+``num_labels=1`` on the policy's config (``Qwen3ForTokenClassification`` for Qwen3),
+its backbone initialised from the policy's and its scalar head zero-initialised. Why:
+it is the policy architecture plus a ``Linear(hidden, 1)``, as in verl/OpenRLHF, yet a
+standard HF class, so the critic saves and loads with ``save_pretrained`` /
+``from_pretrained`` like any checkpoint. Zero-initialising the head makes the first
+values exactly 0 (a neutral baseline) instead of noise; classifier dropout is off,
+since dropout noise in V would leak into every advantage.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
+from asyncrl.training.logprobs import position_ids_from_mask
+from asyncrl.types import TrainBatch
+
+
+def build_value_model(policy) -> torch.nn.Module:
+    """Policy architecture + scalar head; backbone weights copied from ``policy``."""
+    config = copy.deepcopy(policy.config)
+    config.num_labels, config.classifier_dropout = 1, 0.0
+    critic = AutoModelForTokenClassification.from_config(config)
+    backbone = getattr(critic, critic.base_model_prefix)
+    backbone.load_state_dict(policy.get_decoder().state_dict())
+    torch.nn.init.zeros_(critic.score.weight)
+    if critic.score.bias is not None:
+        torch.nn.init.zeros_(critic.score.bias)
+    param = next(policy.parameters())
+    return critic.to(device=param.device, dtype=param.dtype)
+
+
+def response_values(model, batch: TrainBatch) -> torch.Tensor:
+    """V[i, t] ``[b, L]``: the value of the state *before* response token t.
+
+    Same alignment as the log-probs: the hidden state at position P + t − 1 predicts
+    token t, so it is the state token t is chosen from (verl's ``[-L-1:-1]`` slice).
+    """
+    device = next(model.parameters()).device
+    ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False)
+    return out.logits[:, batch.prompt_length - 1:-1, 0].float()
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 − Var(R − V)/Var(R) over valid tokens: 1 is a perfect critic, ≤ 0 no better than a constant.
+    Constant returns leave it undefined; it is reported as 0 then (so metrics stay finite)."""
+    var_returns = float(masked_var(returns, mask))
+    if var_returns <= 0:
+        return 0.0
+    return 1.0 - float(masked_var(returns - values, mask)) / var_returns
+
+
+class Critic:
+    """Value model + AdamW; predicts V and fits it to the GAE returns.
+
+    Invariant (as the actor's): one ``update`` performs ``ppo_epochs * mini_batches``
+    optimizer steps, and the micro-batch losses of one step use the mini-batch's
+    global token / sequence counts, so they sum to exactly the mini-batch loss.
+    """
+
+    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int):
+        self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
+        warmup = critic_cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """[B, L] values under the current critic, zero on masked tokens."""
+        self.model.eval()
+        parts = [response_values(self.model, batch.select(idx))
+                 for idx in torch.arange(batch.batch_size).split(self.micro_batch_size)]
+        return torch.cat(parts).cpu() * batch.response_mask
+
+    def update(self, batch: TrainBatch) -> dict[str, float]:
+        """Fit V to ``batch.returns`` with the clipped loss around ``batch.values`` (V_old)."""
+        if batch.values is None or batch.returns is None:
+            raise ValueError("the critic update needs batch.values (old) and batch.returns (GAE targets)")
+        self.model.train()
+        history = [self._optimizer_step(batch.select(mini))
+                   for _ in range(self.cfg.ppo_epochs)
+                   for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches)]
+        metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        mask = batch.response_mask
+        metrics["critic/values_mean"] = float(masked_mean(batch.values, mask))
+        metrics["critic/returns_mean"] = float(masked_mean(batch.returns, mask))
+        metrics["critic/explained_variance"] = explained_variance(batch.values, batch.returns, mask)
+        return metrics
+
+    def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
+        mask = mini.response_mask
+        global_tokens, global_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for idx in torch.arange(mini.batch_size).split(self.micro_batch_size):
+            micro = mini.select(idx)
+            values = response_values(self.model, micro)
+            device = values.device
+            loss, stats = compute_value_loss(
+                values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
+                cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode,
+                global_tokens=global_tokens, global_seqs=global_seqs)
+            loss.backward()
+            # micro losses sum to the mini-batch loss; per-micro stats are averaged by rows
+            sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
+            for key, value in stats.items():
+                sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * len(idx) / mini.batch_size
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+        else:  # a NaN/Inf gradient would poison the weights: skip the step
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        sums["critic/grad_norm"] = float(grad_norm)
+        sums["critic/lr"] = self.scheduler.get_last_lr()[0]
+        return sums
