@@ -157,7 +157,9 @@ def _launch(work: Path, uid, limits: SandboxLimits, stdin: str, out, err, report
     }
     env = {
         "PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8",
-        "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
+        "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+        # one thread per BLAS/OpenMP pool: runs share the CPUs with the trainer
+        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         "ASYNCRL_REPORT_FD": str(report.fileno()),
     }
     proc = subprocess.Popen(
