@@ -172,14 +172,13 @@ def profile_from_rows(rows: Iterable[Mapping], lanes: Optional[dict] = None) -> 
 
 
 def profile_table(profile: StageProfile, title: str = "stage profile") -> Table:
-    """A rich table: seconds and share per stage, mean per step, Amdahl speed-ups."""
+    """A rich table: seconds and share per stage, mean per step, and the Amdahl columns
+    (whole-step speed-up if that stage alone became 2x, 5x faster, or free)."""
     summary = profile.summary()
     labels = [factor_label(k) for k in profile.factors]
-    table = Table(title=title, show_header=True)
-    for name in ("stage", "total s", "share", "per step s"):
-        table.add_column(name, justify="left" if name == "stage" else "right")
-    for label in labels:
-        table.add_column(f"step speed-up if {label} faster" if label != "inf" else "if free", justify="right")
+    table = Table(title=f"{title} (step speed-up if the stage gets k times faster)", show_header=True)
+    for name in ("stage", "total s", "share", "s/step", *(label if label != "inf" else "free" for label in labels)):
+        table.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
     amdahl = summary["amdahl"]
     for stage, seconds in sorted(summary["stage_seconds"].items(), key=lambda kv: -kv[1]):
         speedups = [f"{amdahl[stage][label]:.2f}x" if stage in amdahl else "-" for label in labels]
