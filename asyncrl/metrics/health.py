@@ -44,7 +44,8 @@ class HealthConfig:
     repeat_every: int = field_spec(20, ge=1, help="re-print a monitor that keeps firing every N steps")
     kl_budget: float = field_spec(0.1, gt=0, help="kl/ref (nats/token) allowed before warning")
     hacking_min_reward_rise: float = field_spec(0.05, ge=0, help="train reward rise since the best eval...")
-    hacking_min_accuracy_drop: float = field_spec(0.03, gt=0, help="...while eval/accuracy fell this far below its best")
+    hacking_min_accuracy_drop: float = field_spec(0.05, gt=0, help="...while eval/accuracy fell this far below its best")
+    hacking_patience: int = field_spec(2, ge=1, help="...at this many consecutive evals (eval noise is ~0.035 at 200 prompts)")
     max_version_lag: int = field_spec(2, ge=0, help="async/version_lag allowed (set to runtime.max_staleness)")
     throughput_drop: float = field_spec(0.5, gt=0, lt=1, help="warn when rollout tokens/s < (1 - x) * best")
     prefix_cache_drop: float = field_spec(0.3, gt=0, lt=1, help="warn when prefix-cache hit rate < (1 - x) * best")
@@ -167,7 +168,9 @@ class RewardHacking(Monitor):
 
     At each eval, compare with the eval where accuracy peaked: the reward (mean of the last
     ``window`` steps) must have risen by ``hacking_min_reward_rise`` while accuracy fell by
-    ``hacking_min_accuracy_drop``. The value reported is the accuracy drop.
+    ``hacking_min_accuracy_drop``, at ``hacking_patience`` consecutive evals: one eval of a
+    few hundred prompts has a binomial noise of a few points, so one dip proves nothing.
+    The value reported is the accuracy drop.
     """
 
     name = "reward_hacking"
@@ -176,6 +179,7 @@ class RewardHacking(Monitor):
         super().__init__(cfg)
         self.rewards: deque[float] = deque(maxlen=cfg.window)
         self.best: Optional[tuple[float, float]] = None  # (accuracy, reward window mean) at best eval
+        self.strikes = 0  # consecutive evals that met both conditions
 
     def check(self, step, metrics, samples):
         reward = _as_float(metrics.get("reward/mean"))
@@ -186,13 +190,16 @@ class RewardHacking(Monitor):
             return None
         reward_now = sum(self.rewards) / len(self.rewards)
         if self.best is None or accuracy >= self.best[0]:
-            self.best = (accuracy, reward_now)
+            self.best, self.strikes = (accuracy, reward_now), 0
             return None
         drop, rise = self.best[0] - accuracy, reward_now - self.best[1]
-        if drop >= self.cfg.hacking_min_accuracy_drop and rise >= self.cfg.hacking_min_reward_rise:
+        hacked = drop >= self.cfg.hacking_min_accuracy_drop and rise >= self.cfg.hacking_min_reward_rise
+        self.strikes = self.strikes + 1 if hacked else 0
+        if self.strikes >= self.cfg.hacking_patience:
             return drop, self.cfg.hacking_min_accuracy_drop, (
                 f"possible reward hacking: train reward +{rise:.3f} while held-out accuracy "
-                f"-{drop:.3f} since its best ({self.best[0]:.3f}); inspect samples and the reward function")
+                f"-{drop:.3f} since its best ({self.best[0]:.3f}), {self.strikes} evals in a row; "
+                "inspect samples and the reward function")
 
 
 class Staleness(Monitor):

@@ -238,3 +238,15 @@ def test_summary_counts_firings_per_monitor():
     monitor = drive(break_row=FAILURES["version_lag"])
     summary = monitor.summary()
     assert summary["fired"] == {"version_lag": STEPS - BREAK + 1} and summary["events"] == STEPS - BREAK + 1
+
+
+def test_reward_hacking_ignores_a_single_noisy_eval_dip():
+    monitor = HealthMonitor(HealthConfig(window=1, hacking_patience=2))
+    # Evals at steps 5, 10, 15: 0.60 (best), a dip to 0.50 while reward rose (strike 1),
+    # then a recovery to 0.58 (strikes reset): never two strikes in a row.
+    for step, (reward, accuracy) in enumerate([(0.5, 0.60), (0.7, 0.50), (0.8, 0.58), (0.9, 0.50)], start=1):
+        monitor.observe(step, {"reward/mean": reward, "eval/accuracy": accuracy})
+    assert monitor.events == []  # strikes at steps 2 and 4, reset by step 3
+    monitor.observe(5, {"reward/mean": 1.0, "eval/accuracy": 0.49})  # second strike in a row
+    [event] = monitor.events
+    assert event.monitor == "reward_hacking" and event.value == pytest.approx(0.11)
