@@ -61,25 +61,34 @@ def write_report(run_dir: Path, output: Optional[Path] = None) -> Path:
     return output
 
 
+NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed (pip install 'asyncrl[report]')"
+
+
 def render(run: RunData) -> str:
-    """The whole HTML page."""
+    """The whole HTML page. Without matplotlib the tables are still written, the plots not."""
     async_run = any("async/version_lag" in r or "time/wall" in r for r in run.rows)
     profile = profile_from_rows(run.rows, lanes=ASYNC_LANES if async_run else None)
+    draw = plots.available()
+
+    def figure(plot, alt, missing="no data for this plot in metrics.jsonl"):
+        return _image(plot() if draw else None, alt, missing if draw else NO_MATPLOTLIB)
+
+    rows = run.rows
     sections = [
         _section("Summary", _summary_table(run)),
         _section("Stage profile", _profile_html(profile)),
         _section("Health", _health_html(run.events, run.events_replayed)),
-        _section("Reward and accuracy", _image(plots.reward_accuracy(run.rows, run.summary), "reward and accuracy")),
-        _section("KL", _image(plots.kl(run.rows), "KL",
+        _section("Reward and accuracy", figure(lambda: plots.reward_accuracy(rows, run.summary), "reward and accuracy")),
+        _section("KL", figure(lambda: plots.kl(rows), "KL",
                               "no KL metrics: the run has no reference model (algorithm.kl_coef = 0)")),
-        _section("Entropy", _image(plots.entropy(run.rows), "entropy")),
-        _section("Response length", _image(plots.response_length(run.rows), "response length")),
-        _section("Stage time", _image(plots.stage_times(run.rows), "stage time stacked area")),
-        _section("Throughput", _image(plots.throughput(run.rows), "throughput")),
-        _section("Staleness", _image(plots.staleness(run.rows), "staleness histogram",
+        _section("Entropy", figure(lambda: plots.entropy(rows), "entropy")),
+        _section("Response length", figure(lambda: plots.response_length(rows), "response length")),
+        _section("Stage time", figure(lambda: plots.stage_times(rows), "stage time stacked area")),
+        _section("Throughput", figure(lambda: plots.throughput(rows), "throughput")),
+        _section("Staleness", figure(lambda: plots.staleness(rows), "staleness histogram",
                                      "not applicable: synchronous run, every sample is trained on-policy "
                                      "(no async/staleness_hist/* or async/version_lag metrics)")),
-        _section("Health timeline", _image(plots.health_timeline(run.rows), "health timeline",
+        _section("Health timeline", figure(lambda: plots.health_timeline(rows), "health timeline",
                                            "no health warning fired (or no health/* metrics logged)")),
         _section("Memory", _memory_html(run)),
     ]

@@ -20,6 +20,15 @@ STAGE_COLORS = {"rollout": "#4C72B0", "reward": "#DD8452", "old_logprobs": "#55A
                 "weight_sync": "#DA8BC3", "rollout_wait": "#BBBBBB", "trainer_wait": "#888888"}
 
 
+def available() -> bool:
+    """True when matplotlib can be imported (it is the optional extra ``asyncrl[report]``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def series(rows: Rows, key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of ``key`` over the rows that have it; "nan"/"inf" strings parse."""
     steps, values = [], []

@@ -12,11 +12,14 @@ import subprocess
 
 import pytest
 
-pytest.importorskip("matplotlib", reason="the report's plots need matplotlib (pip install asyncrl[report])")
+from asyncrl.metrics.report import REPORT_NAME, load_run, main, write_report
+from asyncrl.metrics.report_plots import available
 
-from asyncrl.metrics.report import REPORT_NAME, load_run, main, write_report  # noqa: E402
+from .run_fixture import make_run_dir
 
-from .run_fixture import make_run_dir  # noqa: E402
+# Plot-drawing tests; the rest (tables, CLI, the no-matplotlib page) run without it.
+pytestmark_plots = pytest.mark.skipif(not available(), reason="the report's plots need matplotlib "
+                                                               "(pip install 'asyncrl[report]')")
 
 PLOTS = ("reward and accuracy", "KL", "entropy", "response length", "stage time stacked area", "throughput")
 
@@ -25,6 +28,7 @@ def _img_alts(page: str) -> list[str]:
     return re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,', page)
 
 
+@pytestmark_plots
 def test_report_renders_sync_run(tmp_path):
     run_dir = make_run_dir(tmp_path)
     path = write_report(run_dir)
@@ -41,6 +45,7 @@ def test_report_renders_sync_run(tmp_path):
     assert "http://" not in page and "https://" not in page  # self-contained: nothing fetched
 
 
+@pytestmark_plots
 def test_report_renders_async_run_with_staleness(tmp_path):
     page = write_report(make_run_dir(tmp_path, async_run=True)).read_text()
     assert "staleness histogram" in _img_alts(page)
@@ -56,6 +61,15 @@ def test_report_without_summary_or_events_replays_health(tmp_path):
     page = write_report(run_dir).read_text()
     assert "run in progress or interrupted" in page
     assert "monitors replayed over metrics.jsonl" in page and "kl_budget" in page
+
+
+def test_report_without_matplotlib_keeps_the_tables(tmp_path, monkeypatch):
+    from asyncrl.metrics import report_plots
+
+    monkeypatch.setattr(report_plots, "available", lambda: False)
+    page = write_report(make_run_dir(tmp_path)).read_text()
+    assert _img_alts(page) == []
+    assert "matplotlib is not installed" in page and "step speed-up if 5x faster" in page
 
 
 def test_load_run_reads_nan_rows(tmp_path):
@@ -113,6 +127,7 @@ def _broken(images: list) -> list[str]:
     return [alt for alt, complete, width, height in images if not (complete and width > 0 and height > 0)]
 
 
+@pytestmark_plots
 def test_every_image_loads_in_headless_chromium(tmp_path):
     page = write_report(make_run_dir(tmp_path, async_run=True)).read_text()
     expected = _img_alts(page)
