@@ -152,7 +152,8 @@ def _profile_html(profile: StageProfile) -> str:
         return '<p class="na">no time/&lt;stage&gt; metrics in metrics.jsonl</p>'
     summary = profile.summary()
     labels = [factor_label(k) for k in profile.factors]
-    header = ["stage", "total s", "share", "per step s"] + [f"step speed-up if {l} faster" for l in labels]
+    header = ["stage", "total s", "share", "per step s"] + [
+        f"step speed-up if {l} faster" if l != "inf" else "step speed-up if free" for l in labels]
     rows = []
     for stage, seconds in sorted(summary["stage_seconds"].items(), key=lambda kv: -kv[1]):
         speedups = [f"{summary['amdahl'][stage][l]:.2f}x" if stage in summary["amdahl"] else "-" for l in labels]

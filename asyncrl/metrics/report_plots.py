@@ -56,6 +56,7 @@ def _figure(title: str, ylabel: str, xlabel: str = "step"):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
+    ax.ticklabel_format(axis="y", useOffset=False)  # "+3.96" offsets hide the real values
     return fig, ax
 
 
