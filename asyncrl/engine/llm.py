@@ -104,6 +104,8 @@ class LLM:
         """One ``RequestOutput`` per prompt (in order) with ``n`` completions each."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not prompts:
+            return []
         params = sampling_params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
@@ -117,8 +119,8 @@ class LLM:
 
     def _request_done(self, request_id: str) -> bool:
         parent = self._requests[request_id]
-        return parent.num_forks == 0 and all(s.is_finished for s in parent.group) and \
-            len(parent.group) == parent.params.n
+        complete = len(parent.group) == parent.params.n or parent.finish_reason == "abort"
+        return parent.num_forks == 0 and complete and all(s.is_finished for s in parent.group)
 
     def _collect(self, request_id: str) -> RequestOutput:
         parent = self._requests.pop(request_id)

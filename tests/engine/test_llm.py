@@ -183,3 +183,30 @@ def test_oversized_request_is_rejected_not_hung(tiny_dirs):
     llm = make_llm(tiny_dirs["qwen3"], num_kv_blocks=4)
     with pytest.raises(ValueError):
         llm.generate([prompts_for(11, [10])[0]], SamplingParams(max_tokens=20))
+
+
+class _CharTokenizer:
+    """Token t <-> chr(ord('a') + t % 26): enough to exercise stop strings."""
+
+    eos_token_id = 3
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) - ord("a") + 4 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + t % 26) for t in ids)
+
+
+def test_stop_strings_and_text(tiny_dirs):
+    from asyncrl.engine import LLM
+
+    llm = LLM(tiny_dirs["llama"], dtype=torch.float32, device="cpu", tokenizer=_CharTokenizer(), block_size=4)
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    free = llm.generate("hello", params)[0]
+    assert free.prompt == "hello" and free.prompt_token_ids == _CharTokenizer().encode("hello")
+    text = free.completions[0].text
+    stop = text[4:6]
+    out = llm.generate(["hello"], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                                 stop=[stop]))[0].completions[0]
+    assert out.finish_reason == "stop" and out.text == text[: text.find(stop)]
+    assert llm.generate([], params) == []
