@@ -71,6 +71,83 @@ class TaskConfig:
 
 
 @dataclass
+class DataConfig:
+    """Prompts from a dataset file (asyncrl.data.sources) instead of the synthetic ``task``.
+
+    ``preset`` names a reference set in ../shared/data (its field mapping, its evaluation
+    prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
+    """
+
+    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file or HF save_to_disk dir; "
+                                                "null with preset null: the synthetic task")
+    format: Optional[str] = field_spec(None, choices=("jsonl", "json", "parquet", "csv", "hf"),
+                                       help="null: from the extension")
+    preset: Optional[str] = field_spec(None, choices=("gsm8k", "aime24", "amc23", "math_eval", "minerva_math"))
+    prompt_field: Optional[str] = field_spec(None, help="null: the preset's, else 'prompt'")
+    answer_field: Optional[str] = field_spec(None, help="null: the preset's, else 'answer'")
+    extra_fields: dict[str, str] = field_spec(default_factory=dict, help="row field -> reward keyword argument")
+    uid_field: Optional[str] = field_spec(None, help="row field used as uid (null: <file>:<row>)")
+    prompt_template: Optional[str] = field_spec(None, help="str.format over the row (null: the preset's, "
+                                                           "else the prompt field as is)")
+    system_prompt: Optional[str] = field_spec(None, help="chat template only")
+    use_chat_template: bool = field_spec(True, help="wrap prompts in the tokenizer's chat template")
+    shuffle: bool = True
+    limit: Optional[int] = field_spec(None, ge=1, help="use only the first N rows")
+    eval_path: Optional[str] = field_spec(None, help="held-out file (null: eval_preset, else the preset's test split)")
+    eval_preset: Optional[str] = field_spec(None, choices=("gsm8k", "aime24", "amc23", "math_eval", "minerva_math"))
+    eval_limit: Optional[int] = field_spec(None, ge=1, help="evaluate only the first N held-out rows")
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None or self.preset is not None
+
+
+@dataclass
+class RewardConfig:
+    """Reward functions combined by weight and run in a ``RewardPool`` (docs/rewards.md).
+
+    Empty ``rewards``: the synthetic task's own checker, or ``math`` for a dataset.
+    """
+
+    rewards: list[Any] = field_spec(default_factory=list, help="names, module:function, or dicts "
+                                                               "{name, fn, weight, kwargs, batched, timeout_s}")
+    mode: str = field_spec("process", choices=("process", "thread", "inline"),
+                           help="process: hung calls are killed (required for math)")
+    num_workers: int = field_spec(2, ge=1)
+    timeout_s: float = field_spec(10.0, gt=0, help="per call; a timeout scores default_score")
+    default_score: float = field_spec(0.0, help="score of a failed, hung or None-returning call")
+
+    def validate(self) -> None:
+        for i, entry in enumerate(self.rewards):
+            if not isinstance(entry, (str, dict)):
+                raise ConfigError(f"reward.rewards[{i}]: expected a reward name or a mapping, got {entry!r}")
+
+
+@dataclass
+class EvalConfig:
+    """``asyncrl eval``: k samples per held-out prompt -> mean@k, pass@k, maj@k.
+
+    A sample is correct when its total reward is >= 1 (as in training's accuracy).
+    """
+
+    k: int = field_spec(1, ge=1, help="samples per prompt")
+    temperature: float = field_spec(0.0, ge=0, help="0: greedy (then k must be 1)")
+    top_p: float = field_spec(1.0, gt=0, le=1)
+    max_tokens: Optional[int] = field_spec(None, ge=1, help="null: rollout.max_tokens")
+    metrics: list[str] = field_spec(default_factory=lambda: ["mean", "pass", "maj"], help="subset of mean, pass, maj")
+    batch_size: int = field_spec(64, ge=1, help="prompts per generate call")
+    seed: int = field_spec(0, ge=0)
+
+    def validate(self) -> None:
+        bad = [m for m in self.metrics if m not in ("mean", "pass", "maj")]
+        if bad or not self.metrics:
+            raise ConfigError(f"eval.metrics: {self.metrics!r} must be a non-empty subset of ['mean', 'pass', 'maj']")
+        if self.k > 1 and self.temperature == 0:
+            raise ConfigError(f"eval.k={self.k} with eval.temperature=0 draws {self.k} identical greedy samples: "
+                              "set eval.temperature > 0 (e.g. 0.6) or eval.k=1")
+
+
+@dataclass
 class SFTConfig:
     """Supervised warm start on task demonstrations (stage 1 of the pipeline)."""
 
@@ -262,6 +339,9 @@ class Config:
     seed: int = field_spec(0, ge=0)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
