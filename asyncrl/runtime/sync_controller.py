@@ -9,12 +9,13 @@ until the batch holds ``trainer.prompts_per_step`` groups whose metric varies.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from asyncrl.algorithms import (AdvantageInput, build_kl_controller, compute_advantages, kl_in_reward,
                                 overlong_penalty)
+from asyncrl.data.sources import score_completions
 from asyncrl.metrics.timer import StageTimer
 from asyncrl.runtime.dynamic_sampling import ScoredGroups, collect_varied_groups
 from asyncrl.runtime.validate import GREEDY_BASELINE_ESTIMATORS, validate_config
@@ -27,7 +28,8 @@ from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
 ROUND_SEED_STRIDE = 100_003  # round r of a step samples with seed + r·stride (round 0: today's seed)
 
 
-def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stream) -> "SyncController":
+def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stream,
+                          encode=None) -> "SyncController":
     """The controller and its roles for ``cfg``: the actor always; the frozen reference when a
     KL (loss term or in the reward) needs it; the critic when ``critic.enable``."""
     validate_config(cfg)
@@ -37,7 +39,8 @@ def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stre
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
     critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
               if cfg.critic.enable else None)
-    return SyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic)
+    return SyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
+                          encode=encode)
 
 
 class SyncController:
@@ -48,9 +51,11 @@ class SyncController:
     """
 
     def __init__(self, cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream,
-                 critic: Optional[Critic] = None):
+                 critic: Optional[Critic] = None, encode: Optional[Callable[[Example], list[int]]] = None):
         self.cfg, self.actor, self.reference, self.backend = cfg, actor, reference, backend
         self.tokenizer, self.reward_fn, self.prompts, self.critic = tokenizer, reward_fn, prompt_stream, critic
+        # Example -> prompt ids (a dataset's chat template: asyncrl.data.sources.PromptEncoder)
+        self.encode = encode or (lambda ex: tokenizer(ex.prompt)["input_ids"])
         self.algo = cfg.algorithm
         self.timer = StageTimer()
         self.params = SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
@@ -116,15 +121,12 @@ class SyncController:
         return self.backend.generate(self._prompt_ids(examples), self.greedy_params)
 
     def _prompt_ids(self, examples: list[Example]) -> list[list[int]]:
-        return [self.tokenizer(ex.prompt)["input_ids"] for ex in examples]
+        return [self.encode(ex) for ex in examples]
 
     def score(self, example: Example, output: RequestOutput) -> tuple[list[float], list[float]]:
         """(shaped scores, correctness) of one prompt's completions. The shaped score is the
         task reward plus DAPO's overlong penalty when ``algorithm.overlong_buffer.enable``."""
-        raw = []
-        for c in output.completions:
-            value = self.reward_fn(example.prompt, c.text, **{**example.fields, "finish_reason": c.finish_reason})
-            raw.append(float(value) if value is not None else 0.0)
+        raw = score_completions(self.reward_fn, example, output.completions)  # one pool submission per group
         correct = [float(r >= 1.0) for r in raw]
         buffer = self.algo.overlong_buffer
         if buffer.enable:

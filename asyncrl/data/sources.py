@@ -1,0 +1,294 @@
+"""Where prompts come from: one object for the runtime, a synthetic task or a dataset.
+
+    PromptSource
+      .train_stream()          endless Examples for rollout
+      .heldout_examples()      never-trained-on Examples for accuracy (may be empty)
+      .reward                  fn(prompt, response, **fields) (batched through a pool for datasets)
+      .heldout_reward          the same reward, whose results stay out of the step metrics
+      .prompt_encoder(tok)     Example -> prompt token ids (plain, or the chat template)
+      .step_metrics()          reward/<name>, reward/failed_fraction ... since the last call
+      .state_dict()            where the training stream is, for checkpoints
+      .close()                 stops the reward pool's workers
+
+``build_prompt_source(cfg)`` picks the synthetic task when ``data.path`` and
+``data.preset`` are unset (today's quickstart), else loads and validates the dataset
+(every row, before any model loads) and starts a ``RewardPool`` over ``reward.rewards``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from asyncrl.config_schema import ConfigError
+from asyncrl.data.datasets import ExampleDataset, FieldMapping, load_dataset, load_examples, preset_mapping
+from asyncrl.data.tasks import SyntheticTask, build_task
+from asyncrl.data.templates import ChatTemplate
+from asyncrl.types import Completion, Example
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The preset's (training file, held-out file) under the data root; math_eval has none
+# because it is a field mapping for any MATH-style file.
+PRESET_FILES = {
+    "gsm8k": ("gsm8k/train.jsonl", "gsm8k/test.jsonl"),
+    "aime24": ("math_eval/aime24.jsonl", "math_eval/aime24.jsonl"),
+    "amc23": ("math_eval/amc23.jsonl", "math_eval/amc23.jsonl"),
+    "minerva_math": ("math_eval/minerva_math.jsonl", "math_eval/minerva_math.jsonl"),
+}
+DEFAULT_DATASET_REWARDS = ["math"]
+
+RewardFn = Callable[..., Optional[float]]
+Encoder = Callable[[Example], list[int]]
+
+
+def data_root() -> Path:
+    """``$ASYNCRL_DATA_DIR``, else ``../shared/data`` next to the repository."""
+    return Path(os.environ.get("ASYNCRL_DATA_DIR") or REPO_ROOT.parent / "shared" / "data")
+
+
+def resolve_data_path(path: str) -> Path:
+    """A data path as given (absolute or from the working directory), else from the repo root,
+    so ``../shared/data/...`` in a recipe works from any directory."""
+    given = Path(path).expanduser()
+    if given.exists() or given.is_absolute():
+        return given
+    from_repo = REPO_ROOT / given
+    return from_repo if from_repo.exists() else given
+
+
+def preset_file(preset: str, split: int, key: str) -> Path:
+    """The preset's training (split 0) or held-out (split 1) file; an error names ``key``."""
+    if preset not in PRESET_FILES:
+        raise ConfigError(f"{key}={preset!r} is a field mapping without a file of its own: set data.path "
+                          f"(presets with files: {', '.join(sorted(PRESET_FILES))})")
+    return data_root() / PRESET_FILES[preset][split]
+
+
+# -- rewards -----------------------------------------------------------------------
+
+def score_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
+                    fields: Sequence[dict]) -> list[float]:
+    """Scores of many responses: one batched call when ``reward_fn`` has ``score_batch``
+    (a pool scores them in parallel), else one call each. ``None`` scores 0."""
+    if hasattr(reward_fn, "score_batch"):
+        return reward_fn.score_batch(prompts, responses, fields)
+    values = (reward_fn(p, r, **f) for p, r, f in zip(prompts, responses, fields))
+    return [float(v) if v is not None else 0.0 for v in values]
+
+
+def score_completions(reward_fn: RewardFn, example: Example, completions: Sequence[Completion]) -> list[float]:
+    """Scores of one prompt's completions; rewards also receive ``finish_reason``."""
+    fields = [{**example.fields, "finish_reason": c.finish_reason} for c in completions]
+    return score_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
+
+
+class PoolReward:
+    """The reward contract over a ``RewardPool``; batches go out as one submission.
+
+    With ``record=True`` it keeps its results until ``drain_metrics()``, so each step
+    logs its own ``reward/<name>`` means and ``reward/failed_fraction``.
+    """
+
+    def __init__(self, pool, record: bool = True):
+        self.pool, self.record = pool, record
+        self._results: list = []
+
+    def score_batch(self, prompts: Sequence[str], responses: Sequence[str], fields: Sequence[dict]) -> list[float]:
+        from asyncrl.rewards import RewardRequest
+
+        requests = [RewardRequest(p, r, dict(f)) for p, r, f in zip(prompts, responses, fields)]
+        results = self.pool.score(requests)
+        if self.record:
+            self._results.extend(results)
+        return [r.total for r in results]
+
+    def __call__(self, prompt: str, response: str, **fields: Any) -> float:
+        return self.score_batch([prompt], [response], [fields])[0]
+
+    def drain_metrics(self) -> dict[str, float]:
+        """Metrics of the results since the last call (the pool's counters are cumulative)."""
+        from asyncrl.rewards import reward_metrics
+
+        results, self._results = self._results, []
+        return reward_metrics(results, self.pool.stats()) if results else {}
+
+
+# -- prompt encoding ---------------------------------------------------------------
+
+class PromptEncoder:
+    """Example -> prompt token ids: through the chat template, or the plain tokenizer.
+
+    With a chat template the ids come from ``apply_chat_template`` itself, so no second
+    BOS is added (Llama's template already starts with one).
+    """
+
+    def __init__(self, tokenizer, chat: Optional[ChatTemplate] = None):
+        self.tokenizer, self.chat = tokenizer, chat
+
+    def __call__(self, example: Example) -> list[int]:
+        if self.chat is not None:
+            return self.chat.token_ids(example.prompt)
+        return list(self.tokenizer(example.prompt)["input_ids"])
+
+    def text(self, example: Example) -> str:
+        """The prompt as the model sees it (for logs and eval records)."""
+        return self.chat.render(example.prompt) if self.chat is not None else example.prompt
+
+
+# -- sources -----------------------------------------------------------------------
+
+class TaskSource:
+    """A synthetic task: its exact checker called inline, plain tokenisation, no pool."""
+
+    def __init__(self, task: SyntheticTask, seed: int):
+        self.task, self.seed, self.name = task, seed, task.name
+        self.reward = self.heldout_reward = task.reward
+
+    def train_stream(self) -> Iterator[Example]:
+        return self.task.train_stream(seed=self.seed)
+
+    def heldout_examples(self) -> list[Example]:
+        return self.task.eval_examples()
+
+    def prompt_encoder(self, tokenizer) -> PromptEncoder:
+        return PromptEncoder(tokenizer)
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"source": "task", "name": self.name}  # the stream is a pure function of the seed
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class DatasetSource:
+    """A dataset file: a resumable shuffled stream, a held-out set, rewards in a pool."""
+
+    task = None  # no synthetic task: the policy comes from model.path
+
+    def __init__(self, train: Optional[ExampleDataset], heldout: list[Example], pool, data_cfg,
+                 name: str = "dataset"):
+        self.train, self.heldout, self.pool, self.data_cfg, self.name = train, heldout, pool, data_cfg, name
+        self.reward = PoolReward(pool, record=True)
+        self.heldout_reward = PoolReward(pool, record=False)
+
+    def train_stream(self) -> Iterator[Example]:
+        if self.train is None:
+            raise ConfigError("no training data: set data.path or data.preset")
+        return self.train
+
+    def heldout_examples(self) -> list[Example]:
+        return list(self.heldout)
+
+    def prompt_encoder(self, tokenizer) -> PromptEncoder:
+        if not self.data_cfg.use_chat_template:
+            return PromptEncoder(tokenizer)
+        if not getattr(tokenizer, "chat_template", None):
+            name = getattr(tokenizer, "name_or_path", "the tokenizer")
+            raise ConfigError(f"data.use_chat_template=true but {name!r} has no chat template (a base model?): "
+                              "set data.use_chat_template=false to feed the prompt text as is")
+        return PromptEncoder(tokenizer, ChatTemplate(tokenizer, self.data_cfg.system_prompt))
+
+    def step_metrics(self) -> dict[str, float]:
+        return self.reward.drain_metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"source": "dataset", "name": self.name,
+                "train": self.train.state_dict() if self.train is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.train is not None and state.get("train"):
+            self.train.load_state_dict(state["train"])
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+# -- building ----------------------------------------------------------------------
+
+def field_mapping(data_cfg, preset: Optional[str] = None) -> FieldMapping:
+    """The preset's mapping (or the defaults) with the ``data.*_field`` keys over it.
+
+    A ``prompt_field`` given without a ``prompt_template`` drops the preset's template,
+    which names the preset's own prompt field.
+    """
+    base = preset_mapping(preset) if preset else FieldMapping()
+    changes: dict[str, Any] = {}
+    if data_cfg.prompt_field is not None:
+        changes.update(prompt=data_cfg.prompt_field, prompt_template=None)
+    if data_cfg.prompt_template is not None:
+        changes["prompt_template"] = data_cfg.prompt_template
+    if data_cfg.answer_field is not None:
+        changes["answer"] = data_cfg.answer_field
+    if data_cfg.uid_field is not None:
+        changes["uid"] = data_cfg.uid_field
+    if data_cfg.extra_fields:
+        changes["extra"] = dict(data_cfg.extra_fields)
+    return dataclasses.replace(base, **changes)
+
+
+def _train_file(data_cfg) -> Path:
+    return resolve_data_path(data_cfg.path) if data_cfg.path else preset_file(data_cfg.preset, 0, "data.preset")
+
+
+def heldout_file_and_mapping(data_cfg) -> tuple[Optional[Path], Optional[FieldMapping]]:
+    """The held-out set: ``eval_path``, else ``eval_preset``'s file, else the training
+    preset's held-out split (gsm8k: test.jsonl), else none."""
+    if data_cfg.eval_path:
+        mapping = preset_mapping(data_cfg.eval_preset) if data_cfg.eval_preset else field_mapping(data_cfg,
+                                                                                                data_cfg.preset)
+        return resolve_data_path(data_cfg.eval_path), mapping
+    if data_cfg.eval_preset:
+        return preset_file(data_cfg.eval_preset, 1, "data.eval_preset"), preset_mapping(data_cfg.eval_preset)
+    if data_cfg.preset in PRESET_FILES and not data_cfg.path:
+        return preset_file(data_cfg.preset, 1, "data.preset"), field_mapping(data_cfg, data_cfg.preset)
+    return None, None
+
+
+def load_heldout(data_cfg) -> list[Example]:
+    path, mapping = heldout_file_and_mapping(data_cfg)
+    if path is None:
+        return []
+    return load_examples(path, mapping, data_cfg.format if data_cfg.eval_path else None, data_cfg.eval_limit)
+
+
+def build_reward_pool_from_config(reward_cfg, default: Sequence = DEFAULT_DATASET_REWARDS):
+    """The ``RewardPool`` of ``reward.*``; ``default`` rewards when the list is empty."""
+    from asyncrl.rewards import build_reward_pool
+
+    entries = list(reward_cfg.rewards) or list(default)
+    try:
+        return build_reward_pool(entries, mode=reward_cfg.mode, num_workers=reward_cfg.num_workers,
+                                 timeout_s=reward_cfg.timeout_s, default_score=reward_cfg.default_score)
+    except (ValueError, ImportError, AttributeError, KeyError) as err:
+        raise ConfigError(f"reward.rewards: {err}") from None
+
+
+def build_prompt_source(cfg, train: bool = True):
+    """The source for ``cfg``: the synthetic task, or the dataset (validated now) and its
+    reward pool. ``train=False`` (``asyncrl eval``) loads only the held-out set."""
+    if not cfg.data.enabled and not (cfg.data.eval_path or cfg.data.eval_preset):
+        if cfg.reward.rewards:
+            raise ConfigError("reward.rewards applies to datasets: set data.path or data.preset "
+                              "(synthetic tasks use their own exact checker)")
+        return TaskSource(build_task(cfg.task, cfg.seed), cfg.seed)
+    if not cfg.model.path:
+        raise ConfigError("a dataset needs a real model: set model.path to a local HF checkpoint directory "
+                          "(a Qwen or Llama instruct model); the built-in tiny model only learns synthetic tasks")
+    data = cfg.data
+    dataset = None
+    if train and data.enabled:
+        dataset = load_dataset(_train_file(data), field_mapping(data, data.preset), data.format,
+                               shuffle=data.shuffle, seed=cfg.seed, limit=data.limit)
+    heldout = load_heldout(data)
+    if not train and not heldout and data.enabled:  # eval of a file without a held-out split: the file
+        heldout = load_examples(_train_file(data), field_mapping(data, data.preset), data.format,
+                                data.eval_limit or data.limit)
+    name = data.preset or Path(data.path or data.eval_path or data.eval_preset).stem
+    return DatasetSource(dataset, heldout, build_reward_pool_from_config(cfg.reward), data, name=name)
