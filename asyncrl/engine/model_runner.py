@@ -15,7 +15,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.models.decoder import CausalLM
-from asyncrl.engine.sampler import Sampler
+from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 
 
@@ -194,14 +194,19 @@ class ModelRunner:
         """LM head on the logit rows, then one token (and its log-prob) per sample seq."""
         if not batch.sample_seqs:  # a prefill chunk that completes no sequence
             return [], []
-        rows = torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden)[rows]
+        if batch.is_prefill:  # forked siblings repeat their parent's row
+            hidden = hidden[torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)]
+        logits = self.model.lm_head(hidden)  # cast to fp32 inside the (fused) sampler
         seqs = batch.sample_seqs
         floats = np.array([[s.params.temperature for s in seqs], [s.params.top_p for s in seqs]], dtype=np.float32)
-        ints = np.array([[s.seed for s in seqs], [s.sample_index for s in seqs], [len(s) for s in seqs],
-                         [s.params.top_k for s in seqs]], dtype=np.int64)
+        keys = row_keys(np.array([s.seed for s in seqs], dtype=np.int64),
+                        np.array([s.sample_index for s in seqs], dtype=np.int64),
+                        np.array([len(s) for s in seqs], dtype=np.int64))
+        ints = np.stack([keys, np.array([s.params.top_k for s in seqs], dtype=np.int64)])
         use_filter = any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs)
         d = self.device
         tokens, logprobs = self.sampler(logits, torch.from_numpy(floats).to(d, non_blocking=True),
                                         torch.from_numpy(ints).to(d, non_blocking=True), use_filter)
-        return tokens.tolist(), logprobs.tolist()
+        # one device->host transfer for both (token ids < 2^53 are exact in fp64)
+        out = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).tolist()
+        return [int(t) for t in out[0]], out[1]

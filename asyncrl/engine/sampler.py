@@ -27,8 +27,9 @@ def _mix32(x):
     return (x >> 16) ^ x
 
 
-def row_keys(seeds: torch.Tensor, sample_index: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The per-(seed, sample, position) keys ``[B]`` (int64 ops; seeds < 2^63)."""
+def row_keys(seeds, sample_index, positions):
+    """The per-(seed, sample, position) keys ``[B]``: int64 ops only (seeds < 2^63), so
+    the same function runs on host numpy arrays (the engine) and on torch tensors."""
     k = _mix32(seeds & _M32)
     k = _mix32(k ^ ((seeds >> 32) & _M32))
     k = _mix32(k ^ (sample_index & _M32))
@@ -62,8 +63,10 @@ def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            keys: torch.Tensor, use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits ``[B, V]`` fp32, temperature ``[B]`` (0 = greedy), top_k ``[B]`` (<= 0: off),
-    top_p ``[B]``, keys ``[B]`` int64 -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32)."""
+    """logits ``[B, V]`` (any float dtype; computed in fp32), temperature ``[B]`` (0 = greedy),
+    top_k ``[B]`` (<= 0: off), top_p ``[B]``, keys ``[B]`` int64
+    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32)."""
+    logits = logits.float()
     greedy = temperature <= 0
     t = torch.where(greedy, 1.0, temperature)
     scaled = logits / t[:, None]
@@ -85,9 +88,8 @@ class Sampler:
             self.fn = torch.compile(sample, dynamic=True)
 
     def __call__(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, use_filter: bool):
-        """floats ``[2, B]`` = (temperature, top_p); ints ``[4, B]`` int64 = (seed, sample
-        index, position, top_k): packed so a step needs two host->device copies. The keys
-        are computed outside the compiled region (inside it, inductor fused them into the
-        [B, V] reduction and ran 30x slower on an H200)."""
-        keys = row_keys(ints[0], ints[1], ints[2])
-        return self.fn(logits, floats[0], ints[3], floats[1], keys, use_filter)
+        """floats ``[2, B]`` = (temperature, top_p); ints ``[2, B]`` int64 = (key, top_k):
+        packed so a step needs two host->device copies. Keys come from the host
+        (``row_keys`` on numpy): inside the compiled region inductor fused them into the
+        [B, V] reduction, which then ran 30x slower on an H200."""
+        return self.fn(logits, floats[0], ints[1], floats[1], ints[0], use_filter)
