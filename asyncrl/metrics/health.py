@@ -237,6 +237,7 @@ class DropMonitor(Monitor):
     key = ""
     drop_field = ""
     what = ""
+    causes = ""
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -257,16 +258,20 @@ class DropMonitor(Monitor):
         self.best = max(self.best, now)
         if now < floor:
             return now, floor, (f"{self.what} dropped to {now:.4g} (median of {len(self.recent)} steps), "
-                                f"below {floor:.4g} = {1 - getattr(self.cfg, self.drop_field):.0%} of its best {self.best:.4g}")
+                                f"below {floor:.4g} = {1 - getattr(self.cfg, self.drop_field):.0%} of its best "
+                                f"{self.best:.4g}: {self.causes}")
 
 
 class ThroughputDrop(DropMonitor):
     name, key, drop_field, what = "throughput_drop", "throughput/rollout_tokens_per_s", "throughput_drop", "rollout tokens/s"
+    causes = ("another process competing for the CPU/GPU, memory pressure (KV cache preemption), "
+              "or a slower engine path (CUDA graphs off, cache misses)")
 
 
 class PrefixCacheDrop(DropMonitor):
     name, key, drop_field, what = ("prefix_cache_drop", "engine/prefix_cache_hit_rate", "prefix_cache_drop",
                                    "prefix-cache hit rate")
+    causes = "the G samples of a prompt no longer share its KV blocks (evictions, or prompts split across engines)"
 
 
 class DegenerateGroups(Monitor):
