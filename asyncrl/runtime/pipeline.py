@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.data.tasks import build_task
+from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.metrics.sinks import MetricSinks
@@ -40,20 +40,34 @@ def prepare_policy(cfg, task, device, announce: bool = True):
 
 
 def run_training(cfg) -> dict:
-    """Run ``asyncrl train``; returns the summary also written to ``summary.json``."""
+    """Run ``asyncrl train``; returns the summary also written to ``summary.json``.
+
+    The prompt source (synthetic task, or dataset + reward pool) is built first, so bad
+    data or reward names fail before any model loads; its pool is closed at the end.
+    """
+    source = build_prompt_source(cfg)
+    try:
+        return _train(cfg, source)
+    finally:
+        source.close()
+
+
+def _train(cfg, source) -> dict:
     wall_start = time.perf_counter()
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.trainer.device)
     run_dir = make_run_dir(cfg)
     console.print(f"[bold]asyncrl[/] run [cyan]{cfg.name}[/] -> {run_dir}")
-    task = build_task(cfg.task, cfg.seed)
-    model, tokenizer, model_info = prepare_policy(cfg, task, device)
+    model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     backend = HFGenerateBackend(model, tokenizer)
-    evaluate = lambda: heldout_accuracy(backend, tokenizer, task.reward, task.eval_examples(), cfg.rollout.max_tokens)
+    encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
+    evaluate = lambda: heldout_accuracy(backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens,
+                                        encode=encode)
     sft_accuracy = evaluate()
-    console.print(f"held-out accuracy before RL: [bold]{sft_accuracy:.3f}[/]")
-    controller = build_sync_controller(cfg, model, backend, tokenizer, task.reward, task.train_stream(seed=cfg.seed))
+    console.print(f"held-out accuracy before RL: [bold]{_fmt(sft_accuracy)}[/] ({len(heldout)} examples)")
+    controller = build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(),
+                                       encode=encode)
     actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
@@ -61,15 +75,15 @@ def run_training(cfg) -> dict:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
             for step in range(1, cfg.trainer.steps + 1):
                 step_start = time.perf_counter()
-                metrics = controller.step(step)
+                metrics = {**controller.step(step), **source.step_metrics()}  # + reward/<name>, failures
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
-                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0:
+                if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     metrics["eval/accuracy"] = evaluate()
                 sinks.write(step, metrics)
                 progress.advance(metrics)
                 steps_done = step
                 if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
-                    _checkpoint(run_dir, step, actor, tokenizer, cfg)
+                    _checkpoint(run_dir, step, actor, tokenizer, cfg, source)
                 if cfg.trainer.max_wall_seconds and time.perf_counter() - rl_start > cfg.trainer.max_wall_seconds:
                     console.print(f"[yellow]stopping after {step} steps: trainer.max_wall_seconds reached[/]")
                     break
@@ -77,11 +91,12 @@ def run_training(cfg) -> dict:
         sinks.close()
     rl_seconds = time.perf_counter() - rl_start
     final_accuracy = evaluate()
-    checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg)
+    checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
+    gain = final_accuracy - sft_accuracy if heldout else None
     summary = {
         "name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "steps": steps_done,
         "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
-        "accuracy_gain": final_accuracy - sft_accuracy, "rl_seconds": rl_seconds,
+        "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
         "checkpoint": str(checkpoint),
@@ -89,12 +104,19 @@ def run_training(cfg) -> dict:
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     console.print(summary_table(summary))
-    console.print(f"held-out accuracy: SFT {sft_accuracy:.3f} -> RL {final_accuracy:.3f} "
-                  f"([bold]{100 * (final_accuracy - sft_accuracy):+.1f} points[/])")
+    if heldout:
+        console.print(f"held-out accuracy: before RL {sft_accuracy:.3f} -> after {final_accuracy:.3f} "
+                      f"([bold]{100 * gain:+.1f} points[/])")
     console.print(f"run directory: {run_dir}")
     return summary
 
 
-def _checkpoint(run_dir: Path, step: int, actor: Actor, tokenizer, cfg) -> Path:
+def _fmt(accuracy) -> str:
+    return "n/a (no held-out set)" if accuracy is None else f"{accuracy:.3f}"
+
+
+def _checkpoint(run_dir: Path, step: int, actor: Actor, tokenizer, cfg, source) -> Path:
+    """The policy, its optimizer, and where the prompt stream is (``data``: resumable)."""
+    state = {"policy_version": actor.version, "seed": cfg.seed, "data": source.state_dict()}
     return save_checkpoint(run_dir, step, actor.model, tokenizer, actor.optimizer, actor.scheduler,
-                           {"policy_version": actor.version, "seed": cfg.seed}, keep=cfg.trainer.keep_checkpoints)
+                           state, keep=cfg.trainer.keep_checkpoints)
