@@ -88,8 +88,8 @@ def render(run: RunData) -> str:
         _section("Staleness", figure(lambda: plots.staleness(rows), "staleness histogram",
                                      "not applicable: synchronous run, every sample is trained on-policy "
                                      "(no async/staleness_hist/* or async/version_lag metrics)")),
-        _section("Health timeline", figure(lambda: plots.health_timeline(rows), "health timeline",
-                                           "no health warning fired (or no health/* metrics logged)")),
+        _section("Health timeline", figure(lambda: plots.health_timeline(run.events), "health timeline",
+                                           "no health warning fired")),
         _section("Memory", _memory_html(run)),
     ]
     if run.config_text:

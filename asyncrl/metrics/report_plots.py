@@ -166,18 +166,19 @@ def staleness(rows: Rows) -> Optional[bytes]:
     return _png(fig)
 
 
-def health_timeline(rows: Rows) -> Optional[bytes]:
-    """One row of marks per health monitor at the steps it fired (``health/<name>`` == 1)."""
-    names = sorted({k[7:] for row in rows for k in row
-                    if k.startswith("health/") and not k.endswith(("_count", "_total", "_used"))})
-    fired = {n: [s for s, v in zip(*series(rows, f"health/{n}")) if v > 0] for n in names}
-    fired = {n: steps for n, steps in fired.items() if steps}
+def health_timeline(events: Sequence) -> Optional[bytes]:
+    """One row of marks per health monitor at the steps it fired (from its HealthEvents)."""
+    fired: dict[str, list[int]] = {}
+    for event in events:
+        fired.setdefault(event.monitor, []).append(event.step)
     if not fired:
         return None
     fig, ax = _figure("health warnings", "")
-    for i, (name, steps) in enumerate(sorted(fired.items())):
-        ax.scatter(steps, [i] * len(steps), marker="|", s=200, color="#C44E52")
-    ax.set_yticks(range(len(fired)), list(sorted(fired)))
+    names = sorted(fired)
+    for i, name in enumerate(names):
+        ax.scatter(fired[name], [i] * len(fired[name]), marker="|", s=200, color="#C44E52")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(-0.5, len(names) - 0.5)
     return _png(fig)
 
 
