@@ -9,6 +9,8 @@ import argparse
 import sys
 
 from asyncrl.config import ConfigError, config_to_yaml, load_config
+from asyncrl.data.datasets import DatasetError
+from asyncrl.data.templates import TemplateError
 from asyncrl.runtime.validate import validate_config
 
 DEFAULT_RECIPE = "quickstart"
@@ -33,6 +35,12 @@ def _cmd_sft(cfg) -> int:
     return 0
 
 
+def _cmd_eval(cfg) -> int:
+    from asyncrl.eval.job import run_eval
+    run_eval(cfg)
+    return 0
+
+
 def _cmd_print_config(cfg) -> int:
     print(config_to_yaml(cfg), end="")
     return 0
@@ -41,6 +49,7 @@ def _cmd_print_config(cfg) -> int:
 COMMANDS = {
     "train": (_cmd_train, "run RL training (no arguments: the CPU quickstart)"),
     "sft": (_cmd_sft, "supervised fine-tuning on the task's demonstrations"),
+    "eval": (_cmd_eval, "mean@k / pass@k / maj@k of model.path on a dataset's held-out set"),
     "print-config": (_cmd_print_config, "print the resolved config tree"),
 }
 
@@ -63,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
-    return COMMANDS[ns.command][0](cfg)
+    try:
+        return COMMANDS[ns.command][0](cfg)
+    except (ConfigError, DatasetError, TemplateError, FileNotFoundError) as err:  # found before training starts
+        print(f"asyncrl: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
