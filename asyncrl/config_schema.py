@@ -74,6 +74,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return build_dataclass(tp, value, prefix=key)
     if tp is float:
+        if isinstance(value, str):
+            value = _float_or_none(value) if _float_or_none(value) is not None else value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)
@@ -90,6 +92,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported annotation {tp!r}")
+
+
+def _float_or_none(text: str) -> float | None:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; accept it where a float is expected."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _check_range(value: Any, meta: dict, key: str) -> None:

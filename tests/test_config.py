@@ -88,3 +88,11 @@ def test_unregistered_algorithm_names_are_refused_before_running(override, messa
     with pytest.raises(ConfigError, match=message):
         check_registered_names(load_config("quickstart", [override]))
     assert main(["train", override]) == 2
+
+
+def test_scientific_notation_without_a_dot_is_a_float(tmp_path):
+    # YAML 1.1 reads 1e-3 as a string; users write it anyway.
+    assert load_config(None, ["actor.lr=2e-4"]).actor.lr == 2e-4
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("actor:\n  lr: 3e-5\n")
+    assert load_config(str(recipe)).actor.lr == 3e-5

@@ -21,7 +21,7 @@ from asyncrl.data.char_tokenizer import DEFAULT_CHARSET, build_char_tokenizer, s
 from asyncrl.training.model import build_tiny_model
 from asyncrl.training.sft import run_sft
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # bump when the warm-start recipe changes (2: linear lr decay)
 
 
 def cache_root(cfg_dir: Optional[str]) -> Path:
