@@ -34,3 +34,25 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture()
 def tiny_policy(tiny_checkpoint):
     return load_policy(tiny_checkpoint)
+
+
+# A chat template in Jinja, as an instruct model's tokenizer carries one.
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_checkpoint(tmp_path_factory):
+    """A random tiny Qwen3 whose character tokenizer covers printable ASCII and has a chat
+    template: the shape of a real instruct checkpoint, for dataset runs and evals."""
+    import string
+
+    path = tmp_path_factory.mktemp("tiny_chat_ckpt")
+    cfg = load_config(None, ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2",
+                             "model.tiny.head_dim=8", "model.tiny.intermediate_size=64",
+                             "model.tiny.max_position_embeddings=2048"])
+    tokenizer = build_char_tokenizer(string.printable)
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer = save_and_reload(tokenizer, path)
+    build_tiny_model(cfg.model.tiny, tokenizer, seed=0).save_pretrained(str(path))
+    return path
