@@ -49,6 +49,7 @@ class HealthConfig:
     max_version_lag: int = field_spec(2, ge=0, help="async/version_lag allowed (set to runtime.max_staleness)")
     throughput_drop: float = field_spec(0.5, gt=0, lt=1, help="warn when rollout tokens/s < (1 - x) * best")
     prefix_cache_drop: float = field_spec(0.3, gt=0, lt=1, help="warn when prefix-cache hit rate < (1 - x) * best")
+    drop_patience: int = field_spec(5, ge=1, help="...for this many consecutive steps (a busy neighbour is transient)")
     degenerate_max: float = field_spec(0.9, ge=0, le=1, help="groups/degenerate_fraction (window mean) allowed")
     entropy_floor: float = field_spec(0.02, ge=0, help="actor/entropy (nats/token) below this is collapse...")
     entropy_collapse_ratio: float = field_spec(0.1, ge=0, lt=1, help="...as is entropy below this x warm-up entropy")
@@ -228,10 +229,12 @@ class VersionLag(Monitor):
 
 
 class DropMonitor(Monitor):
-    """A rate falling below ``(1 - drop)`` of its best sustained level.
+    """A rate falling below ``(1 - drop)`` of its best sustained level, and staying there.
 
     Baseline: the best median of ``window`` consecutive steps after ``warmup_steps``; now:
-    the median of the last ``window`` steps. Medians so one slow step does not fire.
+    the median of the last ``window`` steps. It fires once ``now`` has stayed below the floor
+    for ``drop_patience`` consecutive steps: medians and patience keep a transient slowdown
+    (another process taking the CPU for a few steps) from crying wolf.
     """
 
     key = ""
@@ -244,6 +247,7 @@ class DropMonitor(Monitor):
         self.recent: deque[float] = deque(maxlen=max(cfg.window, 1))
         self.best = 0.0
         self.seen = 0
+        self.below = 0  # consecutive steps with the median under the floor
 
     def check(self, step, metrics, samples):
         value = self.value(metrics, self.key)
@@ -254,11 +258,13 @@ class DropMonitor(Monitor):
         if self.seen <= self.cfg.warmup_steps or len(self.recent) < self.recent.maxlen:
             return None
         now = statistics.median(self.recent)
-        floor = (1.0 - getattr(self.cfg, self.drop_field)) * self.best
+        drop = getattr(self.cfg, self.drop_field)
+        floor = (1.0 - drop) * self.best
         self.best = max(self.best, now)
-        if now < floor:
-            return now, floor, (f"{self.what} dropped to {now:.4g} (median of {len(self.recent)} steps), "
-                                f"below {floor:.4g} = {1 - getattr(self.cfg, self.drop_field):.0%} of its best "
+        self.below = self.below + 1 if now < floor else 0
+        if self.below >= self.cfg.drop_patience:
+            return now, floor, (f"{self.what} dropped to {now:.4g} (median of {len(self.recent)} steps) for "
+                                f"{self.below} steps, below {floor:.4g} = {1 - drop:.0%} of its best "
                                 f"{self.best:.4g}: {self.causes}")
 
 

@@ -250,3 +250,12 @@ def test_reward_hacking_ignores_a_single_noisy_eval_dip():
     monitor.observe(5, {"reward/mean": 1.0, "eval/accuracy": 0.49})  # second strike in a row
     [event] = monitor.events
     assert event.monitor == "reward_hacking" and event.value == pytest.approx(0.11)
+
+
+def test_throughput_drop_ignores_a_transient_slowdown():
+    """What a shared CPU did to a real quickstart run: 3 steps at a tenth of the speed."""
+    monitor = HealthMonitor(HealthConfig())
+    for step in range(1, 41):
+        slow = 10 <= step <= 12
+        monitor.observe(step, {"throughput/rollout_tokens_per_s": 100.0 if slow else 1000.0 + step})
+    assert monitor.events == []
