@@ -105,3 +105,25 @@ def test_asyncrl_eval_on_gsm8k_test_with_a_tiny_model(tiny_chat_checkpoint, tmp_
 def test_asyncrl_eval_needs_a_model(capsys):
     assert main(["eval", "eval_math"]) == 2
     assert "needs model.path" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+@pytest.mark.parametrize("preset,rows", [("aime24", 30), ("amc23", 40), ("minerva_math", 272), ("gsm8k", 1319)])
+def test_eval_math_recipe_reads_each_benchmark(preset, rows):
+    from asyncrl.config import load_config
+    from asyncrl.data.sources import build_prompt_source
+
+    cfg = load_config("eval_math", [f"data.preset={preset}", "model.path=/unused", "reward.mode=inline"])
+    source = build_prompt_source(cfg, train=False)
+    examples = source.heldout_examples()
+    assert len(examples) == rows and all(ex.fields["answer"] for ex in examples)
+    assert ("####" if preset == "gsm8k" else "\\boxed{}") in examples[0].prompt
+    source.close()
+
+
+def test_asyncrl_eval_on_the_synthetic_task(tiny_checkpoint, tmp_path):
+    out = tmp_path / "eval"
+    assert main(["eval", "quickstart", f"model.path={tiny_checkpoint}", f"logging.run_dir={out}",
+                 "task.num_eval=4", "eval.k=2", "eval.temperature=1.0"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["data"] == "arithmetic" and report["metrics"]["num_prompts"] == 4
