@@ -112,8 +112,8 @@ def test_dataset_source_streams_scores_through_the_pool_and_resumes(tmp_path):
     resumed.close()
 
 
-def test_chat_template_encoding(tmp_path):
-    from conftest import TINY_CHAT_TEMPLATE
+def test_chat_template_encoding(tmp_path, tiny_chat_checkpoint):
+    from transformers import AutoTokenizer
 
     train = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "hi", "answer": "1"}])
     cfg = load_config("quickstart", [f"data.path={train}", "data.system_prompt=be brief", *INLINE])
@@ -121,7 +121,7 @@ def test_chat_template_encoding(tmp_path):
     tokenizer = build_char_tokenizer(string.printable)
     with pytest.raises(ConfigError, match="use_chat_template=false"):
         source.prompt_encoder(tokenizer)
-    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    tokenizer.chat_template = AutoTokenizer.from_pretrained(tiny_chat_checkpoint).chat_template
     encoder = source.prompt_encoder(tokenizer)
     ex = Example(prompt="hi", answer="1")
     assert encoder.text(ex) == "<|system|>be brief\n<|user|>hi\n<|assistant|>"
