@@ -37,13 +37,22 @@ def resolve_model_path(path: str) -> Path:
                       "directory with checkpoints/latest")
 
 
-def build_backend(name: str, model, tokenizer):
-    """The rollout backend named by ``rollout.backend`` over a loaded model."""
-    if name == "engine":
+def load_backend(cfg, model_path: Path):
+    """(tokenizer, rollout backend named by ``rollout.backend``). The engine loads the
+    checkpoint itself, so the weights are not held twice."""
+    device = resolve_device(cfg.trainer.device)
+    if cfg.rollout.backend == "engine":
+        from transformers import AutoTokenizer
+
         from asyncrl.rollout.engine_backend import EngineBackend
-        return EngineBackend(model, tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer, EngineBackend(str(model_path), tokenizer, dtype=getattr(torch, cfg.model.dtype),
+                                        device=str(device))
     from asyncrl.rollout.hf import HFGenerateBackend
-    return HFGenerateBackend(model, tokenizer)
+    model, tokenizer = load_policy(model_path, cfg.model.dtype, device)
+    return tokenizer, HFGenerateBackend(model.eval(), tokenizer)
 
 
 def sampling_params(cfg) -> SamplingParams:
@@ -83,9 +92,7 @@ def _evaluate(cfg, source, model_path: Path) -> dict:
     run_dir = make_run_dir(cfg)
     console.print(f"[bold]asyncrl eval[/] {model_path} on [cyan]{source.name}[/] ({len(examples)} prompts, "
                   f"k={cfg.eval.k}) -> {run_dir}")
-    model, tokenizer = load_policy(model_path, cfg.model.dtype, resolve_device(cfg.trainer.device))
-    model.eval()
-    backend = build_backend(cfg.rollout.backend, model, tokenizer)
+    tokenizer, backend = load_backend(cfg, model_path)
     results = evaluate_examples(backend, source.prompt_encoder(tokenizer), examples, source.heldout_reward,
                                 sampling_params(cfg), cfg.eval.batch_size)
     numbers = summarize(results, cfg.eval.k, cfg.eval.metrics)

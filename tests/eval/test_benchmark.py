@@ -121,9 +121,10 @@ def test_eval_math_recipe_reads_each_benchmark(preset, rows):
     source.close()
 
 
-def test_asyncrl_eval_on_the_synthetic_task(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("backend", ["hf", "engine"])
+def test_asyncrl_eval_on_the_synthetic_task(tiny_checkpoint, tmp_path, backend):
     out = tmp_path / "eval"
     assert main(["eval", "quickstart", f"model.path={tiny_checkpoint}", f"logging.run_dir={out}",
-                 "task.num_eval=4", "eval.k=2", "eval.temperature=1.0"]) == 0
+                 "task.num_eval=4", "eval.k=2", "eval.temperature=1.0", f"rollout.backend={backend}"]) == 0
     report = json.loads((out / "eval.json").read_text())
     assert report["data"] == "arithmetic" and report["metrics"]["num_prompts"] == 4
