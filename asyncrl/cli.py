@@ -1,4 +1,4 @@
-"""``asyncrl train | sft | eval | print-config``: parse arguments and call the library.
+"""``asyncrl train | sft | dpo | eval | print-config``: parse arguments and call the library.
 
 Every subcommand takes an optional recipe (a path or a name under recipes/) followed by
 dotted overrides: ``asyncrl train quickstart rollout.n=4 algorithm.kl_coef=0.01``.
@@ -41,6 +41,12 @@ def _cmd_eval(cfg) -> int:
     return 0
 
 
+def _cmd_dpo(cfg) -> int:
+    from asyncrl.runtime.dpo_job import run_dpo_job
+    run_dpo_job(cfg)
+    return 0
+
+
 def _cmd_print_config(cfg) -> int:
     print(config_to_yaml(cfg), end="")
     return 0
@@ -50,6 +56,7 @@ COMMANDS = {
     "train": (_cmd_train, "run RL training (no arguments: the CPU quickstart)"),
     "sft": (_cmd_sft, "supervised fine-tuning on the task's demonstrations"),
     "eval": (_cmd_eval, "mean@k / pass@k / maj@k of model.path on a dataset's held-out set"),
+    "dpo": (_cmd_dpo, "DPO on a jsonl of prompt/chosen/rejected against a frozen reference"),
     "print-config": (_cmd_print_config, "print the resolved config tree"),
 }
 
