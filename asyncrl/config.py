@@ -321,8 +321,33 @@ class TrainerConfig:
 
 @dataclass
 class RuntimeConfig:
-    mode: str = field_spec("sync", choices=("sync",))
-    executor: str = field_spec("local", choices=("local",))
+    """How rollout and training are scheduled (docs/async.md).
+
+    async: a rollout loop and the train loop run concurrently around a bounded buffer; a
+    group is admitted only while (max_staleness + v + 1)·prompts_per_step − (accepted + running)
+    > 0, so no trained token is more than ``max_staleness`` versions old.
+    """
+
+    mode: str = field_spec("sync", choices=("sync", "async"))
+    executor: str = field_spec("local", choices=("local", "ray"), help="ray: rollout, reward and trainer as Ray actors")
+    max_staleness: int = field_spec(1, ge=0, help="async: max versions between a token's policy and the trainer's "
+                                                  "(0: on-policy, same results as sync)")
+    max_concurrent: Optional[int] = field_spec(None, ge=1, help="async: groups in flight at most "
+                                                                "(null: (max_staleness + 1) * prompts_per_step)")
+    sync_every: int = field_spec(1, ge=1, help="async: push weights to the rollout backend every N updates")
+    rollout_chunk: Optional[int] = field_spec(None, ge=1, help="async: groups per generate call "
+                                                               "(null: trainer.prompts_per_step)")
+    rollout_workers: int = field_spec(1, ge=1, help="async: generate calls in flight at once (threads)")
+    reward_workers: int = field_spec(2, ge=1, help="async: threads scoring groups as they complete")
+    partial_rollout: bool = field_spec(True, help="async + engine: load new weights between engine steps while "
+                                                  "requests run (KV kept); false: wait for running generations")
+    group_timeout_s: Optional[float] = field_spec(None, gt=0, help="async: budget of a group from admission "
+                                                                   "to scored (null: none)")
+    straggler_policy: str = field_spec("drop", choices=("drop", "partial"),
+                                       help="a group over group_timeout_s: drop it, or emit its scored completions")
+    probe: bool = field_spec(True, help="async: after each weight sync, check the backend's log-probs")
+    probe_tolerance: float = field_spec(1e-3, gt=0, help="max |lp_backend - lp_trainer| on the probe tokens")
+    ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all)")
 
 
 @dataclass

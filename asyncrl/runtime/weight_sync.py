@@ -1,0 +1,157 @@
+"""Weight sync from the trainer to a rollout backend that holds its *own* copy of the weights,
+and the log-prob probe that proves the copy took.
+
+Two ways to load weights while generation runs:
+  * in flight (the engine: ``backend.inflight_weight_update``): ``update_weights`` runs between
+    two engine steps; sequences keep their KV and continue, later tokens carry the new version;
+  * gated (HF ``generate``, which cannot be interrupted): a :class:`GenerationGate` lets many
+    ``generate`` calls run together, and a weight update waits for them to end and keeps new
+    ones out while it copies (OpenRLHF's generation lock, as a reader/writer lock).
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from asyncrl.training.logprobs import response_logprobs
+from asyncrl.types import SamplingParams
+
+
+class WeightSyncError(RuntimeError):
+    """The rollout backend does not run the weights it was sent."""
+
+
+def clone_for_rollout(model: torch.nn.Module) -> torch.nn.Module:
+    """A separate copy of the policy for generation (never shares storage with the trainer's).
+
+    Invariant: no parameter of the clone has the data_ptr of a trainer parameter, so an
+    optimizer step cannot change the weights a running ``generate`` reads."""
+    clone = copy.deepcopy(model).eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+class GenerationGate:
+    """Reader/writer lock: readers = ``generate`` calls, writer = a weight update.
+
+    Invariant: while a writer holds the gate, ``readers == 0``; a waiting writer blocks new
+    readers (writer preference), so an update is not starved by a stream of generations."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextmanager
+    def reading(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def writing(self):
+        with self._cond:
+            self._writers_waiting += 1
+            self._cond.wait_for(lambda: not self._writer and self._readers == 0)
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass
+class ProbeResult:
+    gap: float        # max |lp_backend − lp_trainer| over the probe tokens (0 when in sync)
+    delta: float      # max |lp_trainer − lp_trainer at the previous sync|: how much the weights moved
+
+
+class LogprobProbe:
+    """After a sync to version v, sample a few tokens of a fixed prompt from the backend and
+    recompute their log-probs with the trainer's model.
+
+    Passes iff every probe token is tagged v and max_t |lp_backend,t − lp_trainer,t| ≤ tolerance.
+    A backend still on the old weights shows a gap of about ``delta`` (the log-prob change
+    the update caused), so the probe can tell old from new when delta > tolerance."""
+
+    def __init__(self, prompt_ids: list[int], temperature: float, tolerance: float, max_tokens: int = 4,
+                 chunk_tokens: int = 4096, seed: int = 0):
+        self.prompt_ids, self.tolerance = list(prompt_ids), tolerance
+        self.params = SamplingParams(n=1, temperature=temperature, max_tokens=max_tokens, seed=seed, logprobs=True,
+                                     ignore_eos=True)
+        self.temperature, self.chunk_tokens = temperature, chunk_tokens
+        self._last: Optional[tuple[list[int], torch.Tensor]] = None
+
+    def check(self, backend, model: torch.nn.Module, version: int) -> ProbeResult:
+        completion = backend.generate([self.prompt_ids], self.params)[0].completions[0]
+        if any(v != version for v in completion.versions):
+            raise WeightSyncError(f"probe tokens tagged with versions {completion.versions}, expected {version}")
+        trainer_lp = self._trainer_logprobs(model, completion.token_ids)
+        gap = float((torch.tensor(completion.logprobs) - trainer_lp).abs().max())
+        delta = self._delta(model, completion.token_ids, trainer_lp)
+        self._last = (completion.token_ids, trainer_lp)
+        if gap > self.tolerance:
+            raise WeightSyncError(
+                f"weight sync to version {version} did not take: the rollout backend's log-probs differ from the "
+                f"trainer's by {gap:.2e} (> runtime.probe_tolerance={self.tolerance:g}); the weights moved by "
+                f"{delta:.2e} in this update. The backend is running other weights than the trainer sent.")
+        return ProbeResult(gap, delta)
+
+    def _delta(self, model, token_ids: list[int], trainer_lp: torch.Tensor) -> float:
+        if self._last is None:
+            return 0.0
+        old_tokens, old_lp = self._last
+        if old_tokens != token_ids:  # a different sample: compare on the old tokens
+            return float((self._trainer_logprobs(model, old_tokens) - old_lp).abs().max())
+        return float((trainer_lp - old_lp).abs().max())
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
+        device = next(model.parameters()).device
+        ids = torch.tensor([self.prompt_ids + list(token_ids)], device=device)
+        was_training = model.training
+        model.eval()
+        lp, _ = response_logprobs(model, ids, torch.ones_like(ids), len(self.prompt_ids), self.temperature,
+                                  self.chunk_tokens, with_entropy=False)
+        model.train(was_training)
+        return lp[0].float().cpu()
+
+
+class WeightSync:
+    """Pushes the trainer's weights into the rollout backend and probes them.
+
+    Invariant: after ``push(v)`` returns, ``backend.version == v`` and (if probing) the backend's
+    log-probs match the trainer's within tolerance; otherwise it raised."""
+
+    def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool):
+        self.backend, self.gate, self.probe, self.inflight = backend, gate, probe, inflight
+
+    def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
+        if self.inflight:  # the engine swaps weights between two steps; running requests continue
+            self.backend.update_weights(model.named_parameters(), version)
+            return self._probe(model, version)
+        with self.gate.writing():  # wait for running generate calls, keep new ones out
+            self.backend.update_weights(model.named_parameters(), version)
+            return self._probe(model, version)
+
+    def _probe(self, model, version: int) -> dict[str, float]:
+        if self.probe is None:
+            return {}
+        result = self.probe.check(self.backend, model, version)
+        return {"weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
