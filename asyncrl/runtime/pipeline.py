@@ -16,6 +16,7 @@ from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.hf import HFGenerateBackend
+from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.run_dir import make_run_dir
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
@@ -66,8 +67,7 @@ def _train(cfg, source) -> dict:
                                         encode=encode)
     sft_accuracy = evaluate()
     console.print(f"held-out accuracy before RL: [bold]{_fmt(sft_accuracy)}[/] ({len(heldout)} examples)")
-    controller = build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(),
-                                       encode=encode)
+    controller = build_controller(cfg, model, backend, tokenizer, source, encode)
     actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
@@ -89,6 +89,8 @@ def _train(cfg, source) -> dict:
                     break
     finally:
         sinks.close()
+        if cfg.runtime.mode == "async":
+            controller.close()  # stop the rollout side before the final eval and checkpoint
     rl_seconds = time.perf_counter() - rl_start
     final_accuracy = evaluate()
     checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
@@ -109,6 +111,14 @@ def _train(cfg, source) -> dict:
                       f"([bold]{100 * gain:+.1f} points[/])")
     console.print(f"run directory: {run_dir}")
     return summary
+
+
+def build_controller(cfg, model, backend, tokenizer, source, encode):
+    """``runtime.mode``: sync shares ``backend`` (the trainer's model); async builds a rollout
+    backend with its own copy of the weights and runs it concurrently (async_controller.py)."""
+    if cfg.runtime.mode == "async":
+        return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode)
+    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
 
 
 def _fmt(accuracy) -> str:

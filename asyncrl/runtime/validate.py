@@ -62,7 +62,36 @@ RULES: list[Rule] = [
                "(the KL loss term uses the fixed algorithm.kl_coef)"),
     (lambda c: c.critic.freeze_actor_steps > 0 and not c.critic.enable,
      lambda c: "critic.freeze_actor_steps trains only the critic for the first steps: it needs critic.enable=true"),
+    # -- the async runtime (docs/async.md) --
+    (lambda c: _async(c) and c.runtime.max_staleness > 0 and not _corrected(c),
+     lambda c: f"runtime.mode=async with runtime.max_staleness={c.runtime.max_staleness} trains on tokens sampled by "
+               "policies up to that many versions old, and plain PPO then clips around the stale behaviour policy "
+               "(NeMo RL saw collapse without a correction): set algorithm.decoupled=true and "
+               "algorithm.rollout_correction.level=token (decoupled PPO), or runtime.max_staleness=0"),
+    (lambda c: _async(c) and c.runtime.sync_every - 1 > c.runtime.max_staleness,
+     lambda c: f"runtime.sync_every={c.runtime.sync_every} leaves the rollout weights up to {c.runtime.sync_every - 1} "
+               f"versions behind, beyond runtime.max_staleness={c.runtime.max_staleness}: admission would stop and "
+               "the run would deadlock; set max_staleness >= sync_every - 1"),
+    (lambda c: _async(c) and c.algorithm.filter_groups.enable,
+     lambda c: "algorithm.filter_groups (DAPO dynamic sampling) is not implemented in runtime.mode=async: use sync"),
+    (lambda c: _async(c) and c.algorithm.adv_estimator in GREEDY_BASELINE_ESTIMATORS,
+     lambda c: f"algorithm.adv_estimator={c.algorithm.adv_estimator} needs a greedy rollout per prompt, which "
+               "runtime.mode=async does not generate: use sync"),
+    (lambda c: _async(c) and c.critic.freeze_actor_steps > 0,
+     lambda c: "critic.freeze_actor_steps keeps the policy version still, so async admission would stop: use sync"),
+    (lambda c: c.runtime.executor == "ray" and not _async(c),
+     lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]
+
+
+def _async(c) -> bool:
+    return c.runtime.mode == "async"
+
+
+def _corrected(c) -> bool:
+    """An off-policy correction the actor applies: decoupled PPO or truncated IS (both recompute
+    π_prox and weight by π_prox/π_behav)."""
+    return c.algorithm.decoupled or c.algorithm.rollout_correction.enabled
 
 
 def check_combinations(cfg) -> None:

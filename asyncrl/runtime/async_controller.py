@@ -1,0 +1,174 @@
+"""The asynchronous controller: the rollout loop and the train loop run at the same time.
+
+    rollout side (executor threads / Ray):  admit (staleness.py) -> generate on the rollout
+        backend's own weights -> score each completion as it completes -> buffer
+    train side (this object's ``step``):    take B groups in admission order (buffer.py) ->
+        the sync controller's trainer stages -> every ``sync_every`` updates push weights
+        (weight_sync.py) and raise the admission version
+
+Invariant: a token trained at trainer version j was produced by weights of version ≥ j − η
+(η = ``runtime.max_staleness``; proof in staleness.py); a sample over the bound is counted in
+``async/staleness_violations`` (never dropped), which must stay 0. With η = 0 the rollout
+admits one batch per version, so the run is the sync controller's, step for step.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+
+from asyncrl.runtime.buffer import RolloutBuffer, ScoredGroup
+from asyncrl.runtime.dynamic_sampling import ScoredGroups
+from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
+from asyncrl.runtime.staleness import StalenessManager, staleness_metrics
+from asyncrl.runtime.sync_controller import SyncController
+from asyncrl.runtime.validate import validate_config
+from asyncrl.runtime.weight_sync import GenerationGate, LogprobProbe, WeightSync, clone_for_rollout
+from asyncrl.training.actor import Actor
+from asyncrl.training.batch import build_train_batch
+from asyncrl.training.critic import Critic, build_value_model
+from asyncrl.training.reference import Reference
+from asyncrl.types import Example
+
+PROBE_TEXT = "12+34="
+
+
+def build_rollout_backend(cfg, model, tokenizer):
+    """A backend with its own copy of the weights (never the trainer's tensors)."""
+    if cfg.rollout.backend == "engine":
+        from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
+
+        device = str(next(model.parameters()).device)
+        return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device)
+    from asyncrl.rollout.hf import HFGenerateBackend
+
+    return HFGenerateBackend(clone_for_rollout(model), tokenizer)
+
+
+def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, encode=None,
+                           backend=None) -> "AsyncController":
+    """The async controller and its roles; ``backend`` defaults to :func:`build_rollout_backend`."""
+    validate_config(cfg)
+    algo = cfg.algorithm
+    actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
+    reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
+                 if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
+    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
+              if cfg.critic.enable else None)
+    backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer)
+    return AsyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
+                           encode=encode)
+
+
+class AsyncController(SyncController):
+    """The sync controller's trainer stages over a buffer filled concurrently (see module doc)."""
+
+    def __init__(self, cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream,
+                 critic: Optional[Critic] = None, encode: Optional[Callable[[Example], list[int]]] = None):
+        super().__init__(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic, encode)
+        if any(p.data_ptr() == q.data_ptr() for p in _params(backend) for q in actor.model.parameters()):
+            raise ValueError("async mode needs a rollout model separate from the trainer's (clone_for_rollout)")
+        rt, batch = cfg.runtime, cfg.trainer.prompts_per_step
+        self.rt, self.batch_groups = rt, batch
+        self.staleness = StalenessManager(batch, rt.max_staleness, rt.max_concurrent or (rt.max_staleness + 1) * batch,
+                                          version=backend.version)
+        self.buffer = RolloutBuffer((rt.max_staleness + 1) * batch)
+        self.inflight = InFlight(self.staleness, self.buffer, rt.straggler_policy)
+        gate = GenerationGate()
+        inflight_update = rt.partial_rollout and getattr(backend, "inflight_weight_update", False)
+        self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update)
+        self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
+                                rt.rollout_chunk or batch, cfg.seed, self.score,
+                                lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s)
+        self.executor = _make_executor(cfg, self.loop, self.inflight)
+        self._started = False
+        self._window = None  # (wall, rollout busy, rollout wait) at the end of the last step
+        self._tokens0 = 0    # rollout tokens generated before this window
+
+    def _probe(self) -> LogprobProbe:
+        ids = self.tokenizer(PROBE_TEXT)["input_ids"] or [self.tokenizer.eos_token_id]
+        return LogprobProbe(ids, self.cfg.rollout.temperature, self.rt.probe_tolerance,
+                            chunk_tokens=self.cfg.actor.logprob_chunk_tokens, seed=self.cfg.seed)
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._window = (time.perf_counter(), self.loop.busy_seconds, self.loop.wait_seconds)
+            self.executor.start()
+
+    def close(self) -> None:
+        if self._started:
+            self.executor.stop()
+
+    def step(self, step: int) -> dict[str, float]:
+        self.start()
+        t = self.timer
+        t.start_step()
+        t.step_seconds.update(wait_rollout=0.0, weight_sync=0.0)
+        with t.stage("wait_rollout"):
+            groups = self.buffer.take(self.batch_groups, check=self.executor.check)
+        with t.stage("reward"):
+            scored = _as_scored_groups(groups)
+            batch = build_train_batch(scored.outputs, scored.flat("scores"), self.tokenizer.pad_token_id)
+            metrics = {**self._reward_metrics(scored), **staleness_metrics(
+                self.actor.version, batch.token_versions, self.rt.max_staleness, self.backend.version)}
+        with t.stage("old_logprobs"):
+            self.old_logprobs(batch)
+        with t.stage("ref_logprobs"):
+            self.ref_logprobs(batch)
+        with t.stage("reward"):
+            metrics.update(self.token_rewards(batch))
+            self.values(batch)
+            self.advantages(batch)
+        with t.stage("actor_update"):
+            metrics.update(self.actor.update(batch))
+        with t.stage("critic_update"):
+            metrics.update(self.critic.update(batch) if self.critic is not None else {})
+        if self.actor.version % self.rt.sync_every == 0:
+            with t.stage("weight_sync"):
+                metrics.update(self.weight_sync.push(self.actor.model, self.actor.version))
+            self.staleness.set_version(self.actor.version)
+        return {**metrics, **self._batch_metrics(batch, scored), **t.step_metrics(), **self._overlap_metrics()}
+
+    def _overlap_metrics(self) -> dict[str, float]:
+        """Over the window since the last step ended: R = rollout busy (generate) seconds,
+        T = trainer busy seconds = W − wait_rollout, overlap = (R + T − W) / min(R, T), the
+        fraction of the shorter side hidden behind the other (1: perfect overlap)."""
+        now, busy, wait = time.perf_counter(), self.loop.busy_seconds, self.loop.wait_seconds
+        w0, b0, wt0 = self._window
+        self._window = (now, busy, wait)
+        wall, rollout = now - w0, busy - b0
+        trainer = max(wall - self.timer.step_seconds["wait_rollout"], 0.0)
+        shorter = min(rollout, trainer)
+        overlap = (rollout + trainer - wall) / shorter if shorter > 0 else 0.0
+        tokens = self.loop.generated_tokens
+        metrics = {"time/rollout": rollout, "time/wait_trainer": wait - wt0, "async/overlap": min(max(overlap, 0.0), 1.0),
+                   "async/window_seconds": wall, "async/trainer_busy_seconds": trainer,
+                   "async/buffer_groups": float(len(self.buffer)), "async/running_groups": float(self.staleness.running),
+                   "async/groups_timed_out": float(self.inflight.timed_out),
+                   "async/groups_partial": float(self.inflight.partial),
+                   "throughput/rollout_tokens_per_s": (tokens - self._tokens0) / max(rollout, 1e-9)}
+        self._tokens0 = tokens
+        return metrics
+
+
+def _params(backend):
+    model = getattr(backend, "model", None)
+    return list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+
+
+def _as_scored_groups(groups: list[ScoredGroup]) -> ScoredGroups:
+    return ScoredGroups([g.example for g in groups], [g.output for g in groups], [g.scores for g in groups],
+                        [g.correct for g in groups], None)
+
+
+def _make_executor(cfg, loop: RolloutLoop, inflight: InFlight):
+    rt = cfg.runtime
+    if rt.executor == "ray":
+        from asyncrl.runtime.executors.ray import RayExecutor
+
+        return RayExecutor(cfg, loop, inflight)
+    from asyncrl.runtime.executors.local import LocalExecutor
+
+    return LocalExecutor(loop, inflight, rt.rollout_workers, rt.reward_workers)
