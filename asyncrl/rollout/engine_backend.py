@@ -17,6 +17,10 @@ from asyncrl.types import RequestOutput, SamplingParams
 class EngineBackend:
     """Invariant: ``self.version == self.llm.version``: the version every new token gets."""
 
+    # update_weights may run while generate runs in another thread: the engine swaps weights
+    # between two steps, running sequences keep their KV (async runtime: partial rollout)
+    inflight_weight_update = True
+
     def __init__(self, model, tokenizer=None, version: int = 0, dtype: Optional[torch.dtype] = None,
                  device: Optional[str] = None, **engine_kwargs):
         """``model``: checkpoint dir or in-memory HF ``*ForCausalLM`` (weights copied)."""

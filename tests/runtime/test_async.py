@@ -1,0 +1,165 @@
+"""The async runtime end to end on the tiny model: η = 0 equals sync, the bound holds in a run,
+the probe catches a stale backend, a mid-generation update re-tags later tokens only,
+stragglers never wedge a step, and configs without a correction are refused."""
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.rollout.hf import HFGenerateBackend
+from asyncrl.runtime.async_controller import build_async_controller
+from asyncrl.runtime.pipeline import prepare_policy, run_training
+from asyncrl.runtime.sync_controller import build_sync_controller
+from asyncrl.runtime.validate import validate_config
+from asyncrl.runtime.weight_sync import (GenerationGate, LogprobProbe, WeightSync, WeightSyncError,
+                                         clone_for_rollout)
+from asyncrl.data.tasks import build_task
+
+FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
+        "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=4",
+        "trainer.prompts_per_step=4", "rollout.n=4", "task.num_eval=16", "logging.progress=false",
+        "logging.tensorboard=false"]
+DECOUPLED = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
+
+
+@pytest.fixture(scope="module")
+def sft_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("sft_cache")  # one warm start for the module
+
+
+@pytest.fixture()
+def cfg_of(tmp_path, sft_cache):
+    def make(*extra):
+        return load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}",
+                                                 f"sft.cache_dir={sft_cache}", *extra])
+    return make
+
+
+def length_reward(prompt, response, **fields):
+    """A reward with variance inside groups, so every step moves the weights."""
+    return float(len(response) % 2)
+
+
+def stream(cfg):
+    return build_task(cfg.task, cfg.seed).train_stream(cfg.seed)
+
+
+def run_controller(controller, steps):
+    try:
+        return [controller.step(s) for s in range(1, steps + 1)]
+    finally:
+        getattr(controller, "close", lambda: None)()
+
+
+def test_async_eta_zero_reproduces_sync(cfg_of):
+    cfg_sync = cfg_of("actor.lr=1e-2")
+    cfg_async = cfg_of("actor.lr=1e-2", "runtime.mode=async", "runtime.max_staleness=0")
+    results = []
+    for cfg in (cfg_sync, cfg_async):
+        torch.manual_seed(cfg.seed)
+        model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+        if cfg.runtime.mode == "sync":
+            ctrl = build_sync_controller(cfg, model, HFGenerateBackend(model, tok), tok, length_reward, stream(cfg))
+        else:
+            ctrl = build_async_controller(cfg, model, tok, length_reward, stream(cfg))
+        metrics = run_controller(ctrl, 3)
+        results.append((metrics, [p.detach().clone() for p in model.parameters()]))
+    (m_sync, w_sync), (m_async, w_async) = results
+    for a, b in zip(m_sync, m_async):
+        for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "response/length_mean"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+        assert b["async/staleness_max"] == 0
+    assert any(a["actor/grad_norm"] > 0 for a in m_sync)  # the weights did move
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(w_sync, w_async))
+
+
+def test_async_run_keeps_the_bound_and_reports_it(cfg_of, tmp_path):
+    summary = run_training(cfg_of("runtime.mode=async", "runtime.max_staleness=2", "trainer.steps=6", *DECOUPLED))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 6 and len(rows) == 6
+    assert all(r["async/staleness_violations"] == 0 and r["async/staleness_max"] <= 2 for r in rows)
+    for key in ("async/staleness_mean", "async/version_lag", "async/overlap", "time/wait_rollout",
+                "time/wait_trainer", "time/weight_sync", "weight_sync/probe_gap", "rollout_correction/is_weight_mean"):
+        assert all(key in r for r in rows), key
+    assert max(r["async/staleness_max"] for r in rows) >= 1  # it did run ahead of the trainer
+
+
+class StaleBackend(HFGenerateBackend):
+    """Takes the version but never loads the weights: the failure the probe exists for."""
+
+    def update_weights(self, named_tensors, version):
+        self.version = version
+
+
+def test_probe_catches_a_backend_that_ignores_the_weights(cfg_of):
+    cfg = cfg_of()
+    model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    probe = lambda: LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4)
+    good = WeightSync(HFGenerateBackend(clone_for_rollout(model), tok), GenerationGate(), probe(), inflight=False)
+    stale = WeightSync(StaleBackend(clone_for_rollout(model), tok), GenerationGate(), probe(), inflight=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert good.push(model, 1)["weight_sync/probe_gap"] < 1e-4
+    with pytest.raises(WeightSyncError, match="did not take"):
+        stale.push(model, 1)
+
+
+def test_engine_weight_update_mid_generation_retags_later_tokens(cfg_of):
+    from asyncrl.rollout.engine_backend import EngineBackend
+    from asyncrl.types import SamplingParams
+
+    cfg = cfg_of()
+    model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    backend = EngineBackend(model, tok, device="cpu", dtype=torch.float32, block_size=4)
+    sync = WeightSync(backend, GenerationGate(), LogprobProbe(tok("1+2=")["input_ids"], 1.0, 1e-3), inflight=True)
+    out = {}
+    prompt = tok("12+34=")["input_ids"]
+    worker = threading.Thread(target=lambda: out.setdefault("o", backend.generate(
+        [prompt], SamplingParams(n=2, temperature=1.0, max_tokens=40, seed=1, ignore_eos=True))))
+    worker.start()
+    while backend.llm.num_steps < 5:
+        time.sleep(0.001)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    metrics = sync.push(model, 1)  # in flight: no waiting for the generate call
+    worker.join(60)
+    assert metrics["weight_sync/probe_gap"] < 1e-3
+    for c in out["o"][0].completions:
+        v = c.versions
+        assert v[0] == 0 and v[-1] == 1 and v == sorted(v)  # earlier tokens keep 0, later ones get 1
+
+
+def slow_reward(prompt, response, **fields):
+    """One prompt in ten hangs for 3 s (a stuck verifier)."""
+    if sum(map(ord, prompt)) % 10 == 0:
+        time.sleep(3.0)
+    return float(len(response) % 2)
+
+
+@pytest.mark.parametrize("policy", ["drop", "partial"])
+def test_a_slow_group_never_wedges_a_step(cfg_of, policy):
+    cfg = cfg_of("runtime.mode=async", "runtime.max_staleness=1", "runtime.group_timeout_s=0.5",
+                 f"runtime.straggler_policy={policy}", "runtime.reward_workers=8", *DECOUPLED)
+    model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    ctrl = build_async_controller(cfg, model, tok, slow_reward, stream(cfg))
+    start = time.perf_counter()
+    metrics = run_controller(ctrl, 4)
+    assert time.perf_counter() - start < 2.5 * 4  # a hung group costs at most its budget, not 3 s each
+    assert metrics[-1]["async/groups_timed_out"] >= 1
+    assert all(m["async/staleness_violations"] == 0 for m in metrics)
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["runtime.mode=async"], "algorithm.decoupled=true"),
+    (["runtime.mode=async", "runtime.sync_every=3", *DECOUPLED], "deadlock"),
+    (["runtime.executor=ray"], "runtime.mode=async"),
+])
+def test_async_configs_without_what_they_need_are_refused(cfg_of, extra, needle):
+    with pytest.raises(ConfigError, match=needle):
+        validate_config(cfg_of(*extra))
+    validate_config(cfg_of("runtime.mode=async", "runtime.max_staleness=0"))  # on-policy needs no correction
