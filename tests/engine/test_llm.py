@@ -210,3 +210,27 @@ def test_stop_strings_and_text(tiny_dirs):
                                                  stop=[stop]))[0].completions[0]
     assert out.finish_reason == "stop" and out.text == text[: text.find(stop)]
     assert llm.generate([], params) == []
+
+
+def test_weight_update_mid_generation_tags_versions(tiny_dirs, hf_models):
+    """Async RL: pause a generate running in another thread, push new weights, resume.
+    Tokens before the push carry version 0, after it version 1 (a single switch)."""
+    import threading
+    import time
+
+    llm = make_llm(tiny_dirs["llama"])
+    prompt = prompts_for(13, [5])[0]
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("out", llm.generate(
+        [prompt], SamplingParams(n=2, temperature=1.0, max_tokens=40, seed=1, ignore_eos=True))))
+    t.start()
+    deadline = time.monotonic() + 30
+    while llm.num_steps < 5 and time.monotonic() < deadline:  # let it run a few steps
+        time.sleep(0.001)
+    llm.pause()
+    llm.update_weights(hf_models["llama"].state_dict().items(), version=1)
+    llm.resume()
+    t.join(60)
+    for c in result["out"][0].completions:
+        v = c.versions
+        assert len(v) == 40 and v[0] == 0 and v[-1] == 1 and v == sorted(v)
