@@ -1,7 +1,8 @@
-"""``asyncrl train | sft | dpo | eval | print-config``: parse arguments and call the library.
+"""``asyncrl train | sft | dpo | eval | print-config | bench``: parse arguments, call the library.
 
-Every subcommand takes an optional recipe (a path or a name under recipes/) followed by
-dotted overrides: ``asyncrl train quickstart rollout.n=4 algorithm.kl_coef=0.01``.
+Every config subcommand takes an optional recipe (a path or a name under recipes/)
+followed by dotted overrides: ``asyncrl train quickstart rollout.n=4 algorithm.kl_coef=0.01``.
+``asyncrl bench NAME [flags]`` runs a benchmark with its own flags (``--help``).
 """
 from __future__ import annotations
 
@@ -61,16 +62,36 @@ COMMANDS = {
 }
 
 
+def _bench_rollout(argv: list[str]) -> int:
+    from asyncrl.engine.bench import main as rollout_bench
+    return rollout_bench(argv)
+
+
+BENCHMARKS = {"rollout": _bench_rollout}
+
+
+def _run_bench(argv: list[str]) -> int:
+    if not argv or argv[0] not in BENCHMARKS:
+        print(f"usage: asyncrl bench {{{','.join(BENCHMARKS)}}} [flags]", file=sys.stderr)
+        return 2
+    return BENCHMARKS[argv[0]](argv[1:])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description="Fast, transparent RL post-training for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         p.add_argument("args", nargs="*", help="[recipe] [key.path=value ...]")
+    sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHMARKS)} (flags: asyncrl bench NAME --help)",
+                   add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":  # benchmarks parse their own flags
+        return _run_bench(argv[1:])
     ns = build_parser().parse_args(argv)
     recipe, overrides = _split(ns.args)
     try:

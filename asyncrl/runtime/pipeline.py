@@ -4,7 +4,6 @@ This composes the pieces; each piece lives in its own module.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.metrics.sinks import MetricSinks
-from asyncrl.rollout.hf import HFGenerateBackend
+from asyncrl.rollout.registry import build_backend
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.run_dir import make_run_dir
 from asyncrl.runtime.sync_controller import build_sync_controller
@@ -61,7 +60,7 @@ def _train(cfg, source) -> dict:
     run_dir = make_run_dir(cfg)
     console.print(f"[bold]asyncrl[/] run [cyan]{cfg.name}[/] -> {run_dir}")
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
-    backend = HFGenerateBackend(model, tokenizer)
+    backend = build_backend(cfg.rollout.backend, model, tokenizer)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     evaluate = lambda: heldout_accuracy(backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens,
                                         encode=encode)
