@@ -351,11 +351,48 @@ class RuntimeConfig:
 
 
 @dataclass
+class HealthConfig:
+    """Thresholds of the health monitors (``asyncrl/metrics/health.py``).
+
+    Relative-drop monitors compare the median of the last ``window`` steps against the best
+    such median seen after ``warmup_steps``. The monitors read these fields by attribute, so
+    any object with the same fields (e.g. a copy of this class in asyncrl/config.py) works.
+    """
+
+    enabled: bool = field_spec(True, help="run the health monitors each step")
+    warmup_steps: int = field_spec(5, ge=0, help="steps before trend monitors form their baseline")
+    window: int = field_spec(5, ge=1, help="steps per smoothing window (medians, pooled samples)")
+    repeat_every: int = field_spec(20, ge=1, help="re-print a monitor that keeps firing every N steps")
+    kl_budget: float = field_spec(0.1, gt=0, help="kl/ref (nats/token) allowed before warning")
+    hacking_min_reward_rise: float = field_spec(0.05, ge=0, help="train reward rise since the best eval...")
+    hacking_min_accuracy_drop: float = field_spec(0.05, gt=0, help="...while eval/accuracy fell this far below its best")
+    hacking_patience: int = field_spec(2, ge=1, help="...at this many consecutive evals (eval noise is ~0.035 at 200 prompts)")
+    max_version_lag: int = field_spec(2, ge=0, help="async/version_lag allowed (set to runtime.max_staleness)")
+    throughput_drop: float = field_spec(0.5, gt=0, lt=1, help="warn when rollout tokens/s < (1 - x) * best")
+    prefix_cache_drop: float = field_spec(0.3, gt=0, lt=1, help="warn when prefix-cache hit rate < (1 - x) * best")
+    drop_patience: int = field_spec(5, ge=1, help="...for this many consecutive steps (a busy neighbour is transient)")
+    degenerate_max: float = field_spec(0.9, ge=0, le=1, help="groups/degenerate_fraction (window mean) allowed")
+    entropy_floor: float = field_spec(0.02, ge=0, help="actor/entropy (nats/token) below this is collapse...")
+    entropy_collapse_ratio: float = field_spec(0.1, ge=0, lt=1, help="...as is entropy below this x warm-up entropy")
+    entropy_blowup_ratio: float = field_spec(3.0, gt=1, help="actor/entropy above this x warm-up entropy")
+    length_corr_max: float = field_spec(0.5, gt=0, le=1, help="within-group corr(length, reward) allowed")
+    length_min_samples: int = field_spec(32, ge=2, help="pooled samples before the correlation is trusted")
+    logprob_gap_max: float = field_spec(0.1, gt=0, help="rollout/logprob_gap (mean |Δ log p|, nats/token) allowed")
+
+
+@dataclass
 class LoggingConfig:
     output_dir: str = "runs"
     run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<name>)")
     tensorboard: bool = True
     progress: bool = True
+    memory: bool = field_spec(True, help="peak memory per stage (memory/<stage>_peak_mib)")
+    report: bool = field_spec(True, help="write RUN_DIR/report.html at the end (needs matplotlib)")
+    wandb: bool = field_spec(False, help="also log to Weights & Biases (pip install wandb)")
+    wandb_project: str = "asyncrl"
+    wandb_entity: Optional[str] = None
+    wandb_mode: Optional[str] = field_spec(None, choices=(None, "online", "offline", "disabled"),
+                                           help="null: $WANDB_MODE, else online")
 
 
 @dataclass
@@ -376,6 +413,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def validate(self) -> None:
         batch = self.trainer.prompts_per_step * self.rollout.n

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 STAGES = ("rollout", "reward", "old_logprobs", "ref_logprobs", "actor_update", "critic_update")
 
@@ -21,20 +21,28 @@ class StageTimer:
     ``start_step`` to the end of the last stage (nothing is left unattributed).
     """
 
-    def __init__(self):
+    def __init__(self, observers: tuple = ()):
+        """``observers``: objects with ``start_step()`` and a ``stage(name)`` context
+        manager (e.g. ``MemoryTracker``), entered around every stage this timer times."""
+        self.observers = tuple(observers)
         self.step_seconds: dict[str, float] = {}
         self.total_seconds: dict[str, float] = defaultdict(float)
         self._mark = time.perf_counter()
 
     def start_step(self) -> None:
         self.step_seconds = {name: 0.0 for name in STAGES}
+        for observer in self.observers:
+            observer.start_step()
         self._mark = time.perf_counter()
 
     @contextmanager
     def stage(self, name: str):
         """Charge the time since the previous stage ended, plus this block, to ``name``."""
         try:
-            yield
+            with ExitStack() as stack:
+                for observer in self.observers:
+                    stack.enter_context(observer.stage(name))
+                yield
         finally:
             now = time.perf_counter()
             elapsed = now - self._mark

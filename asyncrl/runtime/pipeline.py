@@ -13,6 +13,9 @@ import torch
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
+from asyncrl.config_schema import to_dict
+from asyncrl.metrics.health import HealthMonitor
+from asyncrl.metrics.profile import StageProfile, headline, profile_table
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.registry import build_backend
 from asyncrl.runtime.async_controller import build_async_controller
@@ -69,6 +72,12 @@ def _train(cfg, source) -> dict:
     controller = build_controller(cfg, model, backend, tokenizer, source, encode)
     actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
+    if cfg.logging.wandb:
+        from asyncrl.metrics.wandb_sink import WandbSink
+        sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),
+                                     cfg.logging.wandb_mode, cfg.logging.wandb_entity))
+    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl")
+    profile = StageProfile()
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
@@ -78,6 +87,11 @@ def _train(cfg, source) -> dict:
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     metrics["eval/accuracy"] = evaluate()
+                metrics.update(profile.observe(controller.timer.step_seconds, rollout_tokens=metrics[
+                    "throughput/rollout_tokens_per_s"] * controller.timer.step_seconds["rollout"]))
+                if cfg.health.enabled:
+                    health.warn(health.observe(step, metrics, controller.last_samples), console)
+                    metrics.update(health.step_metrics())
                 sinks.write(step, metrics)
                 progress.advance(metrics)
                 steps_done = step
@@ -101,10 +115,16 @@ def _train(cfg, source) -> dict:
         "wall_seconds": time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
         "checkpoint": str(checkpoint),
+        "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     console.print(summary_table(summary))
+    console.print(profile_table(profile))
+    console.print(headline(profile))
+    if cfg.logging.report:
+        from asyncrl.metrics.report import write_report
+        console.print(f"report: {write_report(run_dir)}")
     if heldout:
         console.print(f"held-out accuracy: before RL {sft_accuracy:.3f} -> after {final_accuracy:.3f} "
                       f"([bold]{100 * gain:+.1f} points[/])")

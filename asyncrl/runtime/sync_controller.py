@@ -16,7 +16,10 @@ import torch
 from asyncrl.algorithms import (AdvantageInput, build_kl_controller, compute_advantages, kl_in_reward,
                                 overlong_penalty)
 from asyncrl.data.sources import score_completions
+from asyncrl.metrics.health import SampleStats
+from asyncrl.metrics.memory import MemoryTracker
 from asyncrl.metrics.timer import StageTimer
+from asyncrl.training.model import resolve_device
 from asyncrl.runtime.dynamic_sampling import ScoredGroups, collect_varied_groups
 from asyncrl.runtime.validate import GREEDY_BASELINE_ESTIMATORS, validate_config
 from asyncrl.training.actor import Actor
@@ -57,7 +60,9 @@ class SyncController:
         # Example -> prompt ids (a dataset's chat template: asyncrl.data.sources.PromptEncoder)
         self.encode = encode or (lambda ex: tokenizer(ex.prompt)["input_ids"])
         self.algo = cfg.algorithm
-        self.timer = StageTimer()
+        self.memory = MemoryTracker(str(resolve_device(cfg.trainer.device)), enabled=cfg.logging.memory)
+        self.timer = StageTimer(observers=(self.memory,))
+        self.last_samples: Optional[SampleStats] = None  # per-sample data for the length-hacking monitor
         self.params = SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                      top_k=cfg.rollout.top_k, max_tokens=cfg.rollout.max_tokens, logprobs=True)
         self.greedy_params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
@@ -84,10 +89,11 @@ class SyncController:
             actor_metrics = self.actor.update(batch) if step > self.cfg.critic.freeze_actor_steps else {}
         with t.stage("critic_update"):
             critic_metrics = self.critic.update(batch) if self.critic is not None else {}
-        with t.stage("actor_update"):
+        with t.stage("weight_sync"):
             self.sync_weights()
+        self.last_samples = SampleStats.from_batch(batch)
         return {**reward_metrics, **sampling_metrics, **kl_metrics, **actor_metrics, **critic_metrics,
-                **self._batch_metrics(batch, generated), **t.step_metrics()}
+                **self._batch_metrics(batch, generated), **t.step_metrics(), **self.memory.step_metrics()}
 
     # rollout + reward ------------------------------------------------------------------
 
