@@ -43,7 +43,7 @@ def run_sft_job(cfg) -> dict:
     accuracy = lambda: heldout_accuracy(backend, tokenizer, task.reward, task.eval_examples(), cfg.rollout.max_tokens)
     before = accuracy()
     info = run_sft(model, tokenizer, stream, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps,
-                   cfg.actor.logprob_chunk_tokens)
+                   cfg.actor.logprob_chunk_tokens, schedule=cfg.sft.lr_schedule, min_lr_ratio=cfg.sft.min_lr_ratio)
     after = accuracy()
     model.save_pretrained(str(run_dir / "model"), safe_serialization=True)
     tokenizer.save_pretrained(str(run_dir / "model"))

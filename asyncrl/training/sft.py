@@ -24,28 +24,27 @@ def demonstration_batch(examples: list[Example], tokenizer):
     return pad_prompt_response(prompts, answers, tokenizer.pad_token_id)
 
 
-def _lr_scale(schedule: str, steps: int, warmup_steps: int):
-    """Multiplier of the peak lr at each step: linear warmup, then constant or linear decay to 0.
-
-    Linear decay (HF Trainer's default) matters for short warm starts: the final
-    low-lr steps settle the model noticeably better than a constant lr.
-    """
+def _lr_scale(schedule: str, steps: int, warmup_steps: int, min_lr_ratio: float = 0.0):
+    """Multiplier of the peak lr at each step: linear warmup, then constant, or linear
+    decay from 1 to ``min_lr_ratio`` at the last step (0: HF Trainer's default)."""
     def scale(step: int) -> float:
         if warmup_steps and step < warmup_steps:
             return (step + 1) / warmup_steps
         if schedule == "linear":
-            return max(0.0, (steps - step) / max(1, steps - warmup_steps))
+            progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+            return 1.0 - (1.0 - min_lr_ratio) * min(1.0, progress)
         return 1.0
     return scale
 
 
 def run_sft(model, tokenizer, stream: Iterator[Example], steps: int, batch_size: int, lr: float,
             warmup_steps: int = 0, chunk_tokens: int = 4096, schedule: str = "linear",
+            min_lr_ratio: float = 0.0,
             on_step: Optional[Callable[[int, float], None]] = None) -> dict:
     """Train ``model`` in place for ``steps`` AdamW steps; returns loss and time stats."""
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    lr_scale = _lr_scale(schedule, steps, warmup_steps)
+    lr_scale = _lr_scale(schedule, steps, warmup_steps, min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_scale)
     model.train()
     start, losses = time.perf_counter(), []

@@ -50,7 +50,8 @@ def tiny_checkpoint(cfg, task, device, on_step: Optional[Callable[[int, float], 
         if cfg.sft.enabled and cfg.sft.steps > 0:
             torch.manual_seed(cfg.seed)
             info.update(run_sft(model, tokenizer, task.train_stream(seed=10_000 + cfg.seed), cfg.sft.steps,
-                                cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, on_step=on_step))
+                                cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, schedule=cfg.sft.lr_schedule,
+                                min_lr_ratio=cfg.sft.min_lr_ratio, on_step=on_step))
         model.save_pretrained(str(tmp), safe_serialization=True)
         (tmp / "asyncrl_warm_start.json").write_text(json.dumps(info, indent=2))
         if path.exists():
