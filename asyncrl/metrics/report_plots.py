@@ -130,7 +130,7 @@ def stage_times(rows: Rows) -> Optional[bytes]:
     steps = [int(row["step"]) for row in timed]
     layers = [[_number(row.get(f"time/{s}")) for row in timed] for s in stages]
     fig, ax = _figure("stage time per step (stacked)", "seconds")
-    ax.stackplot(steps, layers, labels=stages, colors=[STAGE_COLORS.get(s) for s in stages], alpha=0.85)
+    ax.stackplot(steps, layers, labels=stages, colors=[STAGE_COLORS.get(s, "#999999") for s in stages], alpha=0.85)
     ax.legend(fontsize=8, loc="upper left", ncols=3)
     return _png(fig)
 

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from asyncrl.metrics.health import SampleStats
 from asyncrl.runtime.buffer import RolloutBuffer, ScoredGroup
 from asyncrl.runtime.dynamic_sampling import ScoredGroups
 from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
@@ -56,6 +57,11 @@ def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, enco
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
     critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
               if cfg.critic.enable else None)
+    if cfg.runtime.executor == "ray":  # generation and rewards in Ray actors, behind the same contracts
+        from asyncrl.runtime.executors.ray import ray_roles
+
+        backend, reward_fn, placement = ray_roles(cfg, model, tokenizer, reward_fn)
+        backend.placement_group = placement
     backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer)
     return AsyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
                            encode=encode)
@@ -81,7 +87,7 @@ class AsyncController(SyncController):
         self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
                                 rt.rollout_chunk or batch, cfg.seed, self.score,
                                 lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s)
-        self.executor = _make_executor(cfg, self.loop, self.inflight)
+        self.executor = _make_executor(cfg, self.loop, self.inflight, backend)
         self._started = False
         self._window = None  # (wall, rollout busy, rollout wait) at the end of the last step
         self._tokens0 = 0    # rollout tokens generated before this window
@@ -129,10 +135,13 @@ class AsyncController(SyncController):
             with t.stage("weight_sync"):
                 metrics.update(self.weight_sync.push(self.actor.model, self.actor.version))
             self.staleness.set_version(self.actor.version)
-        return {**metrics, **self._batch_metrics(batch, scored), **t.step_metrics(), **self._overlap_metrics()}
+        self.last_samples = SampleStats.from_batch(batch)
+        return {**metrics, **self._batch_metrics(batch, scored), **t.step_metrics(), **self.memory.step_metrics(),
+                **self._overlap_metrics()}
 
     def _overlap_metrics(self) -> dict[str, float]:
-        """Over the window since the last step ended: R = rollout busy (generate) seconds,
+        """Over the window since the last step ended: R = rollout busy (generate) seconds
+        (``async/rollout_seconds``; ``time/rollout`` stays the trainer thread's, 0),
         T = trainer busy seconds = W − wait_rollout, overlap = (R + T − W) / min(R, T), the
         fraction of the shorter side hidden behind the other (1: perfect overlap)."""
         now, busy, wait = time.perf_counter(), self.loop.busy_seconds, self.loop.wait_seconds
@@ -143,7 +152,7 @@ class AsyncController(SyncController):
         shorter = min(rollout, trainer)
         overlap = (rollout + trainer - wall) / shorter if shorter > 0 else 0.0
         tokens = self.loop.generated_tokens
-        metrics = {"time/rollout": rollout, "time/wait_trainer": wait - wt0, "async/overlap": min(max(overlap, 0.0), 1.0),
+        metrics = {"async/rollout_seconds": rollout, "time/wait_trainer": wait - wt0, "async/overlap": min(max(overlap, 0.0), 1.0),
                    "async/window_seconds": wall, "async/trainer_busy_seconds": trainer,
                    "async/buffer_groups": float(len(self.buffer)), "async/running_groups": float(self.staleness.running),
                    "async/groups_timed_out": float(self.inflight.timed_out),
@@ -163,12 +172,12 @@ def _as_scored_groups(groups: list[ScoredGroup]) -> ScoredGroups:
                         [g.correct for g in groups], None)
 
 
-def _make_executor(cfg, loop: RolloutLoop, inflight: InFlight):
+def _make_executor(cfg, loop: RolloutLoop, inflight: InFlight, backend):
     rt = cfg.runtime
     if rt.executor == "ray":
         from asyncrl.runtime.executors.ray import RayExecutor
 
-        return RayExecutor(cfg, loop, inflight)
+        return RayExecutor(loop, inflight, rt.rollout_workers, rt.reward_workers, backend.placement_group)
     from asyncrl.runtime.executors.local import LocalExecutor
 
     return LocalExecutor(loop, inflight, rt.rollout_workers, rt.reward_workers)

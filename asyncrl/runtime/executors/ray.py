@@ -1,0 +1,140 @@
+"""The Ray executor: generation and rewards run in Ray actors, in their own processes.
+
+    placement group (PACK): [{CPU: 1}] rollout actor + reward_workers × [{CPU: 1/reward_workers}]
+
+The controller code is the same as with the local executor: the rollout loop's threads
+(admission, watchdog) stay in the driver and call the actors through two proxies that keep
+the runtime's contracts — ``RayRolloutBackend`` is a ``RolloutBackend`` (weights travel as a
+CPU state dict through the object store), ``RayReward`` is a reward function with
+``score_batch`` (round robin over the reward actors). The trainer runs in the driver.
+
+Invariant (same as local): the rollout actor owns its own copy of the weights; with the HF
+backend it runs one call at a time (max_concurrency=1), so an update never lands inside a
+``generate``; with the engine, two calls may overlap and the engine swaps weights between
+steps (in-flight update).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Iterable
+
+import torch
+
+from asyncrl.data.sources import score_responses
+from asyncrl.runtime.executors.local import LocalExecutor
+
+ray = None  # imported on first use: Ray is an optional dependency (asyncrl[ray])
+
+
+def _ray():
+    global ray
+    if ray is None:
+        import ray as _ray_module
+
+        ray = _ray_module
+    return ray
+
+
+class RolloutWorker:
+    """Holds the rollout backend in the actor process."""
+
+    def __init__(self, backend_name: str, model, tokenizer, version: int):
+        torch.set_num_threads(1)
+        if backend_name == "engine":
+            from asyncrl.rollout.engine_backend import EngineBackend
+
+            self.backend = EngineBackend(model, tokenizer, version=version, device="cpu")
+        else:
+            from asyncrl.rollout.hf import HFGenerateBackend
+            from asyncrl.runtime.weight_sync import clone_for_rollout
+
+            self.backend = HFGenerateBackend(clone_for_rollout(model), tokenizer, version)
+
+    def generate(self, prompt_token_ids, params):
+        return self.backend.generate(prompt_token_ids, params)
+
+    def update_weights(self, state: dict, version: int) -> int:
+        self.backend.update_weights(state.items(), version)
+        return self.backend.version
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RewardWorker:
+    def __init__(self, reward_fn):
+        self.reward_fn = reward_fn
+
+    def score_batch(self, prompts, responses, fields) -> list[float]:
+        return score_responses(self.reward_fn, prompts, responses, fields)
+
+
+class RayRolloutBackend:
+    """``RolloutBackend`` over a ``RolloutWorker`` actor. ``version`` changes only after the
+    actor confirmed the new weights."""
+
+    def __init__(self, actor, version: int, inflight: bool):
+        self.actor, self.version, self.inflight_weight_update = actor, version, inflight
+
+    def generate(self, prompt_token_ids, params):
+        return _ray().get(self.actor.generate.remote(prompt_token_ids, params))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        state = {name: t.detach().to("cpu", copy=True) for name, t in named_tensors}
+        self.version = _ray().get(self.actor.update_weights.remote(state, version))
+
+
+class RayReward:
+    """The reward contract over ``RewardWorker`` actors (a group's batch goes to one actor)."""
+
+    def __init__(self, actors):
+        self.actors = actors
+        self._next = itertools.cycle(range(len(actors)))
+        self._lock = threading.Lock()
+
+    def score_batch(self, prompts, responses, fields) -> list[float]:
+        with self._lock:
+            actor = self.actors[next(self._next)]
+        return _ray().get(actor.score_batch.remote(list(prompts), list(responses), [dict(f) for f in fields]))
+
+    def __call__(self, prompt: str, response: str, **fields) -> float:
+        return self.score_batch([prompt], [response], [fields])[0]
+
+
+def ray_roles(cfg, model, tokenizer, reward_fn):
+    """(rollout backend proxy, reward proxy) backed by actors placed in one placement group."""
+    r = _ray()
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if not r.is_initialized():
+        r.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    n_reward = cfg.runtime.reward_workers
+    reward_cpus = 1.0 / n_reward
+    pg = placement_group([{"CPU": 1}] + [{"CPU": reward_cpus}] * n_reward, strategy="PACK")
+    r.get(pg.ready(), timeout=60)
+    engine = cfg.rollout.backend == "engine"
+    in_bundle = lambda i: PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+    rollout = r.remote(RolloutWorker).options(num_cpus=1, max_concurrency=2 if engine else 1,
+                                              scheduling_strategy=in_bundle(0)).remote(
+        cfg.rollout.backend, model, tokenizer, 0)
+    rewards = [r.remote(RewardWorker).options(num_cpus=reward_cpus, scheduling_strategy=in_bundle(1 + i)).remote(reward_fn)
+               for i in range(n_reward)]
+    return RayRolloutBackend(rollout, 0, inflight=engine), RayReward(rewards), pg
+
+
+class RayExecutor(LocalExecutor):
+    """Driver-side threads as in the local executor; the placement group is removed on stop."""
+
+    def __init__(self, loop, inflight, num_workers: int, reward_workers: int, placement_group):
+        super().__init__(loop, inflight, num_workers, reward_workers)
+        self.placement_group = placement_group
+
+    def stop(self, timeout: float = 30.0) -> None:
+        super().stop(timeout)
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.placement_group)
