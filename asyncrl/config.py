@@ -315,6 +315,7 @@ class TrainerConfig:
     prompts_per_step: int = field_spec(16, ge=1)
     max_wall_seconds: Optional[float] = field_spec(None, gt=0, help="stop RL early past this budget")
     eval_every: int = field_spec(0, ge=0, help="held-out eval every N steps (0: only before/after)")
+    eval_samples: int = field_spec(4, ge=0, help="held-out mean@k at the rollout temperature (0: greedy only)")
     checkpoint_every: int = field_spec(0, ge=0, help="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = field_spec(2, ge=1)
     torch_threads: int = field_spec(2, ge=1)

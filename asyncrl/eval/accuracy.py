@@ -1,4 +1,4 @@
-"""Held-out accuracy through the rollout backend (greedy decoding)."""
+"""Held-out accuracy through the rollout backend: greedy, or mean@k of sampled responses."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -9,21 +9,26 @@ from asyncrl.types import Example, SamplingParams
 
 def heldout_accuracy(backend, tokenizer, reward_fn: Callable[..., float], examples: list[Example],
                      max_tokens: int, batch_size: int = 256,
-                     encode: Optional[Callable[[Example], list[int]]] = None) -> Optional[float]:
-    """Fraction of ``examples`` whose greedy response earns reward 1 (None without examples).
+                     encode: Optional[Callable[[Example], list[int]]] = None, temperature: float = 0.0,
+                     samples: int = 1, seed: int = 0) -> Optional[float]:
+    """Fraction of responses to ``examples`` that earn reward 1 (None without examples).
 
+    ``temperature=0``: one greedy response per example. Otherwise ``samples`` responses
+    per example at ``temperature`` (seeded), i.e. mean@k: the policy's pass@1 as sampled.
     ``encode`` maps an example to its prompt ids (a dataset's chat template); by default
     the prompt text is tokenized as is. A chunk's responses are scored in one batch.
     """
     if not examples:
         return None
     encode = encode or (lambda ex: tokenizer(ex.prompt)["input_ids"])
-    params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, logprobs=False)
+    n = 1 if temperature <= 0 else samples
+    params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=False, seed=seed)
     correct = 0
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        completions = [out.completions[0] for out in backend.generate([encode(ex) for ex in chunk], params)]
-        scores = score_responses(reward_fn, [ex.prompt for ex in chunk], [c.text for c in completions],
-                                 [{**ex.fields, "finish_reason": c.finish_reason} for ex, c in zip(chunk, completions)])
+        outputs = backend.generate([encode(ex) for ex in chunk], params)
+        pairs = [(ex, c) for ex, out in zip(chunk, outputs) for c in out.completions]
+        scores = score_responses(reward_fn, [ex.prompt for ex, _ in pairs], [c.text for _, c in pairs],
+                                 [{**ex.fields, "finish_reason": c.finish_reason} for ex, c in pairs])
         correct += sum(float(s) >= 1.0 for s in scores)
-    return correct / len(examples)
+    return correct / (len(examples) * n)

@@ -65,10 +65,18 @@ def _train(cfg, source) -> dict:
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     backend = build_backend(cfg.rollout.backend, model, tokenizer)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
-    evaluate = lambda: heldout_accuracy(backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens,
-                                        encode=encode)
-    sft_accuracy = evaluate()
-    console.print(f"held-out accuracy before RL: [bold]{_fmt(sft_accuracy)}[/] ({len(heldout)} examples)")
+    def evaluate() -> dict:
+        """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature."""
+        common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
+        result = {"accuracy": heldout_accuracy(*common, encode=encode)}
+        if cfg.trainer.eval_samples:
+            result["sampled_accuracy"] = heldout_accuracy(*common, encode=encode, temperature=cfg.rollout.temperature,
+                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed)
+        return result
+
+    before = evaluate()
+    sft_accuracy = before["accuracy"]
+    console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
     controller = build_controller(cfg, model, backend, tokenizer, source, encode)
     actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
@@ -86,7 +94,7 @@ def _train(cfg, source) -> dict:
                 metrics = {**controller.step(step), **source.step_metrics()}  # + reward/<name>, failures
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
-                    metrics["eval/accuracy"] = evaluate()
+                    metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
                 metrics.update(profile.observe(controller.timer.step_seconds, rollout_tokens=metrics[
                     "throughput/rollout_tokens_per_s"] * controller.timer.step_seconds["rollout"]))
                 if cfg.health.enabled:
@@ -105,12 +113,14 @@ def _train(cfg, source) -> dict:
         if cfg.runtime.mode == "async":
             controller.close()  # stop the rollout side before the final eval and checkpoint
     rl_seconds = time.perf_counter() - rl_start
-    final_accuracy = evaluate()
+    after = evaluate()
+    final_accuracy = after["accuracy"]
     checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
     gain = final_accuracy - sft_accuracy if heldout else None
     summary = {
         "name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "steps": steps_done,
         "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
+        "sft_sampled_accuracy": before.get("sampled_accuracy"), "final_sampled_accuracy": after.get("sampled_accuracy"),
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
@@ -126,8 +136,8 @@ def _train(cfg, source) -> dict:
         from asyncrl.metrics.report import write_report
         console.print(f"report: {write_report(run_dir)}")
     if heldout:
-        console.print(f"held-out accuracy: before RL {sft_accuracy:.3f} -> after {final_accuracy:.3f} "
-                      f"([bold]{100 * gain:+.1f} points[/])")
+        console.print(f"held-out accuracy before RL: {_fmt(before)}")
+        console.print(f"held-out accuracy after RL:  {_fmt(after)}  ([bold]{_gains(before, after)}[/])")
     console.print(f"run directory: {run_dir}")
     return summary
 
@@ -140,8 +150,16 @@ def build_controller(cfg, model, backend, tokenizer, source, encode):
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
 
 
-def _fmt(accuracy) -> str:
-    return "n/a (no held-out set)" if accuracy is None else f"{accuracy:.3f}"
+def _gains(before: dict, after: dict) -> str:
+    return ", ".join(f"{name.replace('_accuracy', '').replace('accuracy', 'greedy')} "
+                     f"{100 * (after[name] - before[name]):+.1f} points" for name in before if after.get(name) is not None)
+
+
+def _fmt(result: dict) -> str:
+    if result.get("accuracy") is None:
+        return "n/a (no held-out set)"
+    sampled = result.get("sampled_accuracy")
+    return f"greedy {result['accuracy']:.3f}" + (f", sampled {sampled:.3f}" if sampled is not None else "")
 
 
 def _checkpoint(run_dir: Path, step: int, actor: Actor, tokenizer, cfg, source) -> Path:

@@ -32,7 +32,7 @@ def run_sft_job(cfg) -> dict:
     if cfg.model.path:
         model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     else:
-        tokenizer = save_and_reload(build_char_tokenizer(), run_dir / "model")
+        tokenizer = save_and_reload(build_char_tokenizer(task.charset), run_dir / "model")
         model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.seed).to(device)
     if cfg.sft.data_path:
         stream = cycle_shuffled(load_demonstrations(cfg.sft.data_path, cfg.sft.prompt_field,

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from asyncrl.config_schema import to_dict
-from asyncrl.data.char_tokenizer import DEFAULT_CHARSET, build_char_tokenizer, save_and_reload
+from asyncrl.data.char_tokenizer import build_char_tokenizer, save_and_reload
 from asyncrl.training.model import build_tiny_model
 from asyncrl.training.sft import run_sft
 
@@ -28,23 +28,23 @@ def cache_root(cfg_dir: Optional[str]) -> Path:
     return Path(cfg_dir or os.environ.get("ASYNCRL_CACHE") or Path.home() / ".cache" / "asyncrl")
 
 
-def warm_start_key(cfg) -> str:
+def warm_start_key(cfg, charset: str) -> str:
     sft = {k: v for k, v in to_dict(cfg.sft).items() if k not in ("cache", "cache_dir")}
     blob = json.dumps({"format": _CACHE_FORMAT, "tiny": to_dict(cfg.model.tiny), "task": to_dict(cfg.task),
-                       "sft": sft, "seed": cfg.seed, "charset": DEFAULT_CHARSET,
+                       "sft": sft, "seed": cfg.seed, "charset": charset,
                        "torch": torch.__version__.split("+")[0]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def tiny_checkpoint(cfg, task, device, on_step: Optional[Callable[[int, float], None]] = None) -> tuple[Path, dict]:
     """Path of a tiny-model checkpoint warm-started by SFT on ``task`` (from cache if present)."""
-    path = cache_root(cfg.sft.cache_dir) / "warm_start" / warm_start_key(cfg)
+    path = cache_root(cfg.sft.cache_dir) / "warm_start" / warm_start_key(cfg, task.charset)
     if cfg.sft.cache and (path / "config.json").is_file():
         return path, {"sft/cached": 1.0}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
     try:
-        tokenizer = save_and_reload(build_char_tokenizer(), tmp)
+        tokenizer = save_and_reload(build_char_tokenizer(task.charset), tmp)
         model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.seed).to(device)
         info = {"sft/cached": 0.0}
         if cfg.sft.enabled and cfg.sft.steps > 0:

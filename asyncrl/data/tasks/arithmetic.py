@@ -21,6 +21,7 @@ class ArithmeticTask(SyntheticTask):
                  operations: tuple[str, ...] = ("+",)):
         self.min_digits, self.max_digits = min_digits, max_digits
         self.operations = tuple(operations)
+        self.charset = "0123456789=" + "".join(self.operations)
         super().__init__(seed, num_eval)
 
     def _operand(self, rng: random.Random) -> int:

@@ -15,6 +15,10 @@ class SyntheticTask(ABC):
     """
 
     name: str = "task"
+    # Every character a prompt or a correct answer can contain: the tiny model's
+    # tokenizer covers exactly these, so probability pushed off a wrong answer cannot
+    # leak to tokens the task never uses.
+    charset: str = "0123456789"
 
     def __init__(self, seed: int, num_eval: int):
         self.seed = seed

@@ -49,6 +49,7 @@ def _eval_node(node: ast.AST, numbers: list[int]) -> Fraction:
 
 class CountdownTask(SyntheticTask):
     name = "countdown"
+    charset = "0123456789+-*/()=,>:"
 
     def __init__(self, seed: int = 0, num_eval: int = 200, num_numbers: int = 3,
                  max_number: int = 20, max_target: int = 200):
