@@ -59,3 +59,28 @@ def test_left_padding_does_not_change_logprobs(tiny_policy):
         lp_alone, _ = response_logprobs(model, alone[0], alone[1], alone[3])
         lp_padded, _ = response_logprobs(model, padded[0], padded[1], padded[3])
     torch.testing.assert_close(lp_alone[0], lp_padded[0, :3], atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompt_forward_equals_per_row_forward(tiny_policy):
+    """Rows sharing a prompt run it once (KV broadcast); values and gradients are unchanged."""
+    from asyncrl.training.batch import pad_prompt_response
+    model, tok = tiny_policy
+    prompts = [tok(p)["input_ids"] for p in ["1+2=", "1+2=", "1+2=", "123+456=", "123+456="]]
+    responses = [[5, tok.eos_token_id], [6, 7, 8], [tok.eos_token_id], [9, 9, 9, 9], [5]]
+    input_ids, attention_mask, mask, prompt_len = pad_prompt_response(prompts, responses, tok.pad_token_id)
+    results = []
+    for shared in (True, False):
+        model.zero_grad()
+        if shared:
+            lp, ent = response_logprobs(model, input_ids, attention_mask, prompt_len, 0.8, 3, with_entropy=True)
+        else:  # one row at a time: no two rows in a call share a prompt
+            rows = [response_logprobs(model, input_ids[i:i + 1], attention_mask[i:i + 1], prompt_len, 0.8, 3,
+                                      with_entropy=True) for i in range(5)]
+            lp, ent = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+        ((lp + 0.1 * ent) * mask).sum().backward()
+        results.append((lp * mask, ent * mask, [p.grad.clone() for p in model.parameters()]))
+    (lp_a, ent_a, grads_a), (lp_b, ent_b, grads_b) = results
+    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
