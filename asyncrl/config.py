@@ -167,7 +167,8 @@ class SFTConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = field_spec("hf", choices=("hf", "engine"))
+    backend: str = field_spec("auto", choices=("auto", "engine", "hf"),
+                              help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate")
     n: int = field_spec(8, ge=1, help="samples per prompt (GRPO group size)")
     temperature: float = field_spec(1.0, gt=0)
     top_p: float = field_spec(1.0, gt=0, le=1)

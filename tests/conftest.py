@@ -56,3 +56,15 @@ def tiny_chat_checkpoint(tmp_path_factory):
     tokenizer = save_and_reload(tokenizer, path)
     build_tiny_model(cfg.model.tiny, tokenizer, seed=0).save_pretrained(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory):
+    """(run_dir, summary) of the default quickstart, run once per test session as a new
+    user runs it: no argument but where to write, and an empty warm-start cache."""
+    from asyncrl.runtime.pipeline import run_training
+
+    root = tmp_path_factory.mktemp("quickstart")
+    cfg = load_config("quickstart", [f"logging.run_dir={root / 'run'}", f"sft.cache_dir={root / 'cache'}",
+                                     "logging.progress=false"])
+    return root / "run", run_training(cfg)

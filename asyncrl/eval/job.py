@@ -22,6 +22,7 @@ from asyncrl.runtime.run_dir import make_run_dir
 from asyncrl.training.checkpoint import latest_checkpoint, write_atomic_text
 from asyncrl.training.model import load_policy, resolve_device
 from asyncrl.types import SamplingParams
+from asyncrl.rollout.registry import resolve_backend_name_for_path
 
 
 def resolve_model_path(path: str) -> Path:
@@ -41,7 +42,7 @@ def load_backend(cfg, model_path: Path):
     """(tokenizer, rollout backend named by ``rollout.backend``). The engine loads the
     checkpoint itself, so the weights are not held twice."""
     device = resolve_device(cfg.trainer.device)
-    if cfg.rollout.backend == "engine":
+    if resolve_backend_name_for_path(cfg.rollout.backend, model_path) == "engine":
         from transformers import AutoTokenizer
 
         from asyncrl.rollout.engine_backend import EngineBackend

@@ -17,8 +17,30 @@ def _engine(model, tokenizer) -> RolloutBackend:
 BACKENDS = {"hf": _hf, "engine": _engine}
 
 
+def resolve_backend_name(name: str, model) -> str:
+    """``auto``: the asyncrl engine for the architectures it implements, else HF generate."""
+    if name != "auto":
+        return name
+    from asyncrl.engine.models import ARCHITECTURES
+    architectures = getattr(model.config, "architectures", None) or [type(model).__name__]
+    return "engine" if architectures[0] in ARCHITECTURES else "hf"
+
+
+def resolve_backend_name_for_path(name: str, path) -> str:
+    """``auto`` for a checkpoint directory, from the architecture in its config.json."""
+    if name != "auto":
+        return name
+    import json
+    from pathlib import Path
+
+    from asyncrl.engine.models import ARCHITECTURES
+    architectures = json.loads((Path(path) / "config.json").read_text()).get("architectures") or [""]
+    return "engine" if architectures[0] in ARCHITECTURES else "hf"
+
+
 def build_backend(name: str, model, tokenizer) -> RolloutBackend:
     """A rollout backend holding the weights of ``model`` (HF module) at version 0."""
+    name = resolve_backend_name(name, model)
     if name not in BACKENDS:
         raise ValueError(f"unknown rollout backend {name!r} (known: {sorted(BACKENDS)})")
     return BACKENDS[name](model, tokenizer)
