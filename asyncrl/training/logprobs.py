@@ -46,7 +46,7 @@ def _shared_prefix_states(base, input_ids, attention_mask, prompt_length: int, i
     prompt_mask = attention_mask[first, :prompt_length]  # one row per distinct prompt (any of its rows)
     prompt_out = base(input_ids=input_ids[first, :prompt_length], attention_mask=prompt_mask,
                       position_ids=position_ids_from_mask(prompt_mask), use_cache=True)
-    cache = prompt_out.past_key_values
+    cache = getattr(prompt_out, _CACHE_KWARG)  # ``cache`` in transformers 5, ``past_key_values`` before
     for layer in cache.layers:  # broadcast the prompt's keys/values to its rows (differentiable)
         layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
     positions = position_ids_from_mask(attention_mask)[:, prompt_length:]
