@@ -163,3 +163,28 @@ def test_async_configs_without_what_they_need_are_refused(cfg_of, extra, needle)
     with pytest.raises(ConfigError, match=needle):
         validate_config(cfg_of(*extra))
     validate_config(cfg_of("runtime.mode=async", "runtime.max_staleness=0"))  # on-policy needs no correction
+
+
+@pytest.mark.parametrize("policy, kept", [("partial", [0, 2]), ("drop", None)])
+def test_expired_group_is_settled_once_by_the_policy(policy, kept):
+    from asyncrl.runtime.buffer import RolloutBuffer
+    from asyncrl.runtime.executors.rollout_loop import InFlight, PendingGroup
+    from asyncrl.runtime.staleness import StalenessManager
+    from asyncrl.types import Completion, Example, RequestOutput
+
+    manager, buffer = StalenessManager(1, 0, 4), RolloutBuffer(1)
+    inflight = InFlight(manager, buffer, policy)
+    gid = manager.admit(1)[0]
+    comps = [Completion([i], str(i), [0.0], "stop", [0]) for i in range(4)]
+    inflight.add(PendingGroup(gid, Example("p", "a"), 0, deadline=1.0, output=RequestOutput([1], None, comps)))
+    inflight.record_score(gid, 0, 1.0, 1.0)
+    inflight.record_score(gid, 2, 0.0, 0.0)
+    inflight.expire(now=2.0)               # completions 1 and 3 never scored in time
+    inflight.record_score(gid, 1, 1.0, 1.0)  # a late score is ignored
+    assert manager.running == 0 and inflight.timed_out == 1
+    if kept is None:
+        assert manager.released == 1 and len(buffer) == 0
+    else:
+        (g,) = buffer.take(1)
+        assert [c.token_ids[0] for c in g.output.completions] == kept and g.scores == [1.0, 0.0]
+        assert manager.accepted == 1 and inflight.partial == 1
