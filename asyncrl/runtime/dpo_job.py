@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import time
-from pathlib import Path
 
 import torch
 
@@ -27,6 +26,7 @@ from asyncrl.runtime.run_dir import make_run_dir
 from asyncrl.training.checkpoint import write_atomic_text
 from asyncrl.training.dpo import DPOTrainer, PreferencePair
 from asyncrl.training.model import resolve_device
+from asyncrl.data.jsonl import read_string_records
 from asyncrl.types import Example
 
 MIN_EVAL_PAIRS = 8
@@ -35,21 +35,9 @@ MIN_EVAL_PAIRS = 8
 def load_preferences(path: str, prompt_field: str = "prompt", chosen_field: str = "chosen",
                      rejected_field: str = "rejected") -> list[PreferencePair]:
     """Every row of a jsonl file as a pair; a bad row is refused naming its line and field."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"dpo.data_path '{path}' does not exist")
-    pairs = []
-    for line_no, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-        for name in (prompt_field, chosen_field, rejected_field):
-            if not isinstance(row, dict) or not isinstance(row.get(name), str):
-                raise ValueError(f"{path}:{line_no}: missing string field '{name}'")
-        pairs.append(PreferencePair(row[prompt_field], row[chosen_field], row[rejected_field]))
+    fields = (prompt_field, chosen_field, rejected_field)
+    pairs = [PreferencePair(row[prompt_field], row[chosen_field], row[rejected_field])
+             for _, row in read_string_records(path, fields, "dpo.data_path")]
     if len(pairs) < 2:
         raise ValueError(f"{path}: need at least 2 preference pairs (one to train, one to evaluate)")
     return pairs
