@@ -38,14 +38,17 @@ def main() -> int:
     args = parser.parse_args()
     out_dir = Path(tempfile.mkdtemp(prefix="asyncrl-seeds-"))
     rows = [run_seed(seed, args.overrides, out_dir) for seed in args.seeds]
-    print("| seed | SFT acc | after RL | gain (points) | RL steps | RL s | total s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| seed | sampled acc SFT -> RL | gain | greedy acc SFT -> RL | gain | RL steps | RL s | total s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['seed']} | {r['sft_accuracy']:.3f} | {r['final_accuracy']:.3f} | "
-              f"{100 * r['accuracy_gain']:+.1f} | {r['steps']} | {r['rl_seconds']:.0f} | {r['process_seconds']:.0f} |")
-    gains = [100 * r["accuracy_gain"] for r in rows]
-    print(f"mean gain {sum(gains) / len(gains):+.1f} points, min {min(gains):+.1f}; "
-          f"max total {max(r['process_seconds'] for r in rows):.0f} s")
+        print(f"| {r['seed']} | {r['sft_sampled_accuracy']:.3f} -> {r['final_sampled_accuracy']:.3f} | "
+              f"{100 * (r['final_sampled_accuracy'] - r['sft_sampled_accuracy']):+.1f} | "
+              f"{r['sft_accuracy']:.3f} -> {r['final_accuracy']:.3f} | {100 * r['accuracy_gain']:+.1f} | "
+              f"{r['steps']} | {r['rl_seconds']:.0f} | {r['process_seconds']:.0f} |")
+    for name, key in (("sampled", "sampled_accuracy"), ("greedy", "accuracy")):
+        gains = [100 * (r[f"final_{key}"] - r[f"sft_{key}"]) for r in rows]
+        print(f"{name}: mean gain {sum(gains) / len(gains):+.1f} points, min {min(gains):+.1f}")
+    print(f"max total {max(r['process_seconds'] for r in rows):.0f} s")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
