@@ -36,8 +36,11 @@ PROBE_TEXT = "12+34="
 
 
 def build_rollout_backend(cfg, model, tokenizer):
-    """A backend with its own copy of the weights (never the trainer's tensors)."""
-    if cfg.rollout.backend == "engine":
+    """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
+    ``rollout.registry`` (the engine for the architectures it implements)."""
+    from asyncrl.rollout.registry import resolve_backend_name
+
+    if resolve_backend_name(cfg.rollout.backend, model) == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 
         device = str(next(model.parameters()).device)

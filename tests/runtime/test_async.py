@@ -21,7 +21,7 @@ from asyncrl.data.tasks import build_task
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=4",
         "trainer.prompts_per_step=4", "rollout.n=4", "task.num_eval=16", "logging.progress=false",
-        "logging.tensorboard=false"]
+        "logging.tensorboard=false", "rollout.backend=hf"]  # the engine has its own tests below
 DECOUPLED = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
 
 
@@ -76,8 +76,10 @@ def test_async_eta_zero_reproduces_sync(cfg_of):
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(w_sync, w_async))
 
 
-def test_async_run_keeps_the_bound_and_reports_it(cfg_of, tmp_path):
-    summary = run_training(cfg_of("runtime.mode=async", "runtime.max_staleness=2", "trainer.steps=6", *DECOUPLED))
+@pytest.mark.parametrize("backend", ["hf", "engine"])  # engine: weights pushed in flight (partial rollout)
+def test_async_run_keeps_the_bound_and_reports_it(cfg_of, tmp_path, backend):
+    summary = run_training(cfg_of("runtime.mode=async", "runtime.max_staleness=2", "trainer.steps=6",
+                                  f"rollout.backend={backend}", *DECOUPLED))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 6 and len(rows) == 6
     assert all(r["async/staleness_violations"] == 0 and r["async/staleness_max"] <= 2 for r in rows)

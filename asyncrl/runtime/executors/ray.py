@@ -116,11 +116,14 @@ def ray_roles(cfg, model, tokenizer, reward_fn):
     reward_cpus = 1.0 / n_reward
     pg = placement_group([{"CPU": 1}] + [{"CPU": reward_cpus}] * n_reward, strategy="PACK")
     r.get(pg.ready(), timeout=60)
-    engine = cfg.rollout.backend == "engine"
+    from asyncrl.rollout.registry import resolve_backend_name
+
+    backend_name = resolve_backend_name(cfg.rollout.backend, model)
+    engine = backend_name == "engine"
     in_bundle = lambda i: PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
     rollout = r.remote(RolloutWorker).options(num_cpus=1, max_concurrency=2 if engine else 1,
                                               scheduling_strategy=in_bundle(0)).remote(
-        cfg.rollout.backend, model, tokenizer, 0)
+        backend_name, model, tokenizer, 0)
     rewards = [r.remote(RewardWorker).options(num_cpus=reward_cpus, scheduling_strategy=in_bundle(1 + i)).remote(reward_fn)
                for i in range(n_reward)]
     return RayRolloutBackend(rollout, 0, inflight=engine), RayReward(rewards), pg
