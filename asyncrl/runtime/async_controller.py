@@ -31,7 +31,6 @@ from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic, build_value_model
 from asyncrl.training.reference import Reference
 from asyncrl.types import Example
-from asyncrl.rollout.registry import resolve_backend_name
 
 PROBE_TEXT = "12+34="
 
