@@ -39,19 +39,22 @@ def row(recipe: str, run_dir: Path, proc: subprocess.CompletedProcess) -> dict:
     rewards = [json.loads(line)["reward/mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     window = min(WINDOW, max(1, len(rewards) // 2))
     return {"recipe": recipe, "steps": summary["steps"], "sft": summary["sft_accuracy"],
-            "final": summary["final_accuracy"], "reward_early": sum(rewards[:window]) / window,
+            "final": summary["final_accuracy"], "sft_sampled": summary.get("sft_sampled_accuracy"),
+            "final_sampled": summary.get("final_sampled_accuracy"), "reward_early": sum(rewards[:window]) / window,
             "reward_late": sum(rewards[-window:]) / window, "rl_seconds": summary["rl_seconds"],
             "s_per_step": summary["rl_seconds"] / max(1, summary["steps"])}
 
 
 def markdown(rows: list[dict], window: int = WINDOW) -> str:
-    lines = ["| recipe | steps | held-out acc SFT -> final | gain (points) | reward first/last "
-             f"{window} steps | RL wall s | s/step |", "|---|---|---|---|---|---|---|"]
+    lines = ["| recipe | steps | sampled held-out acc SFT -> final | gain | greedy acc SFT -> final | gain | "
+             f"reward first/last {window} steps | RL wall s | s/step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['recipe']} | failed: {r['error']} | | | | | |")
+            lines.append(f"| {r['recipe']} | failed: {r['error']} | | | | | | | |")
             continue
-        lines.append(f"| {r['recipe']} | {r['steps']} | {r['sft']:.3f} -> {r['final']:.3f} | "
+        sampled = (f"{r['sft_sampled']:.3f} -> {r['final_sampled']:.3f} | {100 * (r['final_sampled'] - r['sft_sampled']):+.1f}"
+                   if r.get("sft_sampled") is not None else "n/a | n/a")
+        lines.append(f"| {r['recipe']} | {r['steps']} | {sampled} | {r['sft']:.3f} -> {r['final']:.3f} | "
                      f"{100 * (r['final'] - r['sft']):+.1f} | {r['reward_early']:.3f} -> {r['reward_late']:.3f} | "
                      f"{r['rl_seconds']:.0f} | {r['s_per_step']:.2f} |")
     return "\n".join(lines)
