@@ -176,8 +176,11 @@ def row_to_example(row: dict, mapping: FieldMapping, where: str, default_uid: st
                                f"(fields present: {present})") from None
     else:
         prompt = _get(row, mapping.prompt, where)
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise DatasetError(f"{where}: empty prompt (field {mapping.prompt!r})")
+    # a template can wrap an empty question in non-empty text: check the field itself too
+    raw_prompt = row.get(mapping.prompt, prompt) if mapping.prompt and isinstance(row, dict) else prompt
+    for text in (prompt, raw_prompt):
+        if not isinstance(text, str) or not text.strip():
+            raise DatasetError(f"{where}: empty prompt (field {mapping.prompt!r})")
     answer = ""
     if mapping.answer is not None:
         raw = _get(row, mapping.answer, where)

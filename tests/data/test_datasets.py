@@ -132,3 +132,11 @@ def test_reference_data_sets_load_with_their_mappings():
     assert amc[0].prompt.endswith("put your final answer within \\boxed{}.")
     with pytest.raises(KeyError, match="presets: aime24"):
         preset_mapping("gsm8")
+
+
+def test_empty_question_inside_a_prompt_template_is_refused(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "2"}\n{"question": " ", "answer": "3"}\n')
+    mapping = FieldMapping(prompt="question", answer="answer", prompt_template="Question: {question}\nAnswer:")
+    with pytest.raises(DatasetError, match=r"q\.jsonl line 2: empty prompt \(field 'question'\)"):
+        load_examples(path, mapping)
