@@ -124,12 +124,23 @@ def test_engine_weight_update_mid_generation_retags_later_tokens(cfg_of):
         [prompt], SamplingParams(n=2, temperature=1.0, max_tokens=40, seed=1, ignore_eos=True))))
     worker.start()
     while backend.llm.num_steps < 5:
-        time.sleep(0.001)
+        time.sleep(0.0005)
+    backend.llm.pause()  # hold the generation mid-way (on a fast machine it would otherwise finish first)
+    assert backend.llm.num_steps < 40
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    metrics = sync.push(model, 1)  # in flight: no waiting for the generate call
+    # in flight: the generate call is still running; the push's probe generates too, so resume
+    # the engine once the new weights are in (not before: the rest must run on version 1)
+    pusher = threading.Thread(target=lambda: out.setdefault("metrics", sync.push(model, 1)))
+    pusher.start()
+    deadline = time.monotonic() + 60
+    while backend.version != 1 and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    backend.llm.resume()
+    pusher.join(60)
     worker.join(60)
+    metrics = out["metrics"]
     assert metrics["weight_sync/probe_gap"] < 1e-3
     for c in out["o"][0].completions:
         v = c.versions
