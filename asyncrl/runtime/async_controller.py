@@ -23,13 +23,11 @@ from asyncrl.runtime.buffer import RolloutBuffer, ScoredGroup
 from asyncrl.runtime.dynamic_sampling import ScoredGroups
 from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
 from asyncrl.runtime.staleness import StalenessManager, staleness_metrics
-from asyncrl.runtime.sync_controller import SyncController
+from asyncrl.runtime.sync_controller import SyncController, build_roles
 from asyncrl.runtime.validate import validate_config
 from asyncrl.runtime.weight_sync import GenerationGate, LogprobProbe, WeightSync, clone_for_rollout
-from asyncrl.training.actor import Actor
 from asyncrl.training.batch import build_train_batch
-from asyncrl.training.critic import Critic, build_value_model
-from asyncrl.training.reference import Reference
+from asyncrl.training.critic import Critic
 from asyncrl.types import Example
 
 PROBE_TEXT = "12+34="
@@ -54,12 +52,7 @@ def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, enco
                            backend=None) -> "AsyncController":
     """The async controller and its roles; ``backend`` defaults to :func:`build_rollout_backend`."""
     validate_config(cfg)
-    algo = cfg.algorithm
-    actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
-    reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
-                 if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
-    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
-              if cfg.critic.enable else None)
+    actor, reference, critic = build_roles(cfg, model)
     if cfg.runtime.executor == "ray":  # generation and rewards in Ray actors, behind the same contracts
         from asyncrl.runtime.executors.ray import ray_roles
 

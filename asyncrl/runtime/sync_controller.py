@@ -31,17 +31,24 @@ from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
 ROUND_SEED_STRIDE = 100_003  # round r of a step samples with seed + r·stride (round 0: today's seed)
 
 
-def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stream,
-                          encode=None) -> "SyncController":
-    """The controller and its roles for ``cfg``: the actor always; the frozen reference when a
-    KL (loss term or in the reward) needs it; the critic when ``critic.enable``."""
-    validate_config(cfg)
+def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic]]:
+    """The trainer's roles for ``cfg``: the actor always; the frozen reference when a KL (loss
+    term or in the reward) needs it; the critic when ``critic.enable``."""
     algo = cfg.algorithm
     actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
     reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
     critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
               if cfg.critic.enable else None)
+    return actor, reference, critic
+
+
+def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stream,
+                          encode=None) -> "SyncController":
+    """The controller and its roles for ``cfg``: the actor always; the frozen reference when a
+    KL (loss term or in the reward) needs it; the critic when ``critic.enable``."""
+    validate_config(cfg)
+    actor, reference, critic = build_roles(cfg, model)
     return SyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
                           encode=encode)
 
