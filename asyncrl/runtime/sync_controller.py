@@ -25,6 +25,7 @@ from asyncrl.runtime.validate import GREEDY_BASELINE_ESTIMATORS, validate_config
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic, build_value_model
+from asyncrl.training.logprob_gap import logprob_gap_metrics
 from asyncrl.training.reference import Reference
 from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
 
@@ -217,7 +218,6 @@ class SyncController:
         mask = batch.response_mask
         if batch.ref_logprobs is not None and batch.old_logprobs is not None:
             metrics["kl/ref"] = float(((batch.old_logprobs - batch.ref_logprobs) * mask).sum() / mask.sum())
-        if batch.old_logprobs is not None:
-            gap = (batch.old_logprobs - batch.rollout_logprobs).abs() * mask
-            metrics["rollout/logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
+        if batch.old_logprobs is not None:  # else the actor measured the gap in its pre-update forward
+            metrics.update(logprob_gap_metrics(batch.old_logprobs, batch.rollout_logprobs, mask))
         return metrics

@@ -7,6 +7,7 @@ import torch
 
 from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, kl_penalty,
                                 rollout_is_weights)
+from asyncrl.training.logprob_gap import LogprobGap
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.types import TrainBatch
 
@@ -53,6 +54,7 @@ class Actor:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
         self.version = 0  # policy version: incremented per rollout batch consumed
+        self._gap = LogprobGap()
 
     @property
     def on_policy_shortcut(self) -> bool:
@@ -85,12 +87,13 @@ class Actor:
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs over mini-batches; returns averaged metrics of the step."""
         self.model.train()
+        self._gap = LogprobGap()  # filled only by the on-policy shortcut's pre-update forward
         history: list[dict[str, float]] = []
         for _ in range(self.cfg.ppo_epochs):
             for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
                 history.append(self._optimizer_step(batch.select(mini)))
         self.version += 1
-        return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap.metrics()}
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
         device = next(self.model.parameters()).device
@@ -120,7 +123,11 @@ class Actor:
     def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device) -> dict[str, float]:
         logprobs, entropy = self._forward(micro, with_entropy=self.computes_entropy)
         mask = micro.response_mask.to(device)
-        old = micro.old_logprobs.to(device) if micro.old_logprobs is not None else logprobs.detach()
+        if micro.old_logprobs is not None:
+            old = micro.old_logprobs.to(device)
+        else:  # on-policy shortcut: one optimizer step, so this forward still runs the rollout's weights
+            old = logprobs.detach()
+            self._gap.add(old, micro.rollout_logprobs, mask)
         is_weights, is_metrics = None, {}
         if self.algo.rollout_correction.enabled:  # decoupled PPO / TIS: clip on π_θ/π_old, weight π_old/π_roll
             is_weights, is_metrics = behaviour_weights(self.algo, old, micro.rollout_logprobs.to(device), mask)

@@ -60,3 +60,14 @@ def test_second_run_reuses_the_cached_warm_start(fast_cfg):
     second = run_training(fast_cfg())
     assert first["sft/cached"] == 0.0 and second["sft/cached"] == 1.0
     assert second["sft_accuracy"] == first["sft_accuracy"]
+
+
+def test_engine_vs_trainer_logprob_gap_is_logged_every_step_without_a_recompute(fast_cfg, tmp_path):
+    """The default GRPO run skips the old-log-prob forward (one optimizer step per batch); the
+    gap then comes from the update's pre-step forward, so it is still there every step."""
+    run_training(fast_cfg("trainer.steps=3"))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    for r in rows:
+        assert 0 <= r["rollout/logprob_gap"] <= r["rollout/logprob_gap_max"]
+        assert r["rollout/logprob_gap_max"] < 1e-3  # engine and trainer: same fp32 weights
