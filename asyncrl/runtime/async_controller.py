@@ -25,7 +25,7 @@ from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
 from asyncrl.runtime.staleness import StalenessManager, staleness_metrics
 from asyncrl.runtime.sync_controller import SyncController, build_roles
 from asyncrl.runtime.validate import validate_config
-from asyncrl.runtime.weight_sync import GenerationGate, LogprobProbe, WeightSync, clone_for_rollout
+from asyncrl.runtime.weight_sync import GenerationGate, LogprobProbe, WeightSync, clone_for_rollout, probe_tolerance
 from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic
 from asyncrl.types import Example
@@ -90,7 +90,8 @@ class AsyncController(SyncController):
 
     def _probe(self) -> LogprobProbe:
         ids = self.tokenizer(PROBE_TEXT)["input_ids"] or [self.tokenizer.eos_token_id]
-        return LogprobProbe(ids, self.cfg.rollout.temperature, self.rt.probe_tolerance,
+        tolerance = probe_tolerance(self.rt.probe_tolerance, self.cfg.model.dtype)
+        return LogprobProbe(ids, self.cfg.rollout.temperature, tolerance,
                             chunk_tokens=self.cfg.actor.logprob_chunk_tokens, seed=self.cfg.seed)
 
     def start(self) -> None:

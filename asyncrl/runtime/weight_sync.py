@@ -76,6 +76,17 @@ class GenerationGate:
                 self._cond.notify_all()
 
 
+# Default probe tolerance per model dtype: in float32 the engine and the trainer agree to ~1e-5
+# nats; in 16-bit their kernels round differently (measured 3e-3 on the 2-layer tiny model, and
+# the gap grows with depth), so a 1e-3 bar would fail a correct sync.
+DEFAULT_PROBE_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+
+
+def probe_tolerance(configured: Optional[float], dtype: str) -> float:
+    """``runtime.probe_tolerance``, or the default for ``model.dtype`` when it is null."""
+    return configured if configured is not None else DEFAULT_PROBE_TOLERANCE[dtype]
+
+
 @dataclass
 class ProbeResult:
     gap: float        # max |lp_backend − lp_trainer| over the probe tokens (0 when in sync)
