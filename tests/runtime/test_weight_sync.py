@@ -1,4 +1,6 @@
 """Weight-sync helpers that need no backend (the probe and sync paths are in test_async.py)."""
+
+
 def test_probe_tolerance_defaults_by_dtype_and_an_explicit_value_wins():
     from asyncrl.runtime.weight_sync import probe_tolerance
 
