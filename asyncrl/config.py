@@ -345,6 +345,11 @@ class RuntimeConfig:
     reward_workers: int = field_spec(2, ge=1, help="async: threads scoring groups as they complete")
     partial_rollout: bool = field_spec(True, help="async + engine: load new weights between engine steps while "
                                                   "requests run (KV kept); false: wait for running generations")
+    partial_rollout_kv: str = field_spec("keep", choices=("keep", "recompute"),
+                                         help="async + engine, on an in-flight weight update: running requests keep "
+                                              "the K/V of the old weights, or drop it and recompute it with the new")
+    rollout_process: bool = field_spec(False, help="async + local executor: the rollout engine runs in its own OS "
+                                                   "process (weights through shared memory); false: a thread")
     group_timeout_s: Optional[float] = field_spec(None, gt=0, help="async: budget of a group from admission "
                                                                    "to scored (null: none)")
     straggler_policy: str = field_spec("drop", choices=("drop", "partial"),

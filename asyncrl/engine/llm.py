@@ -138,12 +138,22 @@ class LLM:
                           finish_reason=s.finish_reason or "abort", versions=list(s.versions))
 
     # ---- RL controls -------------------------------------------------------------
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-named tensors in place (between steps) and set the policy version."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+                       kv: str = "keep") -> None:
+        """Load HF-named tensors in place (between steps) and set the policy version.
+
+        ``kv``: what in-flight sequences do with the K/V computed under the old weights.
+        "keep" continues on it (vLLM ``pause(mode="keep")``, PipelineRL); "recompute" drops it
+        (``Scheduler.drop_kv``: preempted by recompute, generated tokens, log-probs and versions
+        kept), so every later token attends to K/V of the new weights only (AReaL)."""
+        if kv not in ("keep", "recompute"):
+            raise ValueError(f"kv must be 'keep' or 'recompute', got {kv!r}")
         with self._lock:
             self.model.load_weights(named_tensors)
             self.version = version
             self.block_manager.set_namespace(version)
+            if kv == "recompute":
+                self.scheduler.drop_kv()
 
     def pause(self) -> None:
         """Stop scheduling steps (returns once no step is running); KV stays resident."""

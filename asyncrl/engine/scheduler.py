@@ -144,6 +144,19 @@ class Scheduler:
         return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled,
                               sample_seqs=scheduled, sample_rows=list(range(len(scheduled))))
 
+    def drop_kv(self) -> int:
+        """Free the K/V of every live sequence (after a weight update): running ones are
+        preempted by recompute (back to the head of ``waiting``, in order), waiting ones lose
+        any partial prefill. Tokens, log-probs and versions stay; the next prefill recomputes
+        the K/V of prompt + completion so far. Returns the number of sequences reset."""
+        running, self.running = list(self.running), deque()
+        for seq in reversed(running):
+            self.preempt(seq)
+        partial = [s for s in list(self.waiting)[len(running):] if s.block_table]
+        for seq in partial:
+            self.bm.deallocate(seq)
+        return len(running) + len(partial)
+
     def preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
         seq.status = SequenceStatus.WAITING

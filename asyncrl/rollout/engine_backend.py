@@ -18,13 +18,16 @@ class EngineBackend:
     """Invariant: ``self.version == self.llm.version``: the version every new token gets."""
 
     # update_weights may run while generate runs in another thread: the engine swaps weights
-    # between two steps, running sequences keep their KV (async runtime: partial rollout)
+    # between two steps; running sequences keep or recompute their KV (async: partial rollout)
     inflight_weight_update = True
 
     def __init__(self, model, tokenizer=None, version: int = 0, dtype: Optional[torch.dtype] = None,
-                 device: Optional[str] = None, **engine_kwargs):
-        """``model``: checkpoint dir or in-memory HF ``*ForCausalLM`` (weights copied)."""
+                 device: Optional[str] = None, kv_on_update: str = "keep", **engine_kwargs):
+        """``model``: checkpoint dir or in-memory HF ``*ForCausalLM`` (weights copied).
+        ``kv_on_update``: "keep" | "recompute", the K/V of running requests on a weight update
+        (``runtime.partial_rollout_kv``; ``LLM.update_weights``)."""
         self.llm = LLM(model, tokenizer=tokenizer, version=version, dtype=dtype, device=device, **engine_kwargs)
+        self.kv_on_update = kv_on_update
 
     @property
     def version(self) -> int:
@@ -34,7 +37,7 @@ class EngineBackend:
         return self.llm.generate(prompt_token_ids, params)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.llm.update_weights(named_tensors, version)
+        self.llm.update_weights(named_tensors, version, kv=self.kv_on_update)
 
     @property
     def metrics(self) -> dict:

@@ -234,3 +234,37 @@ def test_weight_update_mid_generation_tags_versions(tiny_dirs, hf_models):
     for c in result["out"][0].completions:
         v = c.versions
         assert len(v) == 40 and v[0] == 0 and v[-1] == 1 and v == sorted(v)
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_weight_update_kv_keep_or_recompute(kv, tiny_dirs, hf_models):
+    """Greedy, weights changed after 5 tokens. "recompute" drops the old-weight K/V, so the
+    continuation is exactly what the new model generates from prompt + those 5 tokens;
+    "keep" attends to K/V of the old weights and (on this prompt) continues differently.
+    Blocks are all returned either way; tokens before the update keep version 0."""
+    import copy
+
+    hf = hf_models["llama"]
+    g = torch.Generator().manual_seed(0)
+    new = {k: (v + 0.2 * torch.randn(v.shape, generator=g) if v.dim() == 2 else v) for k, v in hf.state_dict().items()}
+    hf_new = copy.deepcopy(hf)
+    hf_new.load_state_dict(new)
+    llm = make_llm(tiny_dirs["llama"])
+    prompts = prompts_for(21, [9, 6, 7, 10])
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ids = [llm.add_request(p, params) for p in prompts]
+    for _ in range(5):  # one prefill step + 4 decode steps: 5 tokens each
+        llm.step()
+    llm.update_weights(new.items(), version=1, kv=kv)
+    while llm.has_unfinished():
+        llm.step()
+    outs = [llm._collect(r).completions[0] for r in ids]
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
+    same = []
+    for prompt, out in zip(prompts, outs):
+        assert out.versions == [0] * 5 + [1] * 7
+        assert out.token_ids[:5] == hf_greedy_loop(hf, prompt, 5)
+        same.append(out.token_ids[5:] == hf_greedy_loop(hf_new, prompt + out.token_ids[:5], 7))
+    assert all(same) if kv == "recompute" else not all(same)
+    with pytest.raises(ValueError):
+        llm.update_weights(new.items(), version=2, kv="flush")
