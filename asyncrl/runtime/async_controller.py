@@ -35,14 +35,20 @@ PROBE_TEXT = "12+34="
 
 def build_rollout_backend(cfg, model, tokenizer):
     """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
-    ``rollout.registry`` (the engine for the architectures it implements)."""
+    ``rollout.registry`` (the engine for the architectures it implements); in a child process
+    with ``runtime.rollout_process`` (executors/process.py)."""
     from asyncrl.rollout.registry import resolve_backend_name
 
-    if resolve_backend_name(cfg.rollout.backend, model) == "engine":
+    name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
+    if cfg.runtime.rollout_process:
+        from asyncrl.runtime.executors.process import ProcessRolloutBackend
+
+        return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype))
+    if name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 
         device = str(next(model.parameters()).device)
-        return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device)
+        return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device, kv_on_update=kv)
     from asyncrl.rollout.hf import HFGenerateBackend
 
     return HFGenerateBackend(clone_for_rollout(model), tokenizer)
@@ -103,6 +109,7 @@ class AsyncController(SyncController):
     def close(self) -> None:
         if self._started:
             self.executor.stop()
+        getattr(self.backend, "close", lambda: None)()  # a rollout process is stopped here
 
     def step(self, step: int) -> dict[str, float]:
         self.start()

@@ -39,12 +39,12 @@ def _ray():
 class RolloutWorker:
     """Holds the rollout backend in the actor process."""
 
-    def __init__(self, backend_name: str, model, tokenizer, version: int):
+    def __init__(self, backend_name: str, model, tokenizer, version: int, kv_on_update: str = "keep"):
         torch.set_num_threads(1)
         if backend_name == "engine":
             from asyncrl.rollout.engine_backend import EngineBackend
 
-            self.backend = EngineBackend(model, tokenizer, version=version, device="cpu")
+            self.backend = EngineBackend(model, tokenizer, version=version, device="cpu", kv_on_update=kv_on_update)
         else:
             from asyncrl.rollout.hf import HFGenerateBackend
             from asyncrl.runtime.weight_sync import clone_for_rollout
@@ -123,7 +123,7 @@ def ray_roles(cfg, model, tokenizer, reward_fn):
     in_bundle = lambda i: PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
     rollout = r.remote(RolloutWorker).options(num_cpus=1, max_concurrency=2 if engine else 1,
                                               scheduling_strategy=in_bundle(0)).remote(
-        backend_name, model, tokenizer, 0)
+        backend_name, model, tokenizer, 0, cfg.runtime.partial_rollout_kv)
     rewards = [r.remote(RewardWorker).options(num_cpus=reward_cpus, scheduling_strategy=in_bundle(1 + i)).remote(reward_fn)
                for i in range(n_reward)]
     return RayRolloutBackend(rollout, 0, inflight=engine), RayReward(rewards), pg

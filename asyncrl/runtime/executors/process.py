@@ -1,0 +1,225 @@
+"""The rollout backend in its own OS process (``runtime.rollout_process=true``, local executor).
+
+    trainer process                                       rollout process (spawned)
+      RolloutLoop thread ── generate(ids, params) ──► pipe ──► worker thread: backend.generate
+      WeightSync.push ── copy into shared tensors,          main thread: backend.update_weights(
+                         send the version only ──► pipe ──►     shared tensors, version)
+      receiver thread ◄── (call id, result | traceback) ◄── pipe
+
+The admission (staleness manager), the buffer, the reward pool and the trainer stay in the
+trainer's process; only generation moves, so the two compete for cores but not for one GIL.
+
+Weights: at start the trainer allocates one shared-memory tensor per named parameter and hands
+them to the child when it is spawned (torch.multiprocessing passes a handle, not the data). A
+push copies the trainer's tensors into them and sends only the version: no weight is pickled
+per step. The child copies them into its engine between two engine steps (in flight, with the
+engine) or between two ``generate`` calls (HF, gated in the trainer process).
+
+Invariants:
+  * the trainer writes the shared tensors only inside ``update_weights``, which returns after
+    the child acknowledged loading them, so the child never reads a half-written set;
+  * every call returns or raises: an exception in the child comes back with its traceback,
+    and if the child dies (killed, crashed) every pending and later call raises
+    :class:`RolloutProcessError` with its exit code — the trainer fails, it never hangs.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterable, Optional
+
+import torch
+import torch.multiprocessing as mp
+
+from asyncrl.types import RequestOutput, SamplingParams
+
+START_TIMEOUT_S = 300.0  # spawning imports torch and transformers; a busy machine is slow
+
+
+class RolloutProcessError(RuntimeError):
+    """The rollout process failed (its traceback is in the message) or died."""
+
+
+class ProcessRolloutBackend:
+    """``RolloutBackend`` whose generation runs in a child process (see module doc).
+
+    ``version`` changes only after the child confirmed the new weights."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
+                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None):
+        from asyncrl.runtime.weight_sync import clone_for_rollout
+
+        self.version, self.backend_name = version, backend_name
+        self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
+        with torch.no_grad():  # [name] -> a CPU tensor in shared memory, written by each push
+            self.shared = {n: p.detach().to("cpu", copy=True).share_memory_() for n, p in model.named_parameters()}
+        ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
+        self._conn, child_conn = ctx.Pipe()
+        device = str(next(model.parameters()).device)
+        self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
+            child_conn, clone_for_rollout(model).cpu(), tokenizer, self.shared, backend_name, version,
+            kv_on_update, dtype, device))
+        self.process.start()
+        child_conn.close()  # the child holds the only other end: its death reads as EOF here
+        self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._error: Optional[RolloutProcessError] = None
+        self._ready = self._register(-1)
+        self._receiver = threading.Thread(target=self._receive, name="asyncrl-rollout-recv", daemon=True)
+        self._receiver.start()
+        self.pid = self._wait(self._ready, START_TIMEOUT_S)
+
+    # ---- the RolloutBackend protocol ------------------------------------------------------
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        return self._call("generate", [list(p) for p in prompt_token_ids], params)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                self.shared[name].copy_(tensor.detach())
+        self.version = self._call("update", version)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the child (after its running calls end); kill it if it does not stop in time."""
+        if self.process.is_alive():
+            try:
+                self._send(next(self._ids), "stop")
+            except (OSError, ValueError):
+                pass
+            self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+        self._conn.close()
+
+    # ---- calls over the pipe ----------------------------------------------------------------
+    def _call(self, method: str, *args):
+        call_id = next(self._ids)
+        future = self._register(call_id)
+        try:
+            self._send(call_id, method, *args)
+        except (OSError, ValueError) as err:  # the pipe is gone: the child died
+            raise self._fail(RolloutProcessError(f"the rollout process is gone ({err!r}); {self._exit_note()}"))
+        return self._wait(future, None)
+
+    def _register(self, call_id: int) -> Future:
+        future: Future = Future()
+        with self._pending_lock:
+            if self._error is not None:
+                raise self._error
+            self._pending[call_id] = future
+        return future
+
+    def _send(self, *message) -> None:
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _wait(self, future: Future, timeout: Optional[float]):
+        """The call's result; waits in slices so a child that died without a word is noticed."""
+        waited = 0.0
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except TimeoutError:
+                waited += 1.0
+                if not self.process.is_alive():
+                    raise self._fail(RolloutProcessError(f"the rollout process died; {self._exit_note()}"))
+                if timeout is not None and waited >= timeout:
+                    raise RolloutProcessError(f"the rollout process did not answer in {timeout:.0f}s") from None
+
+    def _receive(self) -> None:
+        """Receiver thread: settle the future of each answer; on EOF fail them all."""
+        while True:
+            try:
+                call_id, ok, payload = self._conn.recv()
+            except (EOFError, OSError):
+                self.process.join(5.0)
+                self._fail(RolloutProcessError(f"the rollout process died; {self._exit_note()}"))
+                return
+            if call_id is None:  # fatal: the child reports its traceback, then exits
+                self._fail(RolloutProcessError(f"the rollout process failed:\n{payload}"))
+                continue
+            with self._pending_lock:
+                future = self._pending.pop(call_id, None)
+            if future is None:
+                continue
+            if ok:
+                future.set_result(payload)
+            else:
+                future.set_exception(RolloutProcessError(f"in the rollout process:\n{payload}"))
+
+    def _fail(self, error: RolloutProcessError) -> RolloutProcessError:
+        """Every pending and later call raises the first failure, which is returned."""
+        with self._pending_lock:
+            self._error = self._error or error
+            pending, self._pending = list(self._pending.values()), {}
+        for future in pending:
+            if not future.done():
+                future.set_exception(self._error)
+        return self._error
+
+    def _exit_note(self) -> str:
+        return f"pid {self.process.pid}, exit code {self.process.exitcode}"
+
+
+def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version: int, kv_on_update: str,
+                dtype, device: str) -> None:
+    """The rollout process: build the backend, then serve calls until "stop" or EOF."""
+    torch.set_num_threads(1)  # one core's worth: the trainer process has the other
+    send_lock = threading.Lock()
+
+    def send(*message):
+        with send_lock:
+            conn.send(message)
+
+    try:
+        backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device)
+        del model
+        send(-1, True, _os_pid())
+    except BaseException:
+        send(None, False, traceback.format_exc())
+        raise SystemExit(1)
+    workers = ThreadPoolExecutor(4, thread_name_prefix="asyncrl-rollout-gen")  # rollout workers + the probe
+
+    def generate(call_id, prompts, params):
+        try:
+            send(call_id, True, backend.generate(prompts, params))
+        except BaseException:
+            send(call_id, False, traceback.format_exc())
+
+    while True:
+        try:
+            call_id, method, *args = conn.recv()
+        except (EOFError, OSError):  # the trainer is gone
+            break
+        if method == "stop":
+            break
+        if method == "generate":
+            workers.submit(generate, call_id, *args)
+            continue
+        try:  # "update": between two engine steps (the engine's lock), while generations run
+            backend.update_weights(shared.items(), args[0])
+            send(call_id, True, backend.version)
+        except BaseException:
+            send(call_id, False, traceback.format_exc())
+    workers.shutdown(wait=True)
+
+
+def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device):
+    model = model.to(device)
+    if backend_name == "engine":
+        from asyncrl.rollout.engine_backend import EngineBackend
+
+        return EngineBackend(model, tokenizer, version=version, dtype=dtype, device=device, kv_on_update=kv_on_update)
+    from asyncrl.rollout.hf import HFGenerateBackend
+
+    return HFGenerateBackend(model, tokenizer, version)
+
+
+def _os_pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,107 @@
+"""The rollout engine in its own OS process (``runtime.rollout_process=true``): async steps run
+with the bound kept and the probe passing, weights travel through shared memory, an error in
+the child comes back with its traceback, and a dead child fails the run instead of hanging it."""
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.data.tasks import build_task
+from asyncrl.runtime.async_controller import build_async_controller
+from asyncrl.runtime.executors.process import ProcessRolloutBackend, RolloutProcessError
+from asyncrl.runtime.pipeline import prepare_policy, run_training
+from asyncrl.runtime.validate import validate_config
+from asyncrl.types import SamplingParams
+
+FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
+        "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=4",
+        "trainer.prompts_per_step=4", "rollout.n=4", "task.num_eval=16", "logging.progress=false",
+        "logging.tensorboard=false", "trainer.eval_samples=0"]
+ASYNC = ["runtime.mode=async", "runtime.max_staleness=1", "runtime.rollout_process=true",
+         "algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
+
+
+@pytest.fixture(scope="module")
+def sft_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("sft_cache")
+
+
+@pytest.fixture()
+def cfg_of(tmp_path, sft_cache):
+    def make(*extra):
+        return load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}",
+                                                 f"sft.cache_dir={sft_cache}", *extra])
+    return make
+
+
+def length_reward(prompt, response, **fields):
+    return float(len(response) % 2)
+
+
+def policy(cfg):
+    return prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)[:2]
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_async_run_with_rollout_in_a_process(cfg_of, tmp_path, kv):
+    summary = run_training(cfg_of(*ASYNC, "trainer.steps=5", f"runtime.partial_rollout_kv={kv}"))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 5 and len(rows) == 5
+    assert all(r["async/staleness_violations"] == 0 for r in rows)
+    assert all(r["weight_sync/probe_gap"] < 1e-3 for r in rows)  # the child runs the pushed weights
+    assert max(r["async/staleness_max"] for r in rows) >= 1  # it ran ahead of the trainer
+
+
+def test_the_child_owns_the_engine_and_reads_shared_weights(cfg_of):
+    cfg = cfg_of(*ASYNC)
+    model, tok = policy(cfg)
+    ctrl = build_async_controller(cfg, model, tok, length_reward, build_task(cfg.task, cfg.seed).train_stream(0))
+    backend = ctrl.backend
+    try:
+        assert isinstance(backend, ProcessRolloutBackend) and backend.pid != os.getpid()
+        assert all(t.is_shared() for t in backend.shared.values())
+        metrics = [ctrl.step(s) for s in (1, 2, 3)]
+        assert backend.version == 3 and all(m["weight_sync/probe_gap"] < 1e-3 for m in metrics)
+        trained = dict(model.named_parameters())
+        assert all(torch.equal(t, trained[n].detach()) for n, t in backend.shared.items())  # the last push
+    finally:
+        ctrl.close()
+    assert not backend.process.is_alive() and backend.process.exitcode == 0
+
+
+def test_an_error_in_the_child_comes_back_with_its_traceback(cfg_of):
+    model, tok = policy(cfg_of())
+    backend = ProcessRolloutBackend(model, tok, "engine")
+    try:
+        ok = backend.generate([tok("1+2=")["input_ids"]], SamplingParams(n=2, max_tokens=3, seed=0, logprobs=True))
+        assert len(ok[0].completions) == 2
+        with pytest.raises(RolloutProcessError, match="(?s)Traceback.*IndexError"):
+            backend.generate([[10 ** 6]], SamplingParams(max_tokens=2))  # token id outside the vocabulary
+    finally:
+        backend.close()
+
+
+def test_a_dead_rollout_process_fails_the_run(cfg_of):
+    cfg = cfg_of(*ASYNC)
+    model, tok = policy(cfg)
+    ctrl = build_async_controller(cfg, model, tok, length_reward, build_task(cfg.task, cfg.seed).train_stream(0))
+    try:
+        ctrl.step(1)
+        os.kill(ctrl.backend.pid, signal.SIGKILL)
+        start = time.perf_counter()
+        with pytest.raises(RuntimeError, match="died|gone|failed"):
+            for step in range(2, 10):  # the buffer may still hold a batch; the next push must fail
+                ctrl.step(step)
+        assert time.perf_counter() - start < 30
+    finally:
+        ctrl.close()
+
+
+def test_rollout_process_needs_the_async_local_executor(cfg_of):
+    with pytest.raises(ConfigError, match="rollout_process"):
+        validate_config(cfg_of("runtime.rollout_process=true"))
+    validate_config(cfg_of(*ASYNC))
