@@ -7,6 +7,12 @@ Grid: (sequence, kv head). A program loads the GQA group's ``GROUP`` query heads
 an online softmax (running max ``m``, normaliser ``l``, accumulator ``acc``) in fp32.
 The loop bound is read from ``context_lens`` on the device, so the launch is
 CUDA-graph-capturable with any per-sequence lengths.
+
+Cascade (shared-prefix) decode, see ``cascade.py``: ``_prefix_kernel`` attends each
+prefix tile (the members x GQA query rows of one group, one kv head) to the group's
+shared blocks once and writes per-row (out, lse); the decode kernel with ``CASCADE``
+then walks only ``[suffix_start, ctx)`` and merges the prefix part into its online
+softmax state before normalising (no separate merge kernel).
 """
 from __future__ import annotations
 
@@ -16,15 +22,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, scale,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
-                         stride_ot, stride_oh,
+                         stride_ot, stride_oh, stride_pot, stride_poh, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IEEE: tl.constexpr):
+                         IEEE: tl.constexpr, CASCADE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
+    first = 0
+    if CASCADE:
+        first = tl.load(START + b)  # tokens [0, first) come from the prefix kernel
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
@@ -36,7 +45,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, scale,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for start in range(0, ctx, BLOCK_N):
+    for start in range(first, ctx, BLOCK_N):
         tok = start + n
         kmask = tok < ctx
         # per-token block lookup: a tile may span several small blocks
@@ -58,26 +67,121 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, scale,
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
+    if CASCADE:
+        # merge the shared-prefix part (out o_p, log-sum-exp lse_p) by LSE; rows outside
+        # any group (first == 0) read lse_p = -inf, which weighs 0
+        pmask = gmask & (first > 0)
+        lse_p = tl.load(PL + b * stride_plt + heads, mask=pmask, other=float("-inf"))
+        o_p = tl.load(PO + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
+                      mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, lse_p)
+        alpha = tl.exp(m - m_new)
+        beta = tl.exp(lse_p - m_new)
+        acc = acc * alpha[:, None] + o_p * beta[:, None]
+        l = l * alpha + beta
     out = acc / l[:, None]
     tl.store(O + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
              mask=gmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
+                   stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_tile,
+                   stride_pot, stride_poh, stride_plt,
+                   GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """One (tile, kv head): rows r = member * GROUP + head-in-group, keys = the leader's
+    first ``plen`` tokens (the group's shared full blocks). Inert tiles have plen 0."""
+    t = tl.program_id(0)
+    kvh = tl.program_id(1)
+    leader = tl.load(TILES + t * stride_tile)
+    plen = tl.load(TILES + t * stride_tile + 1)
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    n = tl.arange(0, BLOCK_N)
+    mi = r // GROUP
+    seq = tl.load(TILES + t * stride_tile + 2 + mi, mask=mi < MPT, other=-1)
+    valid = seq >= 0
+    dmask = d < D
+    heads = kvh * GROUP + r % GROUP
+    rowq = seq.to(tl.int64) * stride_qt + heads * stride_qh
+    q = tl.load(Q + rowq[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(0, plen, BLOCK_N):
+        tok = start + n
+        kmask = tok < plen
+        blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_N]
+        s = tl.where(kmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    lsafe = tl.where(l > 0, l, 1.0)
+    out = acc / lsafe[:, None]
+    rowo = seq.to(tl.int64) * stride_pot + heads * stride_poh
+    smask = valid & (plen > 0)
+    tl.store(PO + rowo[:, None] + d[None, :], out.to(PO.dtype.element_ty), mask=smask[:, None] & dmask[None, :])
+    tl.store(PL + seq.to(tl.int64) * stride_plt + heads, m + tl.log(lsafe), mask=smask)
+
+
+def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None, block_n=64):
+    B, H, D = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = H // hkv
+    start, po, pl = cascade if cascade is not None else (context_lens, out, out)  # unused when not CASCADE
+    _paged_decode_kernel[(B, hkv)](
+        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), po.stride(0), po.stride(1), pl.stride(0),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=block_n,
+        IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, num_warps=4)
+    return out
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q ``[B, H, D]``; caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32;
     context_lens ``[B]`` int32 (>= 1) -> out ``[B, H, D]``."""
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1
+    return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale)
+
+
+def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
+                             tiles: torch.Tensor, scale: float, prefix_block_n: int = 64,
+                             prefix_warps: int = 4) -> torch.Tensor:
+    """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
+    suffix_start ``[B]`` int32, tiles ``[T, 2 + MPT]`` int32 (``cascade.py`` layout).
+    Rows with ``suffix_start == 0`` get plain paged decode."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
-    block_n = 64
-    assert k_cache.stride(3) == 1 and q.stride(2) == 1
-    out = torch.empty_like(q)
-    _paged_decode_kernel[(B, hkv)](
-        q, k_cache, v_cache, out, block_tables, context_lens, scale,
+    mpt = tiles.shape[1] - 2
+    block_m = max(32, triton.next_power_of_2(group))
+    assert block_m // group == mpt, "tiles made for another GQA shape"
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.stride(1) == 1
+    po = torch.empty_like(q)  # rows outside every tile are never written nor read
+    pl = torch.empty(B, H, dtype=torch.float32, device=q.device)
+    _prefix_kernel[(tiles.shape[0], hkv)](
+        q, k_cache, v_cache, po, pl, block_tables, tiles, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=block_n,
-        IEEE=k_cache.dtype == torch.float32, num_warps=4)
-    return out
+        block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), pl.stride(0),
+        GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        PAGE=page, BLOCK_N=prefix_block_n, IEEE=k_cache.dtype == torch.float32, num_warps=prefix_warps)
+    return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
+                          cascade=(suffix_start, po, pl))

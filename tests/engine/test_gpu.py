@@ -1,5 +1,6 @@
 """GPU path: Triton paged decode vs the gathered reference; CUDA-graph engine vs HF.
 Skipped without CUDA."""
+import numpy as np
 import pytest
 import torch
 from conftest import hf_greedy_loop, prompts_for
@@ -36,6 +37,50 @@ def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page):
     ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     assert (out.float() - ref.float()).abs().max().item() < tol
+
+
+def cascade_case(dev, dtype, H, Hkv, D, page, seed=0):
+    """Random groups on a scattered KV pool: (cascade out, plain paged out, torch reference)."""
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, plan_size, tile_shape
+    from asyncrl.engine.triton_decode import cascade_decode_attention, paged_decode_attention
+
+    torch.manual_seed(seed)
+    groups, prefix = [16, 1, 3, 5, 2], [4, 3, 2, 5, 1]  # one singleton; 16 spans tiles when GQA > 2
+    rng = torch.Generator().manual_seed(seed)
+    suffix = (torch.randint(1, 3 * page, (sum(groups),), generator=rng)).tolist()
+    suffix[0] = 1  # a row whose only own token is the current one
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=seed)
+    kc = torch.randn(nb + 1, page, Hkv, D, device=dev, dtype=dtype)
+    vc = torch.randn(nb + 1, page, Hkv, D, device=dev, dtype=dtype)
+    B = len(tables)
+    q = torch.randn(B, H, D, device=dev, dtype=dtype)
+    bs = B + 3  # padded bucket: rows past B attend one scratch token
+    width = max(len(t) for t in tables) + 1
+    bt_np = _pad(tables + [[nb]] * 3, width, nb)
+    ctx_np = np.r_[ctx, [1, 1, 1]].astype(np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np[:B], ctx_np[:B], page, mpt, bs=bs, min_saved_fraction=0.0)
+    packed = torch.from_numpy(plan.packed()).to(dev)
+    assert packed.numel() == plan_size(bs, mpt)
+    bt = torch.from_numpy(bt_np).to(dev)
+    cl = torch.from_numpy(ctx_np).to(dev)
+    qp = torch.cat([q, torch.randn(3, H, D, device=dev, dtype=dtype)])
+    out = cascade_decode_attention(qp, kc, vc, bt, cl, packed[:bs], packed[bs:].view(-1, 2 + mpt), D ** -0.5)
+    plain = paged_decode_attention(qp, kc, vc, bt, cl, D ** -0.5)
+    ref = cascade_attention_reference(q.double().cpu(), kc.double().cpu(), vc.double().cpu(), tables, ctx,
+                                      plan, D ** -0.5)
+    return out[:B], plain[:B], ref
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("H,Hkv,D,page", [(16, 8, 128, 64), (4, 2, 16, 4), (8, 1, 64, 16), (12, 4, 32, 8)])
+def test_cascade_decode_matches_paged_decode(dtype, H, Hkv, D, page):
+    out, plain, ref = cascade_case(torch.device("cuda"), dtype, H, Hkv, D, page)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert (out.float() - plain.float()).abs().max().item() < tol
+    assert (out.double().cpu() - ref).abs().max().item() < tol
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,215 @@
+"""Shared-prefix (cascade) decode attention: plan, buffers, pure-torch reference.
+
+The n samples of a GRPO prompt share the prompt's full KV blocks (``BlockManager.fork``,
+or prefix-cache hits). Plain paged decode makes every sample read that shared K/V again.
+Cascade attention splits each sequence's context at ``suffix_start``:
+
+  * prefix ``[0, suffix_start)``: the group's shared full blocks. Attended ONCE per
+    (group, kv head) with all members' queries stacked into one tile (members x GQA
+    heads rows), so the prefix K/V is read once per group and the scores are a real
+    matmul (tensor cores);
+  * suffix ``[suffix_start, ctx)``: each sequence's own blocks, attended per sequence;
+  * the two partial results are merged by their log-sum-exp (``merge_attention``).
+
+Groups come from the block tables, not from the scheduler: rows whose tables start with
+the same block id share a prefix, and the longest common run of block ids (capped at the
+full blocks before each row's current token) is content shared by construction (tables
+are append-only; a block with ref_count > 1 is never written). So fork groups and
+prefix-cache hits across requests are both found, with no scheduler state.
+
+Plan layout (one int32 buffer per step, fixed size per batch bucket so CUDA graphs can
+replay it): ``[suffix_start (bs) | tiles (max_tiles x (2 + MPT))]``, a tile row being
+``(leader row, prefix length in tokens, MPT member rows padded with -1)``. Unused tiles
+have prefix length 0 and no members; rows outside any group have ``suffix_start = 0``.
+
+This module imports no Triton (CPU CI imports it); kernels are in ``triton_decode.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+# Cascade only when the shared prefix reads saved are at least this share of all the
+# context tokens of the step: below it the extra launch and merge are not worth it.
+MIN_SAVED_FRACTION = 0.1
+
+
+def tile_shape(gqa: int) -> tuple[int, int]:
+    """(BLOCK_M query rows of a prefix tile, members per tile MPT) for ``gqa`` q heads
+    per kv head: at least 32 rows (a full tensor-core tile) and a power of two."""
+    block_m = max(32, 1 << (gqa - 1).bit_length())
+    return block_m, block_m // gqa
+
+
+def max_tiles(bs: int, mpt: int) -> int:
+    """Upper bound on tiles for ``bs`` rows: every group has >= 2 members, so with
+    MPT >= 2 each tile covers >= 2 rows."""
+    return max(1, bs // 2 if mpt >= 2 else bs)
+
+
+def plan_size(bs: int, mpt: int) -> int:
+    return bs + max_tiles(bs, mpt) * (2 + mpt)
+
+
+@dataclass
+class CascadePlan:
+    """suffix_start ``[bs]`` int32 (tokens; 0 = not in a group), tiles ``[max_tiles, 2 + MPT]``
+    int32, ``num_tiles`` active tiles (the rest inert), ``saved_tokens`` prefix reads saved."""
+
+    suffix_start: np.ndarray
+    tiles: np.ndarray
+    num_tiles: int
+    saved_tokens: int
+
+    def packed(self) -> np.ndarray:
+        return np.concatenate([self.suffix_start, self.tiles.ravel()])
+
+
+def plan_cascade(block_tables: np.ndarray, context_lens: np.ndarray, block_size: int, mpt: int,
+                 bs: Optional[int] = None, min_saved_fraction: float = MIN_SAVED_FRACTION) -> Optional[CascadePlan]:
+    """Find prefix groups among the ``n`` real rows of a decode step.
+
+    block_tables ``[n, W]`` (entries past a row's blocks are ignored), context_lens ``[n]``
+    (>= 1; the current token sits at position ``ctx - 1``). ``bs >= n``: padded rows
+    (no group). Returns None when no group saves enough (use the plain kernel).
+    Vectorised numpy: O(n W), no Python loop over rows.
+    """
+    n = len(context_lens)
+    bs = n if bs is None else bs
+    if n < 2:
+        return None
+    bt = np.asarray(block_tables)[:n]
+    ctx = np.asarray(context_lens, dtype=np.int64)[:n]
+    cap = (ctx - 1) // block_size  # full blocks before the current token's block
+    order = np.argsort(bt[:, 0], kind="stable")
+    key = bt[order, 0]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    leader = order[starts]  # first row (batch order) of each group
+    eq = bt[order] == bt[np.repeat(leader, sizes)]
+    lcp = np.argmin(np.concatenate([eq, np.zeros((n, 1), dtype=bool)], 1), 1)  # first mismatch
+    lcp = np.minimum(lcp, cap[order])
+    prefix = np.minimum.reduceat(lcp, starts)  # shared blocks of each group
+    ok = (sizes >= 2) & (prefix >= 1)
+    saved = int(((sizes - 1) * prefix * block_size)[ok].sum())
+    if not ok.any() or saved < min_saved_fraction * ctx.sum():
+        return None
+    groups = np.flatnonzero(ok)
+    per = -(-sizes[groups] // mpt)  # tiles per group
+    first_tile = np.zeros(len(sizes), dtype=np.int64)
+    first_tile[groups] = np.cumsum(per) - per
+    num_tiles = int(per.sum())
+    cap_tiles = max_tiles(bs, mpt)
+    assert num_tiles <= cap_tiles, (num_tiles, cap_tiles)
+    tiles = np.full((cap_tiles, 2 + mpt), -1, dtype=np.int32)
+    tiles[:, :2] = 0
+    tile_group = np.repeat(groups, per)
+    tiles[:num_tiles, 0] = leader[tile_group]
+    tiles[:num_tiles, 1] = prefix[tile_group] * block_size
+    pos = np.flatnonzero(np.repeat(ok, sizes))  # sorted positions of grouped rows
+    grp = np.repeat(np.arange(len(sizes)), sizes)[pos]
+    r = pos - starts[grp]  # rank inside the group
+    rows = order[pos]
+    tiles[first_tile[grp] + r // mpt, 2 + r % mpt] = rows
+    suffix = np.zeros(bs, dtype=np.int32)
+    suffix[rows] = prefix[grp] * block_size
+    return CascadePlan(suffix, tiles, num_tiles, saved)
+
+
+class CascadeBuffers:
+    """Device buffer of the plan, sliced per batch bucket (stable addresses for graphs)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, block_size: int, max_bs: int, device: torch.device,
+                 min_saved_fraction: float = MIN_SAVED_FRACTION):
+        self.block_size = block_size
+        self.block_m, self.mpt = tile_shape(num_heads // num_kv_heads)
+        self.min_saved_fraction = min_saved_fraction
+        self.buf = torch.zeros(plan_size(max_bs, self.mpt), dtype=torch.int32, device=device)
+        self.enabled = True  # bench toggles this to compare against the plain kernel
+        self.steps = 0  # decode steps run with cascade (metrics)
+        self.saved_tokens = 0
+
+    def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(suffix_start ``[bs]``, tiles ``[max_tiles(bs), 2 + MPT]``) views of the buffer."""
+        t = max_tiles(bs, self.mpt)
+        return self.buf[:bs], self.buf[bs:bs + t * (2 + self.mpt)].view(t, 2 + self.mpt)
+
+    def plan(self, block_tables: np.ndarray, context_lens: np.ndarray, bs: int) -> Optional[CascadePlan]:
+        if not self.enabled:
+            return None
+        p = plan_cascade(block_tables, context_lens, self.block_size, self.mpt, bs, self.min_saved_fraction)
+        if p is not None:
+            self.steps += 1
+            self.saved_tokens += p.saved_tokens
+        return p
+
+    def load(self, plan: CascadePlan, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy ``plan`` (made for bucket ``bs``) into the buffer; returns ``views(bs)``."""
+        packed = torch.from_numpy(plan.packed())
+        self.buf[:packed.numel()].copy_(packed, non_blocking=True)
+        return self.views(bs)
+
+
+# ---- pure-torch reference (CPU/any dtype; the Triton kernels are tested against it) ----
+def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """q ``[M, D]``, k/v ``[L, D]`` -> (out ``[M, D]``, lse ``[M]``); L = 0 gives lse -inf."""
+    if k.shape[0] == 0:
+        return torch.zeros_like(q), torch.full(q.shape[:1], float("-inf"), dtype=q.dtype, device=q.device)
+    s = (q @ k.T) * scale
+    lse = torch.logsumexp(s, -1)
+    return torch.exp(s - lse[:, None]) @ v, lse
+
+
+def merge_attention(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor):
+    """Attention over the union of two disjoint key sets from the parts' (out, lse):
+    ``out = w_a o_a + w_b o_b`` with ``w = exp(lse - lse_union)``. Shapes ``[..., D]`` / ``[...]``."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    w_a = torch.exp(lse_a - lse).nan_to_num(0.0)  # -inf - -inf: an empty part weighs 0
+    w_b = torch.exp(lse_b - lse).nan_to_num(0.0)
+    return w_a[..., None] * o_a + w_b[..., None] * o_b, lse
+
+
+def _gather_kv(cache: torch.Tensor, table, start: int, end: int) -> torch.Tensor:
+    """Tokens ``[start, end)`` of a sequence from ``cache [N, P, Hkv, D]`` -> ``[L, Hkv, D]``."""
+    page = cache.shape[1]
+    tok = torch.arange(start, end)
+    blocks = torch.as_tensor(table, dtype=torch.long)[tok // page]
+    return cache[blocks, tok % page]
+
+
+def cascade_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables,
+                                context_lens, plan: CascadePlan, scale: float) -> torch.Tensor:
+    """Cascade attention in plain torch: q ``[B, H, D]`` -> ``[B, H, D]``.
+
+    Each active tile attends its members' queries (all at once, per kv head) to the
+    leader's first ``prefix`` tokens; each row attends ``[suffix_start, ctx)`` of its own
+    table; the parts are merged by LSE. Equals plain attention over ``[0, ctx)``."""
+    B, H, D = q.shape
+    hkv = k_cache.shape[2]
+    gqa = H // hkv
+    o_p = torch.zeros_like(q)
+    lse_p = torch.full((B, H), float("-inf"), dtype=q.dtype, device=q.device)
+    for t in range(plan.num_tiles):
+        leader, plen, *members = plan.tiles[t].tolist()
+        members = [m for m in members if m >= 0]
+        kp = _gather_kv(k_cache, block_tables[leader], 0, plen)
+        vp = _gather_kv(v_cache, block_tables[leader], 0, plen)
+        for h in range(hkv):
+            heads = slice(h * gqa, (h + 1) * gqa)
+            qm = q[members, heads].reshape(-1, D)  # members x GQA rows: one tile
+            o, lse = partial_attention(qm, kp[:, h].to(q.dtype), vp[:, h].to(q.dtype), scale)
+            o_p[members, heads] = o.view(len(members), gqa, D)
+            lse_p[members, heads] = lse.view(len(members), gqa)
+    out = torch.empty_like(q)
+    for b in range(B):
+        ctx, start = int(context_lens[b]), int(plan.suffix_start[b])
+        ks = _gather_kv(k_cache, block_tables[b], start, ctx).to(q.dtype)
+        vs = _gather_kv(v_cache, block_tables[b], start, ctx).to(q.dtype)
+        for h in range(hkv):
+            heads = slice(h * gqa, (h + 1) * gqa)
+            o, lse = partial_attention(q[b, heads], ks[:, h], vs[:, h], scale)
+            out[b, heads] = merge_attention(o_p[b, heads], lse_p[b, heads], o, lse)[0]
+    return out

@@ -1,0 +1,141 @@
+"""Cascade (shared-prefix) decode attention on CPU: the plan finds the groups that share
+blocks, and the split + LSE merge equals plain attention (float64)."""
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.engine.cascade import (CascadeBuffers, cascade_attention_reference, merge_attention,
+                                    partial_attention, plan_cascade, plan_size, tile_shape)
+
+
+def _tables(groups, page, prefix_blocks, suffix_lens, nb_extra=0, seed=0):
+    """Block tables for ``groups`` (members per group): the members of group g share
+    ``prefix_blocks[g]`` leading blocks, then own blocks for their suffix tokens.
+    Returns (tables, ctx, num_blocks); physical ids are a random permutation."""
+    need = sum(p for p in prefix_blocks) + sum(-(-s // page) for s in suffix_lens) + nb_extra
+    rng = np.random.default_rng(seed)
+    ids = iter(rng.permutation(need).tolist())
+    tables, ctx, i = [], [], 0
+    for g, members in enumerate(groups):
+        shared = [next(ids) for _ in range(prefix_blocks[g])]
+        for _ in range(members):
+            s = suffix_lens[i]
+            tables.append(shared + [next(ids) for _ in range(-(-s // page))])
+            ctx.append(prefix_blocks[g] * page + s)
+            i += 1
+    return tables, np.array(ctx), need
+
+
+def _pad(tables, width, fill):
+    return np.array([t + [fill] * (width - len(t)) for t in tables], dtype=np.int32)
+
+
+def plain_attention(q, kc, vc, tables, ctx, scale):
+    out = torch.empty_like(q)
+    hkv, gqa = kc.shape[2], q.shape[1] // kc.shape[2]
+    page = kc.shape[1]
+    for b, t in enumerate(tables):
+        tok = torch.arange(int(ctx[b]))
+        blk = torch.as_tensor(t)[tok // page]
+        k, v = kc[blk, tok % page], vc[blk, tok % page]  # [L, Hkv, D]
+        for h in range(q.shape[1]):
+            p = torch.softmax(q[b, h] @ k[:, h // gqa].T * scale, -1)
+            out[b, h] = p @ v[:, h // gqa]
+    return out
+
+
+def test_plan_groups_members_and_tiles():
+    page = 4
+    # group 0: 5 members share 3 blocks; group 1: 2 share 2; a singleton; group 3: 3 share 1
+    groups, prefix = [5, 2, 1, 3], [3, 2, 2, 1]
+    suffix = [1, 3, 4, 5, 9, 1, 2, 7, 1, 1, 6]
+    tables, ctx, nb = _tables(groups, page, prefix, suffix)
+    order = np.random.default_rng(1).permutation(len(tables))  # groups interleaved in the batch
+    tables, ctx = [tables[i] for i in order], ctx[order]
+    bt = _pad(tables, 8, nb)
+    _, mpt = tile_shape(8)  # GQA 8 -> 4 members per tile
+    assert mpt == 4
+    plan = plan_cascade(bt, ctx, page, mpt, bs=16, min_saved_fraction=0.0)
+    member_of, leaders = {}, []
+    for t in range(plan.num_tiles):
+        leader, plen, *rows = plan.tiles[t].tolist()
+        leaders.append((leader, plen))
+        for r in (r for r in rows if r >= 0):
+            assert tables[r][: plen // page] == tables[leader][: plen // page]
+            member_of[r] = plen
+    assert all(member_of[leader] == plen for leader, plen in leaders)  # the leader is a member
+    assert plan.num_tiles == 2 + 1 + 1  # 5 members -> 2 tiles of <= 4; then 2; then 3
+    assert (plan.tiles[plan.num_tiles:, 1] == 0).all() and (plan.tiles[plan.num_tiles:, 2:] == -1).all()
+    sizes = {3 * page: 5, 2 * page: 2, 1 * page: 3}
+    assert sorted(member_of.values()) == sorted(k for k, v in sizes.items() for _ in range(v))
+    for b in range(len(tables)):
+        assert plan.suffix_start[b] == member_of.get(b, 0)
+    assert (plan.suffix_start[len(tables):] == 0).all()  # padded rows
+    assert plan.saved_tokens == (4 * 3 + 1 * 2 + 2 * 1) * page
+
+
+def test_plan_caps_at_full_blocks_before_the_current_token():
+    page = 4
+    # two rows with identical tables whose current token sits in the shared 2nd block's
+    # successor: ctx 9 -> current token 8 is in block 2, blocks 0..1 are shareable
+    bt = np.array([[7, 8, 9], [7, 8, 10]], dtype=np.int32)
+    plan = plan_cascade(bt, np.array([9, 9]), page, 16, min_saved_fraction=0.0)
+    assert plan.suffix_start.tolist() == [8, 8]
+    # identical padding (scratch) past the real blocks never counts as shared
+    bt = np.array([[7, 99, 99], [7, 99, 99]], dtype=np.int32)
+    assert plan_cascade(bt, np.array([3, 3]), page, 16, min_saved_fraction=0.0) is None
+    plan = plan_cascade(np.array([[7, 5, 99], [7, 6, 99]], dtype=np.int32), np.array([6, 5]), page, 16,
+                        min_saved_fraction=0.0)
+    assert plan.suffix_start.tolist() == [4, 4]
+
+
+def test_plan_none_without_sharing_or_below_threshold():
+    page = 4
+    tables, ctx, nb = _tables([1, 1, 1], page, [2, 2, 2], [3, 3, 3])
+    assert plan_cascade(_pad(tables, 4, nb), ctx, page, 16, min_saved_fraction=0.0) is None
+    # one block shared by 2 rows of 100 tokens each saves 4 of 200 tokens (2%) < 10%
+    tables, ctx, nb = _tables([2], page, [1], [96, 96])
+    assert plan_cascade(_pad(tables, 30, nb), ctx, page, 16) is None
+    assert plan_cascade(_pad(tables, 30, nb), ctx, page, 16, min_saved_fraction=0.0) is not None
+
+
+def test_merge_of_disjoint_parts_equals_whole():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(6, 8, dtype=torch.float64), torch.randn(20, 8, dtype=torch.float64), torch.randn(20, 8, dtype=torch.float64)
+    whole, lse = partial_attention(q, k, v, 0.3)
+    a, la = partial_attention(q, k[:13], v[:13], 0.3)
+    b, lb = partial_attention(q, k[13:], v[13:], 0.3)
+    merged, lm = merge_attention(a, la, b, lb)
+    assert torch.allclose(merged, whole, atol=1e-12) and torch.allclose(lm, lse, atol=1e-12)
+    empty, le = partial_attention(q, k[:0], v[:0], 0.3)  # an empty part weighs nothing
+    assert torch.equal(merge_attention(empty, le, whole, lse)[0], whole)
+
+
+@pytest.mark.parametrize("H,Hkv,page", [(16, 8, 4), (4, 1, 8), (12, 4, 4)])
+def test_reference_cascade_equals_plain_attention_float64(H, Hkv, page):
+    torch.manual_seed(0)
+    D = 8
+    groups, prefix = [5, 1, 3, 2], [3, 2, 1, 4]
+    suffix = [1, 2, 5, 9, 4, 3, 1, 6, 2, 1, 8]
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, nb_extra=1)
+    kc = torch.randn(nb + 1, page, Hkv, D, dtype=torch.float64)
+    vc = torch.randn(nb + 1, page, Hkv, D, dtype=torch.float64)
+    q = torch.randn(len(tables), H, D, dtype=torch.float64)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(_pad(tables, 12, nb), ctx, page, mpt, min_saved_fraction=0.0)
+    assert plan is not None and plan.num_tiles >= 3
+    out = cascade_attention_reference(q, kc, vc, tables, ctx, plan, D ** -0.5)
+    ref = plain_attention(q, kc, vc, tables, ctx, D ** -0.5)
+    assert (out - ref).abs().max().item() < 1e-12
+
+
+def test_buffers_views_are_fixed_per_bucket():
+    bufs = CascadeBuffers(16, 8, 4, 64, torch.device("cpu"))
+    tables, ctx, nb = _tables([3, 2], 4, [2, 2], [1, 2, 3, 4, 1])
+    plan = bufs.plan(_pad(tables, 6, nb), ctx, 16)
+    s, t = bufs.load(plan, 16)
+    assert s.data_ptr() == bufs.views(16)[0].data_ptr() and t.shape == (8, 2 + bufs.mpt)
+    assert s.tolist() == plan.suffix_start.tolist() and torch.equal(t, torch.from_numpy(plan.tiles))
+    assert bufs.buf.numel() == plan_size(64, bufs.mpt) and bufs.steps == 1
+    bufs.enabled = False
+    assert bufs.plan(_pad(tables, 6, nb), ctx, 16) is None
