@@ -10,8 +10,9 @@ through it), so the trainer, like the rollout engine, pays for each prompt once.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
-import transformers
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
@@ -34,7 +35,10 @@ def _head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: to
     return logprob, entropy
 
 
-_CACHE_KWARG = "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
+def _cache_kwarg(base) -> str:
+    """The KV-cache argument's name: ``cache`` in recent transformers 5 releases, ``past_key_values``
+    before (5.17 still uses the old name, so the major version does not decide it)."""
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _shared_prefix_states(base, input_ids, attention_mask, prompt_length: int, inverse: torch.Tensor):
@@ -46,12 +50,13 @@ def _shared_prefix_states(base, input_ids, attention_mask, prompt_length: int, i
     prompt_mask = attention_mask[first, :prompt_length]  # one row per distinct prompt (any of its rows)
     prompt_out = base(input_ids=input_ids[first, :prompt_length], attention_mask=prompt_mask,
                       position_ids=position_ids_from_mask(prompt_mask), use_cache=True)
-    cache = getattr(prompt_out, _CACHE_KWARG)  # ``cache`` in transformers 5, ``past_key_values`` before
+    cache_kwarg = _cache_kwarg(base)
+    cache = getattr(prompt_out, cache_kwarg)
     for layer in cache.layers:  # broadcast the prompt's keys/values to its rows (differentiable)
         layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
     positions = position_ids_from_mask(attention_mask)[:, prompt_length:]
     response_hidden = base(input_ids=input_ids[:, prompt_length:], attention_mask=attention_mask,
-                           position_ids=positions, use_cache=False, **{_CACHE_KWARG: cache}).last_hidden_state
+                           position_ids=positions, use_cache=False, **{cache_kwarg: cache}).last_hidden_state
     last_prompt_state = prompt_out.last_hidden_state[:, -1:, :].index_select(0, inverse)
     return torch.cat([last_prompt_state, response_hidden[:, :-1, :]], dim=1)
 
