@@ -9,7 +9,9 @@ Two ways to attend:
     ``[B, Lk, Hkv, D]`` tensor and one SDPA call with a boolean mask covers the batch.
     Prefill is compute-bound, so the gather is cheap next to the matmuls.
   * paged decode (GPU): a Triton kernel reads K/V in place through the block table
-    (``triton_decode.py``); gathering there would cost 11x (ENGINE.md §3.1).
+    (``triton_decode.py``); gathering there would cost 11x (ENGINE.md §3.1). When rows
+    share prefix blocks (GRPO groups), cascade decode reads each shared prefix once per
+    group (``cascade.py``).
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ class AttentionMetadata:
       mask         [B, 1, Lq, Lk]  True where query may attend key (causal, in range)
       -- paged decode path (one query token per sequence) --
       block_tables [B, max_blocks] int32, context_lens [B] int32
+      -- cascade decode (shared prefixes; ``cascade.py`` layout), both or neither --
+      suffix_start [B] int32, cascade_tiles [T, 2 + MPT] int32
     """
 
     slot_mapping: torch.Tensor
@@ -43,6 +47,8 @@ class AttentionMetadata:
     block_tables: Optional[torch.Tensor] = None
     context_lens: Optional[torch.Tensor] = None
     paged_decode: bool = False
+    suffix_start: Optional[torch.Tensor] = None
+    cascade_tiles: Optional[torch.Tensor] = None
 
 
 def build_gathered_metadata(
@@ -130,7 +136,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """Store this step's K/V, then attend. q ``[T, H, D]``, k/v ``[T, Hkv, D]``."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     if meta.paged_decode:
-        from asyncrl.engine.triton_decode import paged_decode_attention
+        from asyncrl.engine.triton_decode import cascade_decode_attention, paged_decode_attention
 
+        if meta.cascade_tiles is not None:
+            return cascade_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                                            meta.suffix_start, meta.cascade_tiles, scale)
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
     return gathered_attention(q, k_cache, v_cache, meta, scale)
