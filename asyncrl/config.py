@@ -349,7 +349,8 @@ class RuntimeConfig:
                                          help="async + engine, on an in-flight weight update: running requests keep "
                                               "the K/V of the old weights, or drop it and recompute it with the new")
     rollout_process: bool = field_spec(False, help="async + local executor: the rollout engine runs in its own OS "
-                                                   "process (weights through shared memory); false: a thread")
+                                                   "process (weights through shared memory); false: a thread. "
+                                                   "Ignored in sync mode and by executor=ray (a Ray actor)")
     group_timeout_s: Optional[float] = field_spec(None, gt=0, help="async: budget of a group from admission "
                                                                    "to scored (null: none)")
     straggler_policy: str = field_spec("drop", choices=("drop", "partial"),

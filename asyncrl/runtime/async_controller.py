@@ -40,7 +40,7 @@ def build_rollout_backend(cfg, model, tokenizer):
     from asyncrl.rollout.registry import resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
-    if cfg.runtime.rollout_process:
+    if cfg.runtime.rollout_process and cfg.runtime.executor == "local":
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
         return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype))

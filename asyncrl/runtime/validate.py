@@ -79,9 +79,6 @@ RULES: list[Rule] = [
                "runtime.mode=async does not generate: use sync"),
     (lambda c: _async(c) and c.critic.freeze_actor_steps > 0,
      lambda c: "critic.freeze_actor_steps keeps the policy version still, so async admission would stop: use sync"),
-    (lambda c: c.runtime.rollout_process and (not _async(c) or c.runtime.executor != "local"),
-     lambda c: "runtime.rollout_process=true moves the async rollout engine of the local executor into its own "
-               "process: set runtime.mode=async and runtime.executor=local (ray runs it in an actor already)"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]

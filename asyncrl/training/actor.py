@@ -31,10 +31,17 @@ def behaviour_weights(algo, old_logprobs: torch.Tensor, rollout_logprobs: torch.
 
 def needs_recomputed_old_logprobs(actor_cfg, algo) -> bool:
     """True when the old log-probs must be computed before the update: several optimizer steps
-    per batch (PPO ratio), a behaviour-weight correction or decoupled PPO (π_old/π_rollout), or
-    KL in the reward (β·KL(old‖ref) enters the advantages before any update)."""
-    return (actor_cfg.ppo_epochs > 1 or actor_cfg.mini_batches > 1 or algo.rollout_correction.enabled
-            or algo.decoupled or algo.use_kl_in_reward)
+    per batch (PPO ratio), or KL in the reward (β·KL(old‖ref) enters the advantages before any
+    update).
+
+    Not for a behaviour-weight correction (TIS) or decoupled PPO alone, at any staleness:
+    π_prox is *defined* as the trainer's weights before this update, and with one optimizer
+    step per batch every forward of the update runs exactly those weights, so the update's own
+    forward, detached, is lp_prox (r = π_θ/π_prox = 1 at the step, w = π_prox/π_behav from the
+    same values). A separate recompute would give the same numbers (up to summation order) for
+    one more forward pass. Assumes the train-mode forward equals the eval-mode one (no
+    dropout), as the on-policy shortcut always has."""
+    return actor_cfg.ppo_epochs > 1 or actor_cfg.mini_batches > 1 or algo.use_kl_in_reward
 
 
 class Actor:
@@ -125,7 +132,7 @@ class Actor:
         mask = micro.response_mask.to(device)
         if micro.old_logprobs is not None:
             old = micro.old_logprobs.to(device)
-        else:  # on-policy shortcut: one optimizer step, so this forward still runs the rollout's weights
+        else:  # shortcut: one optimizer step, so this forward runs π_prox's weights (the pre-update ones)
             old = logprobs.detach()
             self._gap.add(old, micro.rollout_logprobs, mask)
         is_weights, is_metrics = None, {}

@@ -21,7 +21,8 @@ from asyncrl.data.tasks import build_task
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=4",
         "trainer.prompts_per_step=4", "rollout.n=4", "task.num_eval=16", "logging.progress=false",
-        "logging.tensorboard=false", "rollout.backend=hf"]  # the engine has its own tests below
+        "logging.tensorboard=false", "rollout.backend=hf",  # the engine has its own tests below
+        "runtime.rollout_process=false"]  # the thread path; test_process_executor.py has the process one
 DECOUPLED = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
 
 
@@ -54,9 +55,11 @@ def run_controller(controller, steps):
         getattr(controller, "close", lambda: None)()
 
 
-def test_async_eta_zero_reproduces_sync(cfg_of):
+@pytest.mark.parametrize("process", [False, True])  # the rollout backend in a thread / its own process
+def test_async_eta_zero_reproduces_sync(cfg_of, process):
     cfg_sync = cfg_of("actor.lr=1e-2")
-    cfg_async = cfg_of("actor.lr=1e-2", "runtime.mode=async", "runtime.max_staleness=0")
+    cfg_async = cfg_of("actor.lr=1e-2", "runtime.mode=async", "runtime.max_staleness=0",
+                       f"runtime.rollout_process={str(process).lower()}")
     results = []
     for cfg in (cfg_sync, cfg_async):
         torch.manual_seed(cfg.seed)
@@ -168,7 +171,8 @@ def test_a_slow_group_never_wedges_a_step(cfg_of, policy):
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["runtime.mode=async"], "algorithm.decoupled=true"),
+    (["runtime.mode=async", "algorithm.decoupled=false", "algorithm.rollout_correction.level=none"],
+     "algorithm.decoupled=true"),
     (["runtime.mode=async", "runtime.sync_every=3", *DECOUPLED], "deadlock"),
     (["runtime.executor=ray"], "runtime.mode=async"),
 ])
@@ -201,3 +205,14 @@ def test_expired_group_is_settled_once_by_the_policy(policy, kept):
         (g,) = buffer.take(1)
         assert [c.token_ids[0] for c in g.output.completions] == kept and g.scores == [1.0, 0.0]
         assert manager.accepted == 1 and inflight.partial == 1
+
+
+def test_the_quickstart_recipe_runs_async_as_shipped():
+    """`asyncrl train runtime.mode=async` needs no other override: the recipe's decoupled PPO is
+    the correction, and in sync mode it costs no π_prox forward (one optimizer step per batch)."""
+    from asyncrl.training.actor import needs_recomputed_old_logprobs
+
+    cfg = load_config("quickstart", ["runtime.mode=async"])
+    validate_config(cfg)
+    assert cfg.algorithm.decoupled and cfg.algorithm.rollout_correction.enabled and cfg.runtime.max_staleness >= 1
+    assert not needs_recomputed_old_logprobs(cfg.actor, cfg.algorithm)

@@ -9,12 +9,11 @@ import time
 import pytest
 import torch
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.config import load_config
 from asyncrl.data.tasks import build_task
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.executors.process import ProcessRolloutBackend, RolloutProcessError
 from asyncrl.runtime.pipeline import prepare_policy, run_training
-from asyncrl.runtime.validate import validate_config
 from asyncrl.types import SamplingParams
 
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
@@ -99,9 +98,3 @@ def test_a_dead_rollout_process_fails_the_run(cfg_of):
         assert time.perf_counter() - start < 30
     finally:
         ctrl.close()
-
-
-def test_rollout_process_needs_the_async_local_executor(cfg_of):
-    with pytest.raises(ConfigError, match="rollout_process"):
-        validate_config(cfg_of("runtime.rollout_process=true"))
-    validate_config(cfg_of(*ASYNC))

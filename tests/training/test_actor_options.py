@@ -32,8 +32,9 @@ def _batch(tokenizer) -> TrainBatch:
 @pytest.mark.parametrize("overrides, shortcut", [
     ([], True),
     (["actor.mini_batches=2"], False),
-    (["algorithm.rollout_correction.level=token"], False),
-    (["algorithm.decoupled=true", "algorithm.rollout_correction.level=geometric"], False),
+    (["algorithm.rollout_correction.level=token"], True),  # w = π_prox/π_behav from the update's forward
+    (["algorithm.decoupled=true", "algorithm.rollout_correction.level=geometric"], True),
+    (["algorithm.decoupled=true", "algorithm.rollout_correction.level=token", "actor.ppo_epochs=2"], False),
     (["algorithm.use_kl_in_reward=true"], False),
 ])
 def test_on_policy_shortcut_is_off_when_old_logprobs_are_needed(tiny_policy, overrides, shortcut):
@@ -86,3 +87,27 @@ def test_entropy_only_when_used_or_asked(tiny_policy):
     _, without = _grads(_actor(model, "algorithm.calculate_entropy=false"), batch)
     _, bonus = _grads(_actor(model, "algorithm.calculate_entropy=false", "algorithm.entropy_coeff=0.01"), batch)
     assert "actor/entropy" in with_entropy and "actor/entropy" not in without and "actor/entropy" in bonus
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_decoupled_shortcut_equals_the_recomputed_proximal_logprobs(tiny_policy, level):
+    """One optimizer step: decoupled PPO with π_prox taken from the update's own forward gives
+    the gradients and correction metrics of the separate π_prox recompute, for a stale
+    behaviour policy (rollout log-probs far from the trainer's)."""
+    model, tok = tiny_policy
+    overrides = ("algorithm.decoupled=true", f"algorithm.rollout_correction.level={level}")
+    batch = _batch(tok)
+    recompute = _actor(model, *overrides)
+    assert recompute.on_policy_shortcut
+    prox = recompute.compute_logprobs(batch)
+    noise = torch.tensor([[0.3, -0.4, 0.2, 0.1], [-0.2, 0.5, -0.1, 0.3], [0.6, 0.0, 0.0, 0.0]])
+    batch.rollout_logprobs = (prox + noise) * batch.response_mask  # a stale π_behav
+    batch.old_logprobs = prox
+    expected, m_expected = _grads(recompute, batch)
+    shortcut = copy.copy(batch)
+    shortcut.old_logprobs = None
+    got, m_got = _grads(_actor(model, *overrides), shortcut)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    for key in ("rollout_correction/is_weight_mean", "rollout_correction/mismatch_k1", "actor/pg_loss"):
+        assert m_got[key] == pytest.approx(m_expected[key], rel=1e-4, abs=1e-6), key
