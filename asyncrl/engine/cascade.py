@@ -81,9 +81,11 @@ def plan_cascade(block_tables: np.ndarray, context_lens: np.ndarray, block_size:
     bs = n if bs is None else bs
     if n < 2:
         return None
-    bt = np.asarray(block_tables)[:n]
     ctx = np.asarray(context_lens, dtype=np.int64)[:n]
     cap = (ctx - 1) // block_size  # full blocks before the current token's block
+    if cap.max() < 1:
+        return None
+    bt = np.asarray(block_tables)[:n, :cap.max()]  # only columns that can be shared
     order = np.argsort(bt[:, 0], kind="stable")
     key = bt[order, 0]
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])

@@ -133,3 +133,24 @@ def test_cuda_graph_sampling_logprobs_and_sharing(tiny_dirs, gpu_hf):
     llm2.runner.sampler = type(llm.runner.sampler)(torch.device("cuda"), compile=True)
     out2 = llm2.generate([prompt], params)[0]
     assert [c.token_ids for c in out2.completions] == [c.token_ids for c in out.completions]
+
+
+def test_cascade_engine_greedy_groups_match_hf(tiny_dirs, gpu_hf):
+    """n samples of each prompt decode through cascade attention (their prompt blocks are
+    shared); greedy tokens equal HF's for every sample, and with cascade off."""
+    prompts = prompts_for(22, [37, 50, 21])
+    params = SamplingParams(n=4, temperature=0.0, max_tokens=24, ignore_eos=True)
+    on = _gpu_llm(tiny_dirs["qwen3"])
+    outs = on.generate(prompts, params)
+    assert on.runner.cascade.steps > 0  # the cascade graphs ran
+    for p, o in zip(prompts, outs):
+        want = hf_greedy_loop(gpu_hf, p, 24)
+        assert [c.token_ids for c in o.completions] == [want] * 4
+    off = _gpu_llm(tiny_dirs["qwen3"], cascade_attention=False)
+    assert off.runner.cascade is None
+    assert [[c.token_ids for c in o.completions] for o in off.generate(prompts, params)] == \
+        [[c.token_ids for c in o.completions] for o in outs]
+    eager = _gpu_llm(tiny_dirs["qwen3"], enforce_eager=True)  # cascade without graphs
+    assert [[c.token_ids for c in o.completions] for o in eager.generate(prompts, params)] == \
+        [[c.token_ids for c in o.completions] for o in outs]
+    assert eager.runner.cascade.steps > 0
