@@ -15,19 +15,26 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 DEFAULT_CHARSET = "0123456789+-*/()=,:<>. abcdefghijklmnopqrstuvwxyz"
 
 
-def build_char_tokenizer(charset: str = DEFAULT_CHARSET) -> PreTrainedTokenizerFast:
-    """A fast tokenizer mapping each character of ``charset`` to one id."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+def build_char_tokenizer(charset: str = DEFAULT_CHARSET, with_unk: bool = True) -> PreTrainedTokenizerFast:
+    """A fast tokenizer mapping each character of ``charset`` to one id.
+
+    ``with_unk=False`` leaves ``<unk>`` out (ids: <pad>, <bos>, <eos>, then ``charset``): the
+    exact 15-token vocabulary of the TRL comparison (bench/peer_trl.py); a character outside
+    ``charset`` then raises instead of mapping to ``<unk>``.
+    """
+    specials = SPECIAL_TOKENS if with_unk else SPECIAL_TOKENS[:3]
+    vocab = {tok: i for i, tok in enumerate(specials)}
     for ch in dict.fromkeys(charset):
         vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    unk = "<unk>" if with_unk else None
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join characters back without separators
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-        unk_token="<unk>", padding_side="left")
+        unk_token=unk, padding_side="left")
 
 
 def save_and_reload(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> PreTrainedTokenizerFast:

@@ -1,0 +1,138 @@
+"""Side by side with TRL (issue 8): the same GRPO run in TRL's GRPOTrainer and in asyncrl.
+
+CPU setting (default)::
+
+    python bench/peer_trl.py --seeds 0 --budget 120 --eval-every 100 \\
+        --json bench/results/peer_trl_cpu.json --plot bench/results/peer_trl_cpu.png
+
+Per seed: one SFT warm start saved as an HF checkpoint (bench/peer_trl_setting.py), then TRL,
+asyncrl sync and asyncrl async, each from that checkpoint with the same seed and the same
+prompts in the same order, until ``--steps`` optimizer steps or ``--budget`` seconds of
+training (evaluation time excluded), with held-out accuracy every ``--eval-every`` steps.
+The run order rotates with the seed, so no framework always runs first on a shared machine.
+
+H200 setting (``--setting h200``): throughput only, see bench/peer_trl_h200.py.
+
+TRL is a benchmark-only dependency: ``pip install -e '.[bench]'``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+FRAMEWORKS = ("trl", "sync", "async")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setting", choices=("cpu", "h200"), default="cpu")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=list(FRAMEWORKS))
+    p.add_argument("--steps", type=int, default=None, help="stop each run after this many steps")
+    p.add_argument("--budget", type=float, default=None, help="stop each run after this many training seconds")
+    p.add_argument("--eval-every", type=int, default=100, help="held-out eval every N steps (0: start and end)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (the issue: 2)")
+    p.add_argument("--work-dir", default=None, help="SFT checkpoints and run dirs (default: a temp dir)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--warmup-steps", type=int, default=3, help="h200: untimed steps")
+    p.add_argument("--timed-steps", type=int, default=5, help="h200: timed steps")
+    args = p.parse_args(argv)
+    if args.setting == "cpu" and args.steps is None and args.budget is None:
+        p.error("give --steps and/or --budget")
+    return args
+
+
+def machine() -> dict:
+    import torch
+    load = os.getloadavg()
+    return {"cpus": os.cpu_count(), "torch": torch.__version__, "load_avg_1_5_15": [round(x, 2) for x in load],
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
+                                     text=True).stdout.strip()}
+
+
+def run_cpu(args) -> dict:
+    from peer_trl_asyncrl import run_asyncrl
+    from peer_trl_clock import Limits
+    from peer_trl_setting import Evaluator, build_task, warm_start
+    from peer_trl_trl import run_trl
+    from transformers import AutoTokenizer
+
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="peer_trl_"))
+    limits = Limits(args.steps, args.budget, args.eval_every)
+    out = {"setting": "cpu", "args": vars(args), "machine_before": machine(), "runs": [], "warm_starts": {}}
+    for seed in args.seeds:
+        checkpoint, info = warm_start(seed, work, args.threads)
+        out["warm_starts"][seed] = info
+        task = build_task(seed)
+        evaluate = Evaluator(task, AutoTokenizer.from_pretrained(str(checkpoint)), seed)
+        order = args.frameworks[seed % len(args.frameworks):] + args.frameworks[:seed % len(args.frameworks)]
+        for name in order:
+            print(f"[peer_trl] seed {seed}: {name} (load {os.getloadavg()[0]:.2f})", flush=True)
+            if name == "trl":
+                record = run_trl(str(checkpoint), task, seed, limits, evaluate, str(work / f"trl_{seed}"), args.threads)
+            else:
+                record = run_asyncrl(str(checkpoint), seed, name, limits, evaluate,
+                                     str(work / f"asyncrl_{name}_{seed}"), args.threads)
+            record.extra["load_avg_1"] = round(os.getloadavg()[0], 2)
+            out["runs"].append(record.to_json())
+            print_summary(record.summary())
+    out["machine_after"] = machine()
+    return out
+
+
+def print_summary(s: dict) -> None:
+    last, first = s["last_eval"] or {}, s["first_eval"] or {}
+    stages = ", ".join(f"{k} {v * 1000:.0f}" for k, v in s["stage_median_s"].items() if v > 0.0005)
+    print(f"  {s['framework']:14s} seed {s['seed']}: {s['steps']} steps in {s['train_seconds']:.1f}s, "
+          f"{s['s_per_step_median'] * 1000:.0f} ms/step (median), {s['completions_per_s']:.0f} completions/s, "
+          f"{s['gen_tokens_per_s']:.0f} tok/s; greedy {first.get('greedy', float('nan')):.3f} -> "
+          f"{last.get('greedy', float('nan')):.3f}, sampled {first.get('sampled', float('nan')):.3f} -> "
+          f"{last.get('sampled', float('nan')):.3f}; stage medians (ms): {stages}", flush=True)
+
+
+def table(result: dict) -> str:
+    """Markdown rows: one per framework, means over seeds (per-seed values in the json)."""
+    by: dict[str, list[dict]] = {}
+    for run in result["runs"]:
+        by.setdefault(run["summary"]["framework"], []).append(run["summary"])
+    rows = ["| framework | seeds | steps | s/step (median) | completions/s | gen tok/s | greedy start -> end | "
+            "sampled start -> end |", "|---|---|---|---|---|---|---|---|"]
+    for name, runs in by.items():
+        mean = lambda key: statistics.mean(r[key] for r in runs)
+        acc = lambda which, key: statistics.mean(r[which][key] for r in runs)
+        rows.append(f"| {name} | {len(runs)} | {mean('steps'):.0f} | {mean('s_per_step_median'):.3f} | "
+                    f"{mean('completions_per_s'):.0f} | {mean('gen_tokens_per_s'):.0f} | "
+                    f"{acc('first_eval', 'greedy'):.3f} -> {acc('last_eval', 'greedy'):.3f} | "
+                    f"{acc('first_eval', 'sampled'):.3f} -> {acc('last_eval', 'sampled'):.3f} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.setting == "h200":
+        from peer_trl_h200 import run_h200
+        result = run_h200(args)
+    else:
+        result = run_cpu(args)
+        print(table(result))
+        if args.plot:
+            from peer_trl_plot import plot
+            plot(result, args.plot)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()
