@@ -4,7 +4,9 @@
    (shared full blocks), per-sample suffix S in {1, 64, 128}, Qwen3-0.6B attention
    (16 q heads, 8 kv heads, D 128), block 64, bf16, one layer; blocks scattered at random.
    Times plain ``paged_decode_attention`` and ``cascade_decode_attention`` (triton
-   ``do_bench``, median), the host planning time, and the max abs difference.
+   ``do_bench``, median) for several prefix launch shapes (splits x persistent programs
+   per SM), the suffix kernel alone, the host planning time, and the max abs difference.
+   The fastest shape at suffix 64 is used for part 2 (``pick_variant``).
 2. Engine, workload (b) (``asyncrl bench rollout``'s, engine only): prefix sharing on with
    cascade, sharing on with the plain kernel (cascade toggled off in the same engine),
    and sharing off; interleaved repeats, medians.
@@ -41,11 +43,12 @@ def kernel_case(suffix: int, groups=32, n=16, prefix=1024, page=64, H=16, Hkv=8,
     return q, kc, vc, bt, ctx
 
 
-def microbench(suffixes=(1, 64, 128), variants=((64, 4), (128, 4), (64, 8), (128, 8))) -> list[dict]:
+def microbench(suffixes=(1, 64, 128), variants=((1, 4), (2, 4), (4, 4), (4, 8), (8, 4), (8, 8))) -> list[dict]:
+    """variants: (prefix splits, persistent programs per SM)."""
     from triton.testing import do_bench
 
+    from asyncrl.engine import triton_decode as td
     from asyncrl.engine.cascade import plan_cascade, tile_shape
-    from asyncrl.engine.triton_decode import cascade_decode_attention, paged_decode_attention
 
     rows = []
     for s in suffixes:
@@ -61,25 +64,42 @@ def microbench(suffixes=(1, 64, 128), variants=((64, 4), (128, 4), (64, 8), (128
         sfx, tiles = packed[:B], packed[B:].view(-1, 2 + mpt)
         bt, ctx = torch.from_numpy(bt_np).cuda(), torch.from_numpy(ctx_np).cuda()
         scale = D ** -0.5
-        plain = paged_decode_attention(q, kc, vc, bt, ctx, scale)
-        t_plain = do_bench(lambda: paged_decode_attention(q, kc, vc, bt, ctx, scale), warmup=25, rep=200,
-                           return_mode="median")
+        plain = td.paged_decode_attention(q, kc, vc, bt, ctx, scale)
+        bench = lambda f: do_bench(f, warmup=25, rep=150, return_mode="median")  # noqa: E731
+        t_plain = bench(lambda: td.paged_decode_attention(q, kc, vc, bt, ctx, scale))
         kv_tok = 2 * hkv * D * q.element_size()
         unique = (32 * 1024 + B * s) * kv_tok
         logical = B * (1024 + s) * kv_tok
         row = dict(suffix=s, batch=B, plan_host_us=round(plan_us, 1), tiles=plan.num_tiles,
                    plain_us=round(t_plain * 1000, 1), plain_logical_TBps=round(logical / t_plain / 1e9, 2),
                    unique_MB=round(unique / 1e6, 1), logical_MB=round(logical / 1e6, 1), cascade={})
-        for bn, w in variants:
-            out = cascade_decode_attention(q, kc, vc, bt, ctx, sfx, tiles, scale, prefix_block_n=bn, prefix_warps=w)
-            t = do_bench(lambda: cascade_decode_attention(q, kc, vc, bt, ctx, sfx, tiles, scale, prefix_block_n=bn,
-                                                          prefix_warps=w), warmup=25, rep=200, return_mode="median")
-            row["cascade"][f"bn{bn}_w{w}"] = dict(us=round(t * 1000, 1), speedup=round(t_plain / t, 2),
-                                                  unique_TBps=round(unique / t / 1e9, 2),
-                                                  max_abs_diff=round((out.float() - plain.float()).abs().max().item(), 5))
+        for sp, per_sm in variants:
+            f = lambda: td.cascade_decode_attention(q, kc, vc, bt, ctx, sfx, tiles, scale, splits=sp,  # noqa: E731
+                                                    programs_per_sm=per_sm)
+            out = f()
+            t = bench(f)
+            po = torch.zeros(sp, B, H, D, dtype=q.dtype, device=q.device)
+            pl = torch.zeros(sp, B, H, dtype=torch.float32, device=q.device)
+            t_sfx = bench(lambda: td._launch_decode(q, kc, vc, torch.empty_like(q), bt, ctx, scale,
+                                                    cascade=(sfx, po, pl)))
+            row["cascade"][f"splits{sp}_p{per_sm}"] = dict(
+                us=round(t * 1000, 1), suffix_kernel_us=round(t_sfx * 1000, 1), speedup=round(t_plain / t, 2),
+                unique_TBps=round(unique / t / 1e9, 2),
+                max_abs_diff=round((out.float() - plain.float()).abs().max().item(), 5))
         rows.append(row)
         print("kernel", json.dumps(row), flush=True)
     return rows
+
+
+def pick_variant(rows: list[dict], suffix: int = 64) -> tuple[int, int]:
+    """(splits, programs per SM) of the fastest cascade at ``suffix``; sets the engine's."""
+    from asyncrl.engine import triton_decode as td
+
+    row = next(r for r in rows if r["suffix"] == suffix)
+    name = min(row["cascade"], key=lambda k: row["cascade"][k]["us"])
+    sp, per_sm = (int(x) for x in name.replace("splits", "").split("_p"))
+    td.PREFIX_SPLITS, td.PREFIX_PROGRAMS_PER_SM = sp, per_sm
+    return sp, per_sm
 
 
 def engine_b(repeats: int) -> dict:
@@ -91,7 +111,7 @@ def engine_b(repeats: int) -> dict:
     hf = build_random_hf("qwen3-0.6b", torch.bfloat16, dev, 4096)
     kw = dict(dtype=torch.bfloat16, device=dev, block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
               max_model_len=4096, gpu_memory_utilization=0.6)
-    prompts = _rand_prompts(32, 1024, hf.config.vocab_size, 2)
+    seeds = iter(range(100, 200))  # fresh prompts every run: no prefix-cache hits across runs
     params = SamplingParams(n=16, temperature=1.0, max_tokens=128, ignore_eos=True)
 
     def make(**extra):
@@ -106,6 +126,7 @@ def engine_b(repeats: int) -> dict:
         for key, enabled in (("cascade_on", True), ("cascade_off", False)):
             llm.runner.cascade.enabled = enabled
             steps0 = llm.runner.cascade.steps
+            prompts = _rand_prompts(32, 1024, hf.config.vocab_size, next(seeds))
             r = run_engine(llm, prompts, params, dev)
             r["cascade_steps"] = llm.runner.cascade.steps - steps0
             res[key].append(r)
@@ -113,7 +134,7 @@ def engine_b(repeats: int) -> dict:
     _free(llm)
     off, res["startup_s_sharing_off"] = make(enable_fork=False, enable_prefix_caching=False, cascade_attention=False)
     for _ in range(max(1, repeats - 1)):
-        r = run_engine(off, prompts, params, dev)
+        r = run_engine(off, _rand_prompts(32, 1024, hf.config.vocab_size, next(seeds)), params, dev)
         res["sharing_off"].append(r)
         print("sharing_off", json.dumps(r), flush=True)
     _free(off)
@@ -136,6 +157,8 @@ def main() -> int:
                torch=torch.__version__)
     if not args.skip_kernel:
         out["kernel"] = microbench()
+        out["picked_splits_programs_per_sm"] = pick_variant(out["kernel"])
+        print("picked", out["picked_splits_programs_per_sm"], flush=True)
     if not args.skip_engine:
         out["engine_b"] = engine_b(args.repeats)
         print("engine_b", json.dumps({k: v for k, v in out["engine_b"].items() if not isinstance(v, list)}), flush=True)

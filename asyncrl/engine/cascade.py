@@ -18,9 +18,11 @@ are append-only; a block with ref_count > 1 is never written). So fork groups an
 prefix-cache hits across requests are both found, with no scheduler state.
 
 Plan layout (one int32 buffer per step, fixed size per batch bucket so CUDA graphs can
-replay it): ``[suffix_start (bs) | tiles (max_tiles x (2 + MPT))]``, a tile row being
-``(leader row, prefix length in tokens, MPT member rows padded with -1)``. Unused tiles
-have prefix length 0 and no members; rows outside any group have ``suffix_start = 0``.
+replay it): ``[suffix_start (bs) | header (2 + MPT) | tiles (max_tiles x (2 + MPT))]``,
+the header row starting with the number of active tiles (the prefix kernel's persistent
+grid walks only those), a tile row being ``(leader row, prefix length in tokens, MPT
+member rows padded with -1)``. Unused tiles have prefix length 0 and no members; rows
+outside any group have ``suffix_start = 0``.
 
 This module imports no Triton (CPU CI imports it); kernels are in ``triton_decode.py``.
 """
@@ -51,7 +53,7 @@ def max_tiles(bs: int, mpt: int) -> int:
 
 
 def plan_size(bs: int, mpt: int) -> int:
-    return bs + max_tiles(bs, mpt) * (2 + mpt)
+    return bs + (1 + max_tiles(bs, mpt)) * (2 + mpt)
 
 
 @dataclass
@@ -65,7 +67,10 @@ class CascadePlan:
     saved_tokens: int
 
     def packed(self) -> np.ndarray:
-        return np.concatenate([self.suffix_start, self.tiles.ravel()])
+        """The device layout: suffix_start, header row (num_tiles, 0...), tiles."""
+        header = np.zeros(self.tiles.shape[1], dtype=np.int32)
+        header[0] = self.num_tiles
+        return np.concatenate([self.suffix_start, header, self.tiles.ravel()])
 
 
 def plan_cascade(block_tables: np.ndarray, context_lens: np.ndarray, block_size: int, mpt: int,
@@ -135,8 +140,9 @@ class CascadeBuffers:
         self.saved_tokens = 0
 
     def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(suffix_start ``[bs]``, tiles ``[max_tiles(bs), 2 + MPT]``) views of the buffer."""
-        t = max_tiles(bs, self.mpt)
+        """(suffix_start ``[bs]``, tiles with header row ``[1 + max_tiles(bs), 2 + MPT]``)
+        views of the buffer."""
+        t = 1 + max_tiles(bs, self.mpt)
         return self.buf[:bs], self.buf[bs:bs + t * (2 + self.mpt)].view(t, 2 + self.mpt)
 
     def plan(self, block_tables: np.ndarray, context_lens: np.ndarray, bs: int) -> Optional[CascadePlan]:

@@ -10,9 +10,10 @@ CUDA-graph-capturable with any per-sequence lengths.
 
 Cascade (shared-prefix) decode, see ``cascade.py``: ``_prefix_kernel`` attends each
 prefix tile (the members x GQA query rows of one group, one kv head) to the group's
-shared blocks once and writes per-row (out, lse); the decode kernel with ``CASCADE``
-then walks only ``[suffix_start, ctx)`` and merges the prefix part into its online
-softmax state before normalising (no separate merge kernel).
+shared blocks once, in SPLITS chunks by a persistent grid (enough programs in flight to
+keep HBM busy even with few groups), and writes per-row (out, lse) of each chunk; the
+decode kernel with ``CASCADE`` then walks only ``[suffix_start, ctx)`` and merges the
+prefix chunks into its online softmax state before normalising (no merge kernel).
 """
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ import triton.language as tl
 @triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
-                         stride_ot, stride_oh, stride_pot, stride_poh, stride_plt,
+                         stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IEEE: tl.constexpr, CASCADE: tl.constexpr):
+                         IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -68,17 +69,20 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     if CASCADE:
-        # merge the shared-prefix part (out o_p, log-sum-exp lse_p) by LSE; rows outside
-        # any group (first == 0) read lse_p = -inf, which weighs 0
+        # merge the shared prefix's SPLITS parts (out o_p, log-sum-exp lse_p) by LSE; rows
+        # outside any group (first == 0) read lse_p = -inf, which weighs 0. m is finite
+        # here: the suffix holds at least the current token.
         pmask = gmask & (first > 0)
-        lse_p = tl.load(PL + b * stride_plt + heads, mask=pmask, other=float("-inf"))
-        o_p = tl.load(PO + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
-                      mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        m_new = tl.maximum(m, lse_p)
-        alpha = tl.exp(m - m_new)
-        beta = tl.exp(lse_p - m_new)
-        acc = acc * alpha[:, None] + o_p * beta[:, None]
-        l = l * alpha + beta
+        for sp in tl.static_range(SPLITS):
+            lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
+            o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
+                          mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            m_new = tl.maximum(m, lse_p)
+            alpha = tl.exp(m - m_new)
+            beta = tl.exp(lse_p - m_new)
+            acc = acc * alpha[:, None] + o_p * beta[:, None]
+            l = l * alpha + beta
+            m = m_new
     out = acc / l[:, None]
     tl.store(O + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
              mask=gmask[:, None] & dmask[None, :])
@@ -87,69 +91,81 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
 @triton.jit
 def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_tile,
-                   stride_pot, stride_poh, stride_plt,
+                   stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
-    """One (tile, kv head): rows r = member * GROUP + head-in-group, keys = the leader's
-    first ``plen`` tokens (the group's shared full blocks). Inert tiles have plen 0."""
-    t = tl.program_id(0)
-    kvh = tl.program_id(1)
-    leader = tl.load(TILES + t * stride_tile)
-    plen = tl.load(TILES + t * stride_tile + 1)
+                   BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
+                   SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x SPLITS``
+    (``num_tiles`` = TILES[0, 0]; tile t is row t + 1). An item = one tile, one kv head,
+    one of SPLITS chunks of the prefix: rows r = member * GROUP + head-in-group, keys =
+    the chunk of the leader's first ``plen`` tokens. Writes that chunk's (out, lse) per
+    row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
+    total = tl.load(TILES) * (HKV * SPLITS)
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mi = r // GROUP
-    seq = tl.load(TILES + t * stride_tile + 2 + mi, mask=mi < MPT, other=-1)
-    valid = seq >= 0
     dmask = d < D
-    heads = kvh * GROUP + r % GROUP
-    rowq = seq.to(tl.int64) * stride_qt + heads * stride_qh
-    q = tl.load(Q + rowq[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(0, plen, BLOCK_N):
-        tok = start + n
-        kmask = tok < plen
-        blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
-        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where(kmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-    lsafe = tl.where(l > 0, l, 1.0)
-    out = acc / lsafe[:, None]
-    rowo = seq.to(tl.int64) * stride_pot + heads * stride_poh
-    smask = valid & (plen > 0)
-    tl.store(PO + rowo[:, None] + d[None, :], out.to(PO.dtype.element_ty), mask=smask[:, None] & dmask[None, :])
-    tl.store(PL + seq.to(tl.int64) * stride_plt + heads, m + tl.log(lsafe), mask=smask)
+    for w in range(tl.program_id(0), total, tl.num_programs(0)):
+        sp = w % SPLITS
+        kvh = (w // SPLITS) % HKV
+        row = TILES + (w // (SPLITS * HKV) + 1) * stride_tile
+        leader = tl.load(row)
+        plen = tl.load(row + 1)
+        chunk = tl.cdiv(tl.cdiv(plen, SPLITS), BLOCK_N) * BLOCK_N
+        lo = sp * chunk
+        hi = tl.minimum(lo + chunk, plen)
+        seq = tl.load(row + 2 + mi, mask=mi < MPT, other=-1)
+        valid = seq >= 0
+        heads = kvh * GROUP + r % GROUP
+        rowq = seq.to(tl.int64) * stride_qt + heads * stride_qh
+        q = tl.load(Q + rowq[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            tok = start + n
+            kmask = tok < hi
+            blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_M, BLOCK_N]
+            s = tl.where(kmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, 1)
+            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        lsafe = tl.where(l > 0, l, 1.0)  # empty chunk: out 0, lse = -inf + 0
+        out = acc / lsafe[:, None]
+        seq64 = seq.to(tl.int64)
+        rowo = sp * stride_pos + seq64 * stride_pot + heads * stride_poh
+        tl.store(PO + rowo[:, None] + d[None, :], out.to(PO.dtype.element_ty), mask=valid[:, None] & dmask[None, :])
+        tl.store(PL + sp * stride_pls + seq64 * stride_plt + heads, m + tl.log(lsafe), mask=valid)
 
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None, block_n=64):
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
-    start, po, pl = cascade if cascade is not None else (context_lens, out, out)  # unused when not CASCADE
+    # unused pointers when not CASCADE
+    start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
     _paged_decode_kernel[(B, hkv)](
         q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), po.stride(0), po.stride(1), pl.stride(0),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=block_n,
-        IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, num_warps=4)
+        IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0], num_warps=4)
     return out
 
 
@@ -161,13 +177,31 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale)
 
 
+# Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at
+# workload (b)'s shape (32 groups x 16, prefix 1024): see bench/RESULTS.md.
+PREFIX_SPLITS = 4         # chunks of each group's prefix attended in parallel
+PREFIX_PROGRAMS_PER_SM = 4  # persistent programs per SM
+PREFIX_BLOCK_N, PREFIX_WARPS = 64, 4
+_num_sms: dict = {}
+
+
+def _programs(device: torch.device, per_sm: int) -> int:
+    if device.type != "cuda":
+        return 8  # the Triton interpreter (CPU tests)
+    if device not in _num_sms:
+        _num_sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _num_sms[device] * per_sm
+
+
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
-                             tiles: torch.Tensor, scale: float, prefix_block_n: int = 64,
-                             prefix_warps: int = 4) -> torch.Tensor:
+                             tiles: torch.Tensor, scale: float, splits: int | None = None,
+                             programs_per_sm: int | None = None, prefix_block_n: int | None = None,
+                             prefix_warps: int | None = None) -> torch.Tensor:
     """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
-    suffix_start ``[B]`` int32, tiles ``[T, 2 + MPT]`` int32 (``cascade.py`` layout).
-    Rows with ``suffix_start == 0`` get plain paged decode."""
+    suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
+    active tile count, then ``cascade.py``'s tile rows). Rows with ``suffix_start == 0``
+    get plain paged decode. The launch shape is fixed by ``tiles.shape`` (graph-safe)."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
@@ -175,13 +209,16 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     block_m = max(32, triton.next_power_of_2(group))
     assert block_m // group == mpt, "tiles made for another GQA shape"
     assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.stride(1) == 1
-    po = torch.empty_like(q)  # rows outside every tile are never written nor read
-    pl = torch.empty(B, H, dtype=torch.float32, device=q.device)
-    _prefix_kernel[(tiles.shape[0], hkv)](
+    splits = splits or PREFIX_SPLITS
+    po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)  # rows outside tiles: never read
+    pl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
+    grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, programs_per_sm or PREFIX_PROGRAMS_PER_SM))
+    _prefix_kernel[(max(1, grid),)](
         q, k_cache, v_cache, po, pl, block_tables, tiles, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), pl.stride(0),
+        block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        PAGE=page, BLOCK_N=prefix_block_n, IEEE=k_cache.dtype == torch.float32, num_warps=prefix_warps)
+        PAGE=page, BLOCK_N=prefix_block_n or PREFIX_BLOCK_N, HKV=hkv, SPLITS=splits,
+        IEEE=k_cache.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
                           cascade=(suffix_start, po, pl))

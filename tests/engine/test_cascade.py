@@ -134,8 +134,9 @@ def test_buffers_views_are_fixed_per_bucket():
     tables, ctx, nb = _tables([3, 2], 4, [2, 2], [1, 2, 3, 4, 1])
     plan = bufs.plan(_pad(tables, 6, nb), ctx, 16)
     s, t = bufs.load(plan, 16)
-    assert s.data_ptr() == bufs.views(16)[0].data_ptr() and t.shape == (8, 2 + bufs.mpt)
-    assert s.tolist() == plan.suffix_start.tolist() and torch.equal(t, torch.from_numpy(plan.tiles))
+    assert s.data_ptr() == bufs.views(16)[0].data_ptr() and t.shape == (1 + 8, 2 + bufs.mpt)
+    assert s.tolist() == plan.suffix_start.tolist() and torch.equal(t[1:], torch.from_numpy(plan.tiles))
+    assert t[0, 0].item() == plan.num_tiles == 2  # header: active tiles
     assert bufs.buf.numel() == plan_size(64, bufs.mpt) and bufs.steps == 1
     bufs.enabled = False
     assert bufs.plan(_pad(tables, 6, nb), ctx, 16) is None
