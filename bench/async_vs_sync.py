@@ -1,19 +1,26 @@
-"""Sync vs async on the same recipe and the same number of samples, in one run.
+"""Sync vs async on the same recipe, the same loss and the same number of samples, in one run.
 
-    python bench/async_vs_sync.py --steps 40 [--executors local ray] [--max-staleness 1] [--json out.json]
+    OMP_NUM_THREADS=1 python bench/async_vs_sync.py --steps 150 --repeats 2 \
+        [--async-runs process thread ray] [--max-staleness 1] [--json out.json] [overrides...]
 
-For each mode it runs ``asyncrl train`` (same seed, same SFT warm start from the cache) for
-``--steps`` steps of ``prompts_per_step × n`` samples and reads the RL wall time of the steps.
+Each repeat runs ``asyncrl train`` once per mode, interleaved (sync, then each async run), same
+seed and the same cached SFT warm start, ``--steps`` steps of ``prompts_per_step × n`` samples.
+Every run uses decoupled PPO (the quickstart recipe's loss; forced here for any recipe), so
+sync and async optimise the same objective; with one optimizer step per batch neither runs a
+π_prox forward (actor.py: ``needs_recomputed_old_logprobs``).
 
-    overlap bound = (T_rollout + T_train) / max(T_rollout, T_train)   from the sync run's stages
-                    (T_rollout = rollout + reward stages, T_train = every other stage)
-    speedup       = sync step time / async step time   (per-step medians: shared machines stall
+async runs: ``process`` = local executor, rollout engine in its own OS process
+(``runtime.rollout_process=true``); ``thread`` = the same in a thread of the trainer's
+process; ``ray`` = rollout and rewards in Ray actors.
+
+    overlap bound = (T_rollout + T_train) / max(T_rollout, T_train)   from the sync run of the
+                    same repeat (T_rollout = rollout + reward stages, T_train = the other stages)
+    speedup       = sync s/step / async s/step   (per-step medians: a shared machine stalls
                     single steps for seconds, which would swamp means)
     efficiency    = speedup / bound   (the issue asks for >= 0.9)
 
-Reward per sample consumed is written for both modes (a plot too when matplotlib exists).
-The machine matters: on a shared 2-core CPU both loops compete for the same cores, so the
-bound assumes resources that are not there; say so next to any number.
+Reward per sample consumed is written for every run, and plotted (moving average) when
+matplotlib exists.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -29,33 +37,39 @@ from asyncrl.config import load_config
 from asyncrl.runtime.pipeline import run_training
 
 DECOUPLED = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
+ASYNC = {"process": ["runtime.executor=local", "runtime.rollout_process=true"],
+         "thread": ["runtime.executor=local", "runtime.rollout_process=false"],
+         "ray": ["runtime.executor=ray"]}
 
 
-def run(mode: str, executor: str, args, out_dir: Path) -> dict:
-    name = f"{mode}_{executor}" if mode == "async" else "sync"
+def run(name: str, args, out_dir: Path) -> dict:
+    """One ``asyncrl train`` run; ``name`` is "sync" or an ``ASYNC`` key."""
+    run_dir = out_dir / name
     overrides = [f"trainer.steps={args.steps}", "logging.progress=false", "logging.tensorboard=false",
-                 f"logging.run_dir={out_dir / name}", f"task.num_eval={args.num_eval}", *args.overrides]
-    if mode == "async":
-        overrides += ["runtime.mode=async", f"runtime.executor={executor}",
-                      f"runtime.max_staleness={args.max_staleness}", *DECOUPLED]
-    else:
-        overrides += DECOUPLED if args.sync_decoupled else []
+                 "logging.report=false", f"logging.run_dir={run_dir}", f"task.num_eval={args.num_eval}",
+                 "trainer.max_wall_seconds=null", "trainer.eval_every=0", *DECOUPLED, *args.overrides]
+    if name != "sync":
+        overrides += ["runtime.mode=async", f"runtime.max_staleness={args.max_staleness}", *ASYNC[name]]
     cfg = load_config(args.recipe, overrides)
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     summary = run_training(cfg)
-    rows = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     samples = cfg.trainer.prompts_per_step * cfg.rollout.n
-    step_s = statistics.median(r["time/step"] for r in rows)  # median: robust to steps stalled by other jobs
+    step_s = statistics.median(r["time/step"] for r in rows)
     result = {"name": name, "steps": summary["steps"], "step_seconds": step_s, "samples_per_second": samples / step_s,
               "mean_step_seconds": summary["step_wall_seconds"] / max(summary["steps"], 1),
               "rollout_seconds_median": statistics.median(r["time/rollout"] + r["time/reward"] for r in rows),
-              "run_seconds": time.perf_counter() - start, "sft_accuracy": summary["sft_accuracy"],
-              "final_accuracy": summary["final_accuracy"], "stage_seconds": summary["stage_seconds"],
+              "stage_medians": {k[5:]: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/")},
+              "run_seconds": time.perf_counter() - start, "load_before": load, "load_after": os.getloadavg()[0],
+              "sft_accuracy": summary["sft_accuracy"], "final_accuracy": summary["final_accuracy"],
+              "sft_sampled_accuracy": summary["sft_sampled_accuracy"],
+              "final_sampled_accuracy": summary["final_sampled_accuracy"],
               "reward_per_samples": [(r["step"] * samples, r["reward/mean"]) for r in rows]}
-    if mode == "async":
-        result["overlap_mean"] = sum(r["async/overlap"] for r in rows) / len(rows)
+    if name != "sync":
+        for key in ("async/overlap", "async/staleness_mean", "async/rollout_seconds", "async/trainer_busy_seconds"):
+            result[key.split("/")[1] + "_median"] = statistics.median(r[key] for r in rows)
         result["staleness_violations"] = sum(r["async/staleness_violations"] for r in rows)
-        result["staleness_mean"] = sum(r["async/staleness_mean"] for r in rows) / len(rows)
     return result
 
 
@@ -66,7 +80,7 @@ def overlap_bound(sync: dict) -> tuple[float, float, float]:
     return rollout, train, (rollout + train) / max(rollout, train, 1e-12)
 
 
-def plot(results: list[dict], path: Path) -> bool:
+def plot(runs: list[dict], path: Path, window: int = 20) -> bool:
     try:
         import matplotlib
 
@@ -74,50 +88,65 @@ def plot(results: list[dict], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for r in results:
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for r in runs:
         xs, ys = zip(*r["reward_per_samples"])
-        ax.plot(xs, ys, label=r["name"])
+        smooth = [statistics.fmean(ys[max(0, i - window + 1):i + 1]) for i in range(len(ys))]
+        ax.plot(xs, smooth, label=f"{r['name']} (repeat {r['repeat']})", lw=1.2)
     ax.set_xlabel("samples consumed")
-    ax.set_ylabel("reward/mean")
-    ax.legend()
+    ax.set_ylabel(f"reward/mean ({window}-step moving average)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
     return True
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="quickstart")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--executors", nargs="+", default=["local"], choices=["local", "ray"])
-    parser.add_argument("--num-eval", type=int, default=50)
-    parser.add_argument("--sync-decoupled", action="store_true", help="the sync run uses the same decoupled loss")
+    parser.add_argument("--async-runs", nargs="+", default=["process", "thread"], choices=sorted(ASYNC))
+    parser.add_argument("--num-eval", type=int, default=100)
     parser.add_argument("--out", default="/tmp/asyncrl_bench_async_vs_sync")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None, help="png path (default: <out>/reward_per_sample.png)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
     out_dir = Path(args.out)
-    results = [run("sync", "local", args, out_dir)] + [run("async", e, args, out_dir) for e in args.executors]
-    sync = results[0]
-    t_roll, t_train, bound = overlap_bound(sync)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
-              platform.machine(), "cpus": os.cpu_count(), "args": vars(args),
-              "sync_T_rollout_s": t_roll, "sync_T_train_s": t_train, "overlap_bound": bound, "runs": []}
-    print(f"sync (per-step medians): T_rollout {t_roll:.3f}s, T_train {t_train:.3f}s -> overlap bound {bound:.2f}x")
-    for r in results:
-        speedup = sync["step_seconds"] / r["step_seconds"]
-        row = {**{k: v for k, v in r.items() if k != "reward_per_samples"}, "speedup": speedup,
-               "efficiency": speedup / bound}
-        report["runs"].append({**row, "reward_per_samples": r["reward_per_samples"]})
-        print(f"{r['name']:>12}: {r['step_seconds']:.3f} s/step, {r['samples_per_second']:.1f} samples/s, "
-              f"speedup {speedup:.2f}x = {speedup / bound:.2f} of the bound, accuracy "
-              f"{r['sft_accuracy']:.3f} -> {r['final_accuracy']:.3f}"
-              + (f", overlap {r['overlap_mean']:.2f}, violations {r['staleness_violations']:.0f}"
-                 if "overlap_mean" in r else ""))
-    if plot(results, out_dir / "reward_per_sample.png"):
-        print(f"plot: {out_dir / 'reward_per_sample.png'}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+              "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "args": vars(args),
+              "repeats": []}
+    runs = []
+    for repeat in range(args.repeats):
+        results = [run(name, args, out_dir / f"r{repeat}") for name in ["sync", *args.async_runs]]
+        sync = results[0]
+        t_roll, t_train, bound = overlap_bound(sync)
+        print(f"repeat {repeat}: sync T_rollout {t_roll:.4f}s, T_train {t_train:.4f}s -> bound {bound:.3f}x")
+        rows = []
+        for r in results:
+            speedup = sync["step_seconds"] / r["step_seconds"]
+            r.update(repeat=repeat, speedup=speedup, efficiency=speedup / bound)
+            rows.append(r)
+            runs.append(r)
+            print(f"  {r['name']:>8}: {r['step_seconds']:.4f} s/step, {r['samples_per_second']:.0f} samples/s, speedup "
+                  f"{speedup:.3f}x = {speedup / bound:.3f} of the bound; load {r['load_before']:.2f}->"
+                  f"{r['load_after']:.2f}; sampled acc {r['sft_sampled_accuracy']} -> {r['final_sampled_accuracy']}"
+                  + (f"; overlap {r['overlap_median']:.2f}, staleness {r['staleness_mean_median']:.2f}, "
+                     f"violations {r['staleness_violations']:.0f}" if r["name"] != "sync" else ""))
+        report["repeats"].append({"T_rollout_s": t_roll, "T_train_s": t_train, "overlap_bound": bound, "runs": rows})
+    for name in ["sync", *args.async_runs]:
+        eff = [r["efficiency"] for r in runs if r["name"] == name]
+        spd = [r["speedup"] for r in runs if r["name"] == name]
+        report.setdefault("summary", {})[name] = {"speedup_median": statistics.median(spd),
+                                                  "efficiency_median": statistics.median(eff)}
+        print(f"{name:>8}: speedup {statistics.median(spd):.3f}x, {statistics.median(eff):.3f} of the bound "
+              f"(median over {len(eff)} repeats)")
+    png = Path(args.plot) if args.plot else out_dir / "reward_per_sample.png"
+    if plot(runs, png):
+        print(f"plot: {png}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 

@@ -107,9 +107,12 @@ class AsyncController(SyncController):
             self.executor.start()
 
     def close(self) -> None:
-        if self._started:
-            self.executor.stop()
-        getattr(self.backend, "close", lambda: None)()  # a rollout process is stopped here
+        try:
+            if self._started:
+                self.executor.stop()
+            self.weight_sync.close()  # the last deferred probe
+        finally:
+            getattr(self.backend, "close", lambda: None)()  # a rollout process is stopped here
 
     def step(self, step: int) -> dict[str, float]:
         self.start()

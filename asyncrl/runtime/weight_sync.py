@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
@@ -148,18 +149,45 @@ class WeightSync:
     """Pushes the trainer's weights into the rollout backend and probes them.
 
     Invariant: after ``push(v)`` returns, ``backend.version == v`` and (if probing) the backend's
-    log-probs match the trainer's within tolerance; otherwise it raised."""
+    log-probs match the trainer's within tolerance; otherwise it raised.
+
+    Deferred probe (an in-flight backend with ``weights_snapshot()``: the rollout process, whose
+    shared tensors hold exactly the pushed weights until the next push): the probe of version v
+    runs in a background thread against the snapshot, off the trainer's critical path; ``push(v+1)``
+    waits for it before it overwrites the snapshot and returns its metrics (or raises its
+    error), and ``close()`` checks the last one. So every sync is still verified, one step late."""
 
     def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool):
         self.backend, self.gate, self.probe, self.inflight = backend, gate, probe, inflight
+        self.deferred = inflight and probe is not None and hasattr(backend, "weights_snapshot")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-probe") if self.deferred else None
+        self._pending: Optional[Future] = None
 
     def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
+        if self.deferred:
+            metrics = self.wait()  # the previous probe reads the snapshot this push overwrites
+            self.backend.update_weights(model.named_parameters(), version)
+            self._pending = self._pool.submit(self._probe, self.backend.weights_snapshot(), version)
+            return metrics
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(model.named_parameters(), version)
             return self._probe(model, version)
         with self.gate.writing():  # wait for running generate calls, keep new ones out
             self.backend.update_weights(model.named_parameters(), version)
             return self._probe(model, version)
+
+    def wait(self) -> dict[str, float]:
+        """The metrics of the deferred probe in flight ({} if none); raises its error."""
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else {}
+
+    def close(self) -> None:
+        """Check the last deferred probe (a stale backend at the end still fails the run)."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
 
     def _probe(self, model, version: int) -> dict[str, float]:
         if self.probe is None:

@@ -12,27 +12,23 @@ def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pa
     """Left-pad prompts to P and right-pad responses to L.
 
     Returns input_ids [B, P+L], attention_mask [B, P+L], response_mask [B, L], P.
+    Rows are padded as Python lists and converted once (one tensor per output, not per row:
+    this runs on the trainer's critical path every step).
     """
     prompt_len = max(len(p) for p in prompts)
     resp_len = max(1, max(len(r) for r in responses))
-    size = len(prompts)
-    input_ids = torch.full((size, prompt_len + resp_len), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros(size, resp_len)
-    for i, (prompt, response) in enumerate(zip(prompts, responses)):
-        start, n = prompt_len - len(prompt), len(response)
-        input_ids[i, start:prompt_len + n] = torch.tensor(list(prompt) + list(response), dtype=torch.long)
-        attention_mask[i, start:prompt_len + n] = 1
-        response_mask[i, :n] = 1
-    return input_ids, attention_mask, response_mask, prompt_len
+    ids, attn, resp = [], [], []
+    for prompt, response in zip(prompts, responses):
+        left, right = prompt_len - len(prompt), resp_len - len(response)
+        ids.append([pad_id] * left + list(prompt) + list(response) + [pad_id] * right)
+        attn.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+        resp.append([1.0] * len(response) + [0.0] * right)
+    return (torch.tensor(ids, dtype=torch.long), torch.tensor(attn, dtype=torch.long),
+            torch.tensor(resp, dtype=torch.float32), prompt_len)
 
 
 def _pad_rows(rows: list[Optional[list]], length: int, fill, dtype) -> torch.Tensor:
-    out = torch.full((len(rows), length), fill, dtype=dtype)
-    for i, row in enumerate(rows):
-        if row:
-            out[i, :len(row)] = torch.tensor(row, dtype=dtype)
-    return out
+    return torch.tensor([list(row or [])[:length] + [fill] * (length - len(row or [])) for row in rows], dtype=dtype)
 
 
 def build_train_batch(outputs: list[RequestOutput], scores: list[float], pad_id: int,

@@ -113,6 +113,47 @@ def test_probe_catches_a_backend_that_ignores_the_weights(cfg_of):
         stale.push(model, 1)
 
 
+class SnapshotBackend(HFGenerateBackend):
+    """In flight, with a snapshot of the pushed weights (as the rollout process has); with
+    ``stale`` it keeps generating with its first weights."""
+
+    inflight_weight_update = True
+
+    def __init__(self, model, tok, stale: bool):
+        super().__init__(clone_for_rollout(model), tok)
+        self.snapshot, self.stale = clone_for_rollout(model), stale
+
+    def update_weights(self, named_tensors, version):
+        named_tensors = list(named_tensors)
+        HFGenerateBackend.update_weights(self, [] if self.stale else named_tensors, version)
+        dict_ = dict(self.snapshot.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                dict_[name].copy_(tensor)
+
+    def weights_snapshot(self):
+        return self.snapshot
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_deferred_probe_checks_every_sync_one_push_late(cfg_of, stale):
+    cfg = cfg_of()
+    model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    sync = WeightSync(SnapshotBackend(model, tok, stale), GenerationGate(),
+                      LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4), inflight=True)
+    assert sync.deferred
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    assert sync.push(model, 1) == {}  # the probe of version 1 runs in the background
+    if stale:
+        with pytest.raises(WeightSyncError, match="did not take"):
+            sync.push(model, 2)
+        return
+    assert sync.push(model, 2)["weight_sync/probe_gap"] < 1e-4  # version 1's result
+    sync.close()  # version 2's probe, checked at the end
+
+
 def test_engine_weight_update_mid_generation_retags_later_tokens(cfg_of):
     from asyncrl.rollout.engine_backend import EngineBackend
     from asyncrl.types import SamplingParams

@@ -53,14 +53,14 @@ class ProcessRolloutBackend:
 
         self.version, self.backend_name = version, backend_name
         self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
-        with torch.no_grad():  # [name] -> a CPU tensor in shared memory, written by each push
-            self.shared = {n: p.detach().to("cpu", copy=True).share_memory_() for n, p in model.named_parameters()}
+        device = str(next(model.parameters()).device)
+        # a module whose parameters live in shared memory: [name] -> CPU tensor, written by each push
+        self._snapshot = clone_for_rollout(model).cpu()
+        self.shared = {n: p.data.share_memory_() for n, p in self._snapshot.named_parameters()}
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
-        device = str(next(model.parameters()).device)
         self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, clone_for_rollout(model).cpu(), tokenizer, self.shared, backend_name, version,
-            kv_on_update, dtype, device))
+            child_conn, self._snapshot, tokenizer, self.shared, backend_name, version, kv_on_update, dtype, device))
         self.process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
         self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
@@ -81,6 +81,11 @@ class ProcessRolloutBackend:
             for name, tensor in named_tensors:
                 self.shared[name].copy_(tensor.detach())
         self.version = self._call("update", version)
+
+    def weights_snapshot(self) -> torch.nn.Module:
+        """The HF module over the shared tensors: exactly the weights of the last push, until the
+        next one (lets ``WeightSync`` run the probe after ``update_weights`` returned)."""
+        return self._snapshot
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (after its running calls end); kill it if it does not stop in time."""
@@ -209,6 +214,12 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
 
 
 def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device):
+    """The backend owns a copy: the engine copies ``model``'s (shared) tensors into its own
+    layout; HF generate gets a private clone, so a push never lands inside a ``generate``."""
+    if backend_name != "engine":
+        from asyncrl.runtime.weight_sync import clone_for_rollout
+
+        model = clone_for_rollout(model)
     model = model.to(device)
     if backend_name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend
