@@ -115,44 +115,60 @@ def _free(llm) -> None:
 
 
 def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> dict:
-    """Per-phase wall time of the engine loop (schedule / forward / sample / postprocess,
-    each followed by a device sync) and a torch.profiler table of a few decode steps."""
+    """Host time per decode step of the engine loop, phase by phase, in the order
+    ``LLM.step`` runs them: schedule step t, launch it (inputs + enqueue, no wait), wait for
+    step t-1's tokens (``fetch``: the device still computing), postprocess them. With
+    overlapped scheduling the wait absorbs the device time; without it each step waits for
+    itself. Also a torch.profiler table of a few decode steps."""
     for p in prompts:
         llm.add_request(p, params)
-    phases = dict(schedule=0.0, forward=0.0, sample=0.0, postprocess=0.0)
+    phases = dict(schedule=0.0, launch=0.0, wait=0.0, postprocess=0.0, step=0.0)
     decode_steps, prof, prefill_s, prefill_steps = 0, None, 0.0, 0
     sc, runner = llm.scheduler, llm.runner
-    while not sc.is_finished():
+    inflight = None
+    while not sc.is_finished() or inflight is not None:
         t0 = time.perf_counter()
         batch = sc.schedule()
         t1 = time.perf_counter()
-        if not batch.is_prefill and decode_steps == 20:
+        if batch is not None and batch.is_prefill and prefill_steps == 1 and prof is None:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                      torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()  # one prefill step (the second: warm)
+        if batch is not None and not batch.is_prefill and decode_steps == 20 and prof is None:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
-        hidden = runner.forward(batch)
-        runner.copy_blocks(batch.copies)
-        _sync(device)
+        launched = (batch, runner.launch(batch)) if batch is not None else None
         t2 = time.perf_counter()
-        tokens, logprobs = runner.sample(batch, hidden)
+        if not llm.async_scheduling and launched is not None:
+            inflight, launched = launched, None
+        tokens, logprobs = runner.fetch(inflight[1]) if inflight is not None else ([], [])
         t3 = time.perf_counter()
-        sc.postprocess(batch, tokens, logprobs, llm.version)
+        if inflight is not None:
+            sc.postprocess(inflight[0], tokens, logprobs, llm.version)
+        inflight = launched
         t4 = time.perf_counter()
-        if batch.is_prefill:
+        if batch is None or batch.is_prefill:
             prefill_s += t4 - t0
-            prefill_steps += 1
-        else:
-            decode_steps += 1
-            for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-                phases[k] += v
-            if prof is not None and decode_steps == 20 + trace_steps:
+            prefill_steps += batch is not None
+            if prof and prefill_steps == 2:
+                _sync(device)
                 prof.__exit__(None, None, None)
-                print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18), flush=True)
-                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+                print("prefill step:", prof.key_averages().table(sort_by="self_device_time_total", row_limit=15))
                 prof = None
+            continue
+        decode_steps += 1
+        for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+            phases[k] += v
+        if prof is not None and decode_steps == 20 + trace_steps:
+            prof.__exit__(None, None, None)
+            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18), flush=True)
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
+            prof = False
     llm._requests.clear()
     return {k: round(v / max(decode_steps, 1) * 1000, 3) for k, v in phases.items()} | {
-        "decode_steps": decode_steps, "prefill_steps": prefill_steps, "prefill_ms_total": round(prefill_s * 1000, 1)}
+        "decode_steps": decode_steps, "prefill_steps": prefill_steps, "prefill_ms_total": round(prefill_s * 1000, 1),
+        "async_scheduling": llm.async_scheduling}
 
 
 def parse_args(argv):
@@ -184,15 +200,27 @@ def parse_args(argv):
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--compare-async", action="store_true",
+                    help="workloads a and c also without overlapped scheduling, same engine, same run")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="read each step's tokens before scheduling the next (no host/device overlap)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.6,
                     help="engine's share of GPU memory (the rest leaves room for the HF baseline)")
     ap.add_argument("--profile", action="store_true", help="phase timings + torch.profiler of workload a, then exit")
+    ap.add_argument("--also-profile", action="store_true", help="--profile after the workloads, same engine")
     ap.add_argument("--json", default=None, help="write results to this path")
+    ap.add_argument("--cpu-quickstart", action="store_true",
+                    help="only the CPU quickstart's rollout (engine vs HF generate, bench_quickstart.py)")
+    ap.add_argument("--qs-repeats", type=int, default=40, help="rollouts per backend for --cpu-quickstart")
+    ap.add_argument("--random-weights", action="store_true",
+                    help="--cpu-quickstart on the quickstart model before SFT (default: the SFT warm start)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.cpu_quickstart:
+        return _quickstart(args, argv)
     from asyncrl.engine import LLM
 
     dev = args.device
@@ -208,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     engine_kw = dict(dtype=dtype, device=dev, block_size=block, max_num_seqs=args.max_num_seqs,
                      max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                      enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
-                     compile_sampler=not args.no_compile_sampler)
+                     compile_sampler=not args.no_compile_sampler,
+                     async_scheduling=False if args.no_async_scheduling else None)
 
     def make_llm(**kw):
         t0 = time.perf_counter()
@@ -230,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
         print("ms per decode step:", json.dumps(profile_steps(llm, prompts, params, dev)), flush=True)
         return 0
+    results["async_scheduling"] = llm.async_scheduling
 
     if "a" in wl:
         prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
         params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
-        r = dict(engine=run_engine(llm, prompts, params, dev))
+        r = dict(engine=run_engine(llm, prompts, params, dev), **_no_overlap(llm, prompts, params, dev, args))
         if not args.no_hf:
             k = min(args.hf_max_seqs, len(prompts))
             r["hf_generate"] = run_hf(hf, prompts[:k], 1, [args.a_response] * k, 1.0, args.hf_batch, dev)
@@ -265,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts, outs = nano_workload(args.c_seqs, args.c_max_in, args.c_max_out)
         prompts = [[t % vocab for t in p] for p in prompts]
         params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs]
-        r = dict(engine=run_engine(llm, prompts, params, dev))
+        r = dict(engine=run_engine(llm, prompts, params, dev), **_no_overlap(llm, prompts, params, dev, args))
         if not args.no_hf:
             k = min(args.hf_c_seqs, len(prompts))
             r["hf_generate"] = run_hf(hf, prompts[:k], 1, outs[:k], 0.6, args.hf_batch, dev)
@@ -273,10 +303,45 @@ def main(argv: list[str] | None = None) -> int:
         results["workloads"]["c"] = r
         print("c", json.dumps(r), flush=True)
 
+    if args.also_profile:
+        if llm is None:
+            llm, _ = make_llm()
+        llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits
+        prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
+        params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
+        results["profile_a_ms_per_decode_step"] = profile_steps(llm, prompts, params, dev)
+        print("ms per decode step:", json.dumps(results["profile_a_ms_per_decode_step"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     print(json.dumps(results, indent=2))
+    return 0
+
+
+def _no_overlap(llm, prompts, params, dev, args) -> dict:
+    """With ``--compare-async``: the same workload on the same engine, step by step."""
+    if not args.compare_async or not llm.async_scheduling:
+        return {}
+    llm.async_scheduling = False  # safe between generate calls: nothing is in flight
+    llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits from the first run
+    try:
+        r = run_engine(llm, prompts, params, dev)
+    finally:
+        llm.async_scheduling = True
+    return {"engine_no_overlap": r}
+
+
+def _quickstart(args, argv) -> int:
+    from asyncrl.engine.bench_quickstart import run_quickstart_rollout
+
+    r = run_quickstart_rollout(args.qs_repeats, args.random_weights)
+    r.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             command="asyncrl bench rollout " + " ".join(argv or []), torch=torch.__version__,
+             device=platform.processor() or "cpu")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=2)
+    print(json.dumps(r, indent=2))
     return 0
 
 

@@ -107,40 +107,50 @@ class BlockManager:
                 self.free[b] = None
         seq.block_table = []
         seq.num_cached_tokens = 0
+        seq.num_hashed_blocks, seq.last_hash = 0, None
+
+    def _blocks_to_append(self, seq: Sequence, num_tokens: int) -> int:
+        # ``num_tokens`` counts a pending token (sampled, id not on the host yet): its
+        # position is what the next decode step writes
+        return seq.num_blocks_needed(self.block_size, seq.num_tokens + num_tokens - 1) - len(seq.block_table)
 
     def can_append(self, seq: Sequence, num_tokens: int = 1) -> bool:
-        need = seq.num_blocks_needed(self.block_size, len(seq) + num_tokens - 1) - len(seq.block_table)
-        return need <= self.num_free_blocks
+        return self._blocks_to_append(seq, num_tokens) <= self.num_free_blocks
 
     def may_append(self, seq: Sequence, num_tokens: int = 1) -> None:
-        """Ensure blocks for ``len(seq) + num_tokens - 1`` tokens: a decode step writes
-        the K/V of the last token (position len-1), plus any speculative extras."""
-        need = seq.num_blocks_needed(self.block_size, len(seq) + num_tokens - 1) - len(seq.block_table)
-        for _ in range(need):
+        """Ensure blocks for ``seq.num_tokens + num_tokens - 1`` tokens: a decode step
+        writes the K/V of the last token (position num_tokens-1), plus any speculative extras."""
+        for _ in range(self._blocks_to_append(seq, num_tokens)):
             seq.block_table.append(self._take_free())
 
     def hash_full_blocks(self, seq: Sequence) -> None:
-        """Register the full blocks of ``seq`` whose K/V is now written (call after the
-        forward: a block becomes shareable only once its cache content exists)."""
+        """Register the full blocks of ``seq`` whose K/V is written (or being written by a
+        launched step: any reader is a later step on the same stream) and whose token ids
+        the host knows. Incremental: blocks below ``seq.num_hashed_blocks`` are done, so a
+        step costs O(new blocks), not O(context)."""
         if not self.enable_prefix_caching:
             return
-        prev = None
-        for i in range(seq.num_cached_tokens // self.block_size):
+        full = min(seq.num_cached_tokens, len(seq.token_ids)) // self.block_size
+        prev = seq.last_hash
+        for i in range(seq.num_hashed_blocks, full):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
                 tokens = seq.block_tokens(i, self.block_size)
                 block.hash, block.token_ids = self._chain(prev, tokens), tuple(tokens)
                 self.hash_to_block.setdefault(block.hash, block.block_id)
             prev = block.hash
+        if full > seq.num_hashed_blocks:
+            seq.num_hashed_blocks, seq.last_hash = full, prev
 
     def fork_cost(self, parent: Sequence) -> int:
         """Free blocks one fork of ``parent`` takes: 1 if its last block is partial."""
         return 1 if len(parent) % self.block_size else 0
 
-    def fork(self, parent: Sequence, child: Sequence) -> Optional[tuple[int, int]]:
+    def fork(self, parent: Sequence, child: Sequence) -> Optional[tuple[int, int, int]]:
         """Share ``parent``'s full blocks with ``child``; give the child a private copy
-        of the partial last block. Returns ``(src_block, dst_block)`` to copy on the
-        device (after the forward that writes the parent's K/V), or None.
+        of the partial last block. Returns ``(src_block, dst_block, num_tokens)`` to copy
+        on the device (after the forward that writes the parent's K/V; only the first
+        ``num_tokens`` slots hold K/V, the child writes the rest itself), or None.
 
         Pre: ``child`` has the parent's tokens, no blocks; parent's prompt K/V is (or is
         being) computed in ``parent.block_table``."""
@@ -153,7 +163,7 @@ class BlockManager:
         if len(parent) % self.block_size:
             dst = self._take_free()
             child.block_table.append(dst)
-            copy = (parent.block_table[full], dst)
+            copy = (parent.block_table[full], dst, len(parent) % self.block_size)
         child.num_cached_tokens = len(parent)
         self.forked_tokens += len(parent)
         return copy

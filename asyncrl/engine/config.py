@@ -17,7 +17,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_fork: bool = True          # n samples share the prompt's KV (prefill once)
     enforce_eager: bool = False       # no CUDA graphs
-    async_scheduling: Optional[bool] = True  # overlap host step t+1 with device step t (None: on for CUDA)
+    async_scheduling: Optional[bool] = None  # overlap host step t+1 with device step t (None: on for CUDA)
     cascade_attention: bool = True    # GPU decode: rows sharing prefix blocks read them once per group
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     seed: int = 0                     # seeds requests that give none

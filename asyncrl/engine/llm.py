@@ -4,8 +4,10 @@
     outs = llm.generate(prompts_or_token_ids, SamplingParams(n=16, temperature=1.0, max_tokens=256))
     llm.update_weights(trainer.named_parameters(), version=v + 1)
 
-The engine step is: schedule -> run -> postprocess. ``generate`` loops steps until its
-requests finish. RL controls are thread-safe against a ``generate`` running in another
+The engine step is: schedule -> launch -> postprocess; with overlapped scheduling
+(``EngineConfig.async_scheduling``, on by default on GPU) the postprocess of step t runs
+after step t+1 is launched, so the host prepares step t+1 while the device computes step t.
+``generate`` loops steps until its requests finish. RL controls are thread-safe against a ``generate`` running in another
 thread: ``pause()`` blocks new steps (in-flight sequences keep their KV), and
 ``update_weights`` swaps weights between steps, so tokens sampled after it carry the new
 version (vLLM's ``pause_generation(mode="keep")``). The prefix cache is namespaced by
@@ -60,6 +62,12 @@ class LLM:
         self._next_request = 0
         self._requests: dict[str, Sequence] = {}  # request id -> its first sequence
         self.num_steps = 0
+        # overlapped scheduling (default on GPU): step t+1 is scheduled and launched before
+        # step t's tokens are read; ``_inflight`` = (batch, fetch handle, version) of the
+        # launched step not yet read (at most one)
+        self.async_scheduling = (self.runner.is_cuda if self.config.async_scheduling is None
+                                 else self.config.async_scheduling)
+        self._inflight = None
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, prompt: PromptType, params: SamplingParams, request_id: Optional[str] = None) -> str:
@@ -86,18 +94,35 @@ class LLM:
         return request_id
 
     def step(self) -> list[Sequence]:
-        """Run one engine step; returns the sequences that finished in it."""
+        """Run one engine step; returns the sequences whose finish it observed.
+
+        Overlapped (``async_scheduling``): schedule and launch step t, THEN read step t-1's
+        tokens (the device is busy with step t meanwhile) and postprocess them; step t's
+        results are read by the next call (or ``_drain``). Otherwise launch and read at once."""
         self._unpaused.wait()
         with self._lock:
             batch = self.scheduler.schedule()
-            if batch is None:
-                return []
-            tokens, logprobs = self.runner.run(batch)
-            self.num_steps += 1
-            return self.scheduler.postprocess(batch, tokens, logprobs, self.version)
+            launched = None
+            if batch is not None:
+                launched = (batch, self.runner.launch(batch), self.version)
+                self.num_steps += 1
+            finished = self._drain()
+            if launched is not None:
+                self._inflight = launched
+                if not self.async_scheduling:
+                    finished += self._drain()
+            return finished
+
+    def _drain(self) -> list[Sequence]:
+        """Read and postprocess the launched step not yet read, if any (lock held)."""
+        if self._inflight is None:
+            return []
+        (batch, handle, version), self._inflight = self._inflight, None
+        tokens, logprobs = self.runner.fetch(handle)
+        return self.scheduler.postprocess(batch, tokens, logprobs, version)
 
     def has_unfinished(self) -> bool:
-        return not self.scheduler.is_finished()
+        return not self.scheduler.is_finished() or self._inflight is not None
 
     def generate(self, prompts: Union[PromptType, Seq[PromptType]],
                  sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
@@ -149,6 +174,7 @@ class LLM:
         if kv not in ("keep", "recompute"):
             raise ValueError(f"kv must be 'keep' or 'recompute', got {kv!r}")
         with self._lock:
+            self._drain()  # tokens in flight came from the old weights: read them first (old version)
             self.model.load_weights(named_tensors)
             self.version = version
             self.block_manager.set_namespace(version)
@@ -159,7 +185,7 @@ class LLM:
         """Stop scheduling steps (returns once no step is running); KV stays resident."""
         self._unpaused.clear()
         with self._lock:
-            pass
+            self._drain()  # nothing in flight while paused: host state is complete
 
     def resume(self) -> None:
         self._unpaused.set()
@@ -167,11 +193,13 @@ class LLM:
     def abort(self, request_ids: Iterable[str]) -> None:
         """Finish these requests now with finish_reason "abort" (partial tokens kept)."""
         with self._lock:
+            self._drain()
             self.scheduler.abort(set(request_ids))
 
     def close(self) -> None:
         """Release device memory (KV pool, CUDA graphs, weights)."""
         with self._lock:
+            self._drain()
             self.runner.release()
             self.model.to("meta")
 

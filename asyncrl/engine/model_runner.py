@@ -1,13 +1,17 @@
 """ModelRunner: owns the model, the KV pool and the CUDA graphs; runs one step.
 
-``run(batch)`` = prepare inputs -> forward (graph replay for GPU decode) -> copy forked
-partial blocks -> logits of the rows that sample -> sample. It returns host lists, the
-one device->host sync per step.
+``launch(batch)`` = prepare inputs -> forward (graph replay for GPU decode) -> copy forked
+partial blocks -> logits of the rows that sample -> sample -> start the copy of the
+sampled tokens to the host; it does not wait for the device. ``fetch(handle)`` waits for
+that step's tokens: the one device->host sync per step, which the engine places after
+launching the NEXT step (overlapped scheduling, ``LLM``). ``run`` = fetch(launch).
 
 KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]``; block ``num_blocks`` is the
 scratch block that padded rows write to (never handed out by the BlockManager).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 import torch
@@ -18,6 +22,7 @@ from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
+from asyncrl.engine.staging import DeviceToHost, HostToDevice
 
 
 class ModelRunner:
@@ -33,6 +38,10 @@ class ModelRunner:
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
         self.sampler = Sampler(self.device, compile=config.compile_sampler)
+        self.h2d, self.d2h = HostToDevice(self.device), DeviceToHost(self.device)
+        if self.is_cuda and config.compile_sampler:
+            self._warmup_sampler()
+        self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
         c = model.config
@@ -83,46 +92,103 @@ class ModelRunner:
             layer.self_attn.k_cache = torch.empty(0)
             layer.self_attn.v_cache = torch.empty(0)
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy forked partial blocks ``(src, dst, num_tokens)``: only the first
+        max(num_tokens) slots (short GRPO prompts fill a fraction of a block)."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = torch.tensor([c[0] for c in copies], device=self.device)
+        dst = torch.tensor([c[1] for c in copies], device=self.device)
+        m = max(c[2] for c in copies)
         for layer in self.model.model.layers:
             attn = layer.self_attn
-            attn.k_cache[dst] = attn.k_cache[src]
-            attn.v_cache[dst] = attn.v_cache[src]
+            attn.k_cache[dst, :m] = attn.k_cache[src, :m]
+            attn.v_cache[dst, :m] = attn.v_cache[src, :m]
+
+    @torch.inference_mode()
+    def _warmup_sampler(self) -> None:
+        """Compile the sampler now for batch 1 (torch.compile specialises size 1) and for
+        the dynamic size: otherwise the first batch of 1 -- the tail of a run whose
+        sequences end at different lengths -- compiles inside the timed generation."""
+        V = self.model.config.vocab_size
+        for B in (1, 3):
+            logits = torch.zeros(B, V, dtype=self.dtype, device=self.device)
+            floats = torch.ones(2, B, dtype=torch.float32, device=self.device)
+            ints = torch.zeros(2, B, dtype=torch.int64, device=self.device)
+            self.sampler(logits, floats, ints, False)
+        torch.cuda.synchronize()
 
     # ---- inputs ----------------------------------------------------------------
-    def _prepare(self, batch: ScheduledBatch):
+    # Host arrays are built in bulk (numpy) and sent with ONE pinned async copy per step
+    # (``HostToDevice``); a pending input token (overlapped scheduling) is read on the
+    # device from the previous step's sampled tokens (``_resolve_ids``), never synced.
+    def _gathered_host(self, batch: ScheduledBatch) -> list[np.ndarray]:
+        """(ids, positions, src) ``[T]`` int64 of the step's packed tokens; ``src`` >= 0
+        marks a pending token: its id is row ``src`` of the previous step's samples."""
         ids, pos = [], []
-        for s in batch.seqs:
-            a, n = s.num_cached_tokens, s.num_scheduled_tokens
-            ids.extend(s.token_ids[a:a + n])
+        for s, a in zip(batch.seqs, batch.starts):
+            n = s.num_scheduled_tokens
+            toks = s.token_ids[a:a + n]
+            ids.extend(toks)
+            ids.extend([0] * (n - len(toks)))  # the pending token's slot (decode only)
             pos.extend(range(a, a + n))
-        meta = build_gathered_metadata([s.block_table for s in batch.seqs],
-                                       [s.num_cached_tokens for s in batch.seqs],
+        src = batch.input_src if not batch.is_prefill else [-1] * len(ids)
+        return [np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64), np.array(src, dtype=np.int64)]
+
+    def _prepare(self, batch: ScheduledBatch, extra: list[np.ndarray]):
+        ids, pos, src, *rest = self.h2d.put(self._gathered_host(batch) + extra)
+        meta = build_gathered_metadata([s.block_table for s in batch.seqs], batch.starts,
                                        [s.num_scheduled_tokens for s in batch.seqs],
                                        self.block_size, self.scratch_block, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        positions = torch.tensor(pos, dtype=torch.long, device=self.device)
-        return input_ids, positions, meta
+        return self._resolve_ids(ids, src, batch), pos, meta, rest
 
-    def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int):
-        """Host tensors for a paged decode of ``bs`` rows (real seqs, then padding rows
-        that write the scratch block and attend one scratch token)."""
-        bsz = self.block_size
-        ids = np.zeros(bs, dtype=np.int64)
+    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, batch: ScheduledBatch) -> torch.Tensor:
+        """Input ids with pending tokens taken from the last launched step's samples."""
+        if batch.is_prefill or max(batch.input_src, default=-1) < 0:
+            return ids
+        prev = self.last_tokens
+        assert prev is not None and prev.numel() > max(batch.input_src), "pending token of an unknown step"
+        return torch.where(src >= 0, prev[src.clamp(min=0)], ids)
+
+    def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int) -> list[np.ndarray]:
+        """Host arrays for a paged decode of ``bs`` rows (real seqs, then padding rows that
+        write the scratch block and attend one scratch token): ids, positions, slots, src
+        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32."""
+        bsz, n = self.block_size, len(batch.seqs)
         pos = np.zeros(bs, dtype=np.int64)
-        slots = np.full(bs, self.scratch_block * bsz, dtype=np.int64)
+        pos[:n] = batch.starts
+        src = np.full(bs, -1, dtype=np.int64)
+        src[:n] = batch.input_src
+        ids = np.zeros(bs, dtype=np.int64)
         bt = np.full((bs, self._bt_width()), self.scratch_block, dtype=np.int32)
-        ctx = np.ones(bs, dtype=np.int32)
         for i, s in enumerate(batch.seqs):
-            p = len(s) - 1
-            ids[i], pos[i], ctx[i] = s.token_ids[p], p, p + 1
-            slots[i] = s.block_table[p // bsz] * bsz + p % bsz
-            bt[i, : len(s.block_table)] = s.block_table
-        return tuple(torch.from_numpy(a) for a in (ids, pos, slots, bt, ctx))
+            table = s.block_table
+            bt[i, :len(table)] = table
+            if src[i] < 0:  # not pending: the input is the last host token
+                ids[i] = s.token_ids[-1]
+        slots = np.full(bs, self.scratch_block * bsz, dtype=np.int64)
+        slots[:n] = bt[np.arange(n), pos[:n] // bsz].astype(np.int64) * bsz + pos[:n] % bsz
+        ctx = np.ones(bs, dtype=np.int32)
+        ctx[:n] = pos[:n] + 1
+        return [ids, pos, slots, src, bt, ctx]
+
+    def _sample_arrays(self, batch: ScheduledBatch) -> tuple[list[np.ndarray], bool]:
+        """([floats ``[2, S]`` fp32 = (temperature, top_p), ints ``[2, S]`` int64 = (noise key,
+        top_k)], any top-k/top-p filtering) for the ``S`` sampling rows."""
+        seqs = batch.sample_seqs
+        S, p0 = len(seqs), seqs[0].params
+        if all(s.params is p0 for s in seqs):  # one SamplingParams for the batch: the usual case
+            temp, top_p = np.full(S, p0.temperature, np.float32), np.full(S, p0.top_p, np.float32)
+            top_k = np.full(S, p0.top_k, np.int64)
+        else:
+            temp = np.array([s.params.temperature for s in seqs], dtype=np.float32)
+            top_p = np.array([s.params.top_p for s in seqs], dtype=np.float32)
+            top_k = np.array([s.params.top_k for s in seqs], dtype=np.int64)
+        keys = row_keys(np.array([s.seed for s in seqs], dtype=np.int64),
+                        np.array([s.sample_index for s in seqs], dtype=np.int64),
+                        np.array(batch.key_positions, dtype=np.int64))
+        use_filter = bool((top_k > 0).any() or (top_p < 1.0).any())
+        return [np.stack([temp, top_p]), np.stack([keys, top_k])], use_filter
 
     def _bt_width(self) -> int:
         return (self.max_model_len + self.block_size - 1) // self.block_size
@@ -168,22 +234,29 @@ class ModelRunner:
     def _cascade_views(self, bs: int) -> dict:
         return dict(zip(("suffix_start", "cascade_tiles"), self.cascade.views(bs)))
 
-    def _cascade_meta(self, bt: torch.Tensor, ctx: torch.Tensor, n: int, bs: int) -> dict:
-        """Plan this step's shared prefixes from the host block tables / context lengths
-        (``[bs, W]`` / ``[bs]``, ``n`` real rows); load it and return the metadata fields,
-        or ``{}`` for plain paged decode (no sharing, or cascade off)."""
-        plan = self.cascade.plan(bt.numpy()[:n], ctx.numpy()[:n], bs) if self.cascade is not None else None
-        if plan is None:
+    def _cascade_plan(self, host: list[np.ndarray], n: int, bs: int) -> list[np.ndarray]:
+        """This step's shared-prefix plan from the host block tables / context lengths
+        (``n`` real rows of bucket ``bs``), packed, as a list of 0 or 1 arrays to send with
+        the step's inputs (no sharing, or cascade off: none)."""
+        plan = self.cascade.plan(host[4][:n], host[5][:n], bs) if self.cascade is not None else None
+        return [] if plan is None else [plan.packed().astype(np.int32, copy=False)]
+
+    def _cascade_meta(self, packed: list[torch.Tensor], bs: int) -> dict:
+        """Load the staged plan (device copy, ordered on the stream) into the cascade
+        buffer; the metadata fields for cascade decode, or ``{}`` for plain decode."""
+        if not packed:
             return {}
-        self.cascade.load(plan, bs)
+        self.cascade.buf[:packed[0].numel()].copy_(packed[0])
         return self._cascade_views(bs)
 
     # ---- step ----------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Hidden states of the ``batch.logit_seqs`` rows: ``[len(logit_seqs), hidden]``."""
+    def forward(self, batch: ScheduledBatch, extra: list[np.ndarray] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Hidden states of the ``batch.logit_seqs`` rows ``[len(logit_seqs), hidden]``, and
+        device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
+        extra = list(extra)
         if batch.is_prefill or not self.is_cuda:
-            input_ids, positions, meta = self._prepare(batch)
+            input_ids, positions, meta, rest = self._prepare(batch, extra)
             hidden = self.model(input_ids, positions, meta)
             done = {id(s) for s in batch.logit_seqs}
             ends, off = [], 0
@@ -191,50 +264,64 @@ class ModelRunner:
                 off += s.num_scheduled_tokens
                 if id(s) in done:
                     ends.append(off - 1)
-            return hidden[torch.tensor(ends, dtype=torch.long, device=self.device)]
+            return hidden[torch.tensor(ends, dtype=torch.long, device=self.device)], rest
         n = len(batch.seqs)
         bs = min((b for b in self.graphs if b >= n), default=None)
+        rows = n if bs is None else bs
+        host = self._decode_paged_inputs(batch, rows)
+        plan = self._cascade_plan(host, n, rows)
+        ids, pos, slots, src, bt, ctx, *rest = self.h2d.put(host + plan + extra)
+        ids = self._resolve_ids(ids, src, batch)
+        cascade, rest = self._cascade_meta(rest[:len(plan)], rows), rest[len(plan):]
         if bs is None:  # eager paged decode (no graphs, or batch above the largest)
-            host = self._decode_paged_inputs(batch, n)
-            ids, pos, slots, bt, ctx = (t.to(self.device, non_blocking=True) for t in host)
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
-                                     **self._cascade_meta(host[3], host[4], n, n))
-            return self.model(ids, pos, meta)
+                                     **cascade)
+            return self.model(ids, pos, meta), rest
         g = self.graph_vars
-        ids, pos, slots, bt, ctx = self._decode_paged_inputs(batch, bs)
-        g["input_ids"][:bs].copy_(ids, non_blocking=True)
-        g["positions"][:bs].copy_(pos, non_blocking=True)
-        g["slot_mapping"][:bs].copy_(slots, non_blocking=True)
-        g["block_tables"][:bs].copy_(bt, non_blocking=True)
-        g["context_lens"][:bs].copy_(ctx, non_blocking=True)
-        graphs = self.cascade_graphs if self._cascade_meta(bt, ctx, n, bs) else self.graphs
+        for name, t in (("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
+                        ("context_lens", ctx)):
+            g[name][:bs].copy_(t)
+        graphs = self.cascade_graphs if cascade else self.graphs
         graphs[bs].replay()
-        return g["hidden"][:n]
+        return g["hidden"][:n], rest
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
-        hidden = self.forward(batch)
-        self.copy_blocks(batch.copies)
-        return self.sample(batch, hidden)
-
-    @torch.inference_mode()
-    def sample(self, batch: ScheduledBatch, hidden: torch.Tensor) -> tuple[list[int], list[float]]:
-        """LM head on the logit rows, then one token (and its log-prob) per sample seq."""
+    def launch(self, batch: ScheduledBatch):
+        """Queue one step on the device: inputs, forward, forked-block copies, LM head,
+        sampling, and the asynchronous copy of the sampled tokens/log-probs to the host.
+        Returns a handle for ``fetch`` without waiting for the device. The sampled tokens
+        stay on the device as ``last_tokens`` (the next step's pending input ids)."""
         if not batch.sample_seqs:  # a prefill chunk that completes no sequence
+            self.forward(batch)
+            self.copy_blocks(batch.copies)
+            self.last_tokens = None
+            return None
+        arrays, use_filter = self._sample_arrays(batch)
+        hidden, (floats, ints) = self.forward(batch, arrays)
+        # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
+        # compiled sampler's guards see the same layout every step
+        floats, ints = floats.clone(), ints.clone()
+        self.copy_blocks(batch.copies)
+        tokens, logprobs = self.sample(batch, hidden, floats, ints, use_filter)
+        self.last_tokens = tokens
+        return self.d2h.start(tokens, logprobs)
+
+    def fetch(self, handle) -> tuple[list[int], list[float]]:
+        """Host lists (tokens, log-probs) of a launched step: waits for that step only."""
+        if handle is None:
             return [], []
+        return self.d2h.read(handle)
+
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], list[float]]:
+        """One step, not overlapped: launch and wait for its tokens."""
+        return self.fetch(self.launch(batch))
+
+    @torch.inference_mode()
+    def sample(self, batch: ScheduledBatch, hidden: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
+               use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """LM head on the logit rows, then one token (and its log-prob) per sample seq,
+        on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32."""
         if batch.is_prefill:  # forked siblings repeat their parent's row
             hidden = hidden[torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)]
         logits = self.model.lm_head(hidden)  # cast to fp32 inside the (fused) sampler
-        seqs = batch.sample_seqs
-        floats = np.array([[s.params.temperature for s in seqs], [s.params.top_p for s in seqs]], dtype=np.float32)
-        keys = row_keys(np.array([s.seed for s in seqs], dtype=np.int64),
-                        np.array([s.sample_index for s in seqs], dtype=np.int64),
-                        np.array([len(s) for s in seqs], dtype=np.int64))
-        ints = np.stack([keys, np.array([s.params.top_k for s in seqs], dtype=np.int64)])
-        use_filter = any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in seqs)
-        d = self.device
-        tokens, logprobs = self.sampler(logits, torch.from_numpy(floats).to(d, non_blocking=True),
-                                        torch.from_numpy(ints).to(d, non_blocking=True), use_filter)
-        # one device->host transfer for both (token ids < 2^53 are exact in fp64)
-        out = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).tolist()
-        return [int(t) for t in out[0]], out[1]
+        return self.sampler(logits, floats, ints, use_filter)

@@ -11,6 +11,16 @@ alone exceeds the pool is rejected by ``add`` so this can neither crash nor spin
 
 Invariant: every sequence is in exactly one of ``waiting`` / ``running`` until it
 finishes; sequences in ``running`` have all their tokens but the last in the cache.
+
+Overlapped scheduling (``LLM`` with ``async_scheduling``): the engine schedules step t+1
+before it has read step t's sampled tokens. A running sequence then carries one *pending*
+token (``Sequence.num_pending``) whose position is known and whose id stays on the device;
+the decode step reads it there. ``postprocess`` (one step late) appends it and applies the
+finish rules; a sequence that finished on a stop token may have had one more row computed
+in the step already launched, which ``postprocess`` discards. A sequence whose pending
+token reaches ``max_tokens`` / ``max_model_len`` is not scheduled again (no waste). A
+waiting sequence is prefilled only once it has no pending token (all its ids on the host).
+``num_cached_tokens`` advances when a step is scheduled, not when it completes.
 """
 from __future__ import annotations
 
@@ -31,7 +41,12 @@ class ScheduledBatch:
     ``num_cached_tokens``. ``logit_seqs`` are the seqs whose last computed token yields
     logits (prefill completed, or decode). ``sample_seqs[j]`` draws its next token from
     logits row ``sample_rows[j]`` (a forked child reads its parent's row).
-    ``copies``: (src, dst) KV blocks to copy after the forward (fork of a partial block).
+    ``copies``: (src, dst, num_tokens) KV blocks to copy after the forward (fork of a partial block).
+    ``starts[i]``: first position ``seqs[i]`` computes (its ``num_cached_tokens`` when
+    scheduled); the step's tokens of ``seqs[i]`` are positions ``[starts[i], starts[i] + n)``.
+    ``input_src[i]`` (decode only): row of the previous step's sampled tokens that holds
+    ``seqs[i]``'s input token (it is pending), or -1 (the id is on the host).
+    ``key_positions[j]``: the position ``sample_seqs[j]``'s new token takes (keys its noise).
     """
 
     seqs: list[Sequence]
@@ -39,7 +54,10 @@ class ScheduledBatch:
     logit_seqs: list[Sequence] = field(default_factory=list)
     sample_seqs: list[Sequence] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    input_src: list[int] = field(default_factory=list)
+    key_positions: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -72,6 +90,11 @@ class Scheduler:
         batch = self._schedule_prefill()
         if batch is None:
             batch = self._schedule_decode()
+        if batch is not None:  # each sampling row leaves one pending token until postprocess
+            for j, seq in enumerate(batch.sample_seqs):
+                batch.key_positions.append(seq.num_tokens)
+                seq.num_pending += 1
+                seq.pending_row = j
         return batch
 
     def _schedule_prefill(self) -> Optional[ScheduledBatch]:
@@ -79,6 +102,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         while self.waiting and budget > 0 and len(self.running) + len(batch.seqs) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending:  # preempted with a token in flight: prefill it once the id is here
+                break
             if not seq.block_table:
                 if not self.bm.can_allocate(seq):
                     break
@@ -88,6 +113,8 @@ class Scheduler:
             seq.num_scheduled_tokens = n
             budget -= n
             batch.seqs.append(seq)
+            batch.starts.append(seq.num_cached_tokens)
+            seq.num_cached_tokens += n
             self.prefill_tokens += n
             if n < remaining:
                 break  # chunked: continues next step, stays at the head of waiting
@@ -124,10 +151,20 @@ class Scheduler:
             batch.sample_seqs.append(child)
             batch.sample_rows.append(row)
 
+    def _done_pending(self, seq: Sequence) -> bool:
+        """Its pending token is its last (length limits are known before the id is)."""
+        return seq.num_pending > 0 and (seq.will_finish_by_length or seq.num_tokens >= self.max_model_len)
+
     def _schedule_decode(self) -> Optional[ScheduledBatch]:
         scheduled: list[Sequence] = []
+        kept: list[Sequence] = []  # running, in order (scheduled or finishing on a pending token)
+        starts: list[int] = []
+        src: list[int] = []
         while self.running and len(scheduled) < self.config.max_num_seqs:
             seq = self.running.popleft()
+            if self._done_pending(seq):
+                kept.append(seq)
+                continue
             while not self.bm.can_append(seq):
                 if self.running:
                     self.preempt(self.running.pop())
@@ -137,12 +174,18 @@ class Scheduler:
             else:
                 self.bm.may_append(seq)
                 seq.num_scheduled_tokens = 1
+                start = seq.num_tokens - 1
+                starts.append(start)
+                src.append(seq.pending_row if seq.num_pending else -1)
+                seq.num_cached_tokens = start + 1
                 scheduled.append(seq)
-        self.running.extendleft(reversed(scheduled))
+                kept.append(seq)
+        self.running.extendleft(reversed(kept))
         if not scheduled:
             return None
         return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled,
-                              sample_seqs=scheduled, sample_rows=list(range(len(scheduled))))
+                              sample_seqs=scheduled, sample_rows=list(range(len(scheduled))), starts=starts,
+                              input_src=src)
 
     def drop_kv(self) -> int:
         """Free the K/V of every live sequence (after a weight update): running ones are
@@ -166,18 +209,23 @@ class Scheduler:
     # ---- postprocess ---------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float],
                     version: int) -> list[Sequence]:
-        """Commit the step: cached-token counts, prefix-cache hashes, new tokens, finishes."""
-        for seq in batch.seqs:
-            seq.num_cached_tokens += seq.num_scheduled_tokens
-            seq.num_scheduled_tokens = 0
-            self.bm.hash_full_blocks(seq)
+        """Commit a completed step: its sampled tokens (pending until now), finishes, and
+        prefix-cache hashes. Rows of sequences that finished meanwhile (a stop token read
+        one step late, an abort) are discarded."""
         finished = []
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):
+            seq.num_pending -= 1
+            if seq.is_finished:
+                continue
             seq.append_token(tok, lp, version)
             reason = self._finish_reason(seq, tok)
             if reason:
                 self._finish(seq, reason)
                 finished.append(seq)
+        for seq in batch.seqs:
+            seq.num_scheduled_tokens = 0
+            if not seq.is_finished and seq.block_table:
+                self.bm.hash_full_blocks(seq)
         return finished
 
     def _finish_reason(self, seq: Sequence, tok: int) -> Optional[str]:

@@ -20,7 +20,13 @@ class Sequence:
     Invariants:
       * ``num_cached_tokens <= len(self)``: the first ``num_cached_tokens`` tokens
         have K/V in the blocks of ``block_table`` (in order, ``block_size`` per block);
-      * ``len(logprobs) == len(versions) == num_completion_tokens``.
+      * ``len(logprobs) == len(versions) == num_completion_tokens``;
+      * ``num_tokens = len(token_ids) + num_pending``: ``num_pending`` tokens (0 or 1 when
+        the scheduler runs) were sampled by a launched step whose results the host has not
+        read yet (overlapped scheduling); the pending token is row ``pending_row`` of the
+        last launched step's sampled-token tensor, so the next step reads it on the device;
+      * ``num_cached_tokens`` counts K/V computed *or being computed* by launched steps
+        (one CUDA stream: a later step sees it), so it may include the pending token.
     ``sample_index`` (0..n-1) and ``seed`` key the sampling noise, so the tokens drawn
     depend only on (seed, sample_index, position, logits), never on the batch.
     ``num_forks`` > 0 on a parent whose prompt will be shared with that many siblings
@@ -40,6 +46,10 @@ class Sequence:
         self.num_prompt_tokens = len(token_ids) if num_prompt_tokens is None else num_prompt_tokens
         self.num_cached_tokens = 0
         self.num_scheduled_tokens = 0  # tokens this step computes (set by the scheduler)
+        self.num_pending = 0
+        self.pending_row = -1
+        self.num_hashed_blocks = 0  # prefix-cache registration is incremental (BlockManager)
+        self.last_hash: Optional[int] = None
         self.block_table: list[int] = []
         self.status = SequenceStatus.WAITING
         self.logprobs: list[float] = []
@@ -52,6 +62,16 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens including the pending one (its position is known, its id not yet)."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
+    def will_finish_by_length(self) -> bool:
+        """The pending token reaches max_tokens: schedule nothing more for this sequence."""
+        return self.num_pending > 0 and self.num_tokens - self.num_prompt_tokens >= self.params.max_tokens
 
     @property
     def num_completion_tokens(self) -> int:

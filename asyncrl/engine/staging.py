@@ -1,0 +1,94 @@
+"""Host<->device transfers of one engine step without blocking the host.
+
+``HostToDevice.put(arrays)`` packs a step's host arrays (numpy, any dtypes) into one
+pinned buffer and issues ONE asynchronous copy into a device byte buffer; it returns typed
+device views. ``DeviceToHost`` copies a step's sampled tokens and log-probs into a pinned
+buffer asynchronously and records an event; ``read`` waits for that event only.
+
+Pinned buffers are double-buffered: slot ``i`` is rewritten two steps after its last use,
+and before rewriting it the host waits on the event recorded after that use (a no-op in
+the engine's loop, which has read step t by the time it launches step t+2). The device
+buffer is single: step t+1's copy is queued on the same stream after step t's kernels, so
+it never overwrites inputs a running step still reads.
+
+On CPU there is nothing to overlap: ``put`` returns the arrays as tensors and ``read``
+converts directly.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+_ALIGN = 16  # byte offset alignment of each array in the packed buffer (int64 views need 8)
+_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32,
+           np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
+class HostToDevice:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.pinned: list[Optional[torch.Tensor]] = [None, None]
+        self.events: list[Optional[torch.cuda.Event]] = [None, None]
+        self.dev: Optional[torch.Tensor] = None
+        self.slot = 0
+
+    def put(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """Device tensors equal to ``arrays`` (valid for kernels queued after this call)."""
+        if not self.cuda:
+            return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+        offs, total = [], 0
+        for a in arrays:
+            offs.append(total)
+            total += -(-a.nbytes // _ALIGN) * _ALIGN
+        slot, self.slot = self.slot, self.slot ^ 1
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # the copy that last read this slot is done
+        if self.pinned[slot] is None or self.pinned[slot].numel() < total:
+            self.pinned[slot] = torch.empty(max(total, 1 << 16), dtype=torch.uint8, pin_memory=True)
+        if self.dev is None or self.dev.numel() < total:
+            self.dev = torch.empty(self.pinned[slot].numel(), dtype=torch.uint8, device=self.device)
+        host = self.pinned[slot].numpy()
+        for a, o in zip(arrays, offs):
+            host[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        self.dev[:total].copy_(self.pinned[slot][:total], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.events[slot] = event
+        return [self.dev[o:o + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape) for a, o in zip(arrays, offs)]
+
+
+class DeviceToHost:
+    """Sampled ``tokens [B]`` int64 and ``logprobs [B]`` fp32 -> host lists, one step late."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pinned: list[Optional[torch.Tensor]] = [None, None]
+        self.slot = 0
+
+    def start(self, tokens: torch.Tensor, logprobs: torch.Tensor):
+        """Queue the copy; returns a handle for ``read``. Token ids < 2^53 are exact in fp64."""
+        n = tokens.shape[0]
+        both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
+        if not self.cuda:
+            return both, None
+        slot, self.slot = self.slot, self.slot ^ 1
+        if self.pinned[slot] is None or self.pinned[slot].numel() < 2 * n:
+            self.pinned[slot] = torch.empty(2 * max(n, 512), dtype=torch.float64, pin_memory=True)
+        # a CONTIGUOUS pinned target: copying into a strided view goes through a pageable
+        # temporary and blocks the host until the step is done (measured: no overlap)
+        out = self.pinned[slot][:2 * n].view(2, n)
+        out.copy_(both, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return out, event
+
+    @staticmethod
+    def read(handle) -> tuple[list[int], list[float]]:
+        out, event = handle
+        if event is not None:
+            event.synchronize()
+        rows = out.tolist()
+        return [int(t) for t in rows[0]], rows[1]
