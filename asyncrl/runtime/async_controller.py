@@ -88,7 +88,8 @@ class AsyncController(SyncController):
         self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update)
         self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
                                 rt.rollout_chunk or batch, cfg.seed, self.score,
-                                lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s)
+                                lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s,
+                                per_completion=rt.group_timeout_s is not None and rt.straggler_policy == "partial")
         self.executor = _make_executor(cfg, self.loop, self.inflight, backend)
         self._started = False
         self._window = None  # (wall, rollout busy, rollout wait) at the end of the last step

@@ -151,15 +151,16 @@ class WeightSync:
     Invariant: after ``push(v)`` returns, ``backend.version == v`` and (if probing) the backend's
     log-probs match the trainer's within tolerance; otherwise it raised.
 
-    Deferred probe (an in-flight backend with ``weights_snapshot()``: the rollout process, whose
-    shared tensors hold exactly the pushed weights until the next push): the probe of version v
-    runs in a background thread against the snapshot, off the trainer's critical path; ``push(v+1)``
-    waits for it before it overwrites the snapshot and returns its metrics (or raises its
-    error), and ``close()`` checks the last one. So every sync is still verified, one step late."""
+    Deferred probe (an in-flight backend with ``run_probe``: the rollout process, which runs the
+    whole check itself, against an HF forward over the shared tensors that hold exactly the
+    pushed weights until the next push): the probe of version v runs while the trainer goes on;
+    ``push(v+1)`` waits for it before it overwrites those tensors and returns its metrics (or
+    raises its error), and ``close()`` checks the last one. So every sync is still verified, one
+    step late, and the trainer's process spends nothing on it."""
 
     def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool):
         self.backend, self.gate, self.probe, self.inflight = backend, gate, probe, inflight
-        self.deferred = inflight and probe is not None and hasattr(backend, "weights_snapshot")
+        self.deferred = inflight and probe is not None and hasattr(backend, "run_probe")
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-probe") if self.deferred else None
         self._pending: Optional[Future] = None
 
@@ -167,7 +168,7 @@ class WeightSync:
         if self.deferred:
             metrics = self.wait()  # the previous probe reads the snapshot this push overwrites
             self.backend.update_weights(model.named_parameters(), version)
-            self._pending = self._pool.submit(self._probe, self.backend.weights_snapshot(), version)
+            self._pending = self._pool.submit(self._remote_probe, version)
             return metrics
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(model.named_parameters(), version)
@@ -188,6 +189,10 @@ class WeightSync:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
+
+    def _remote_probe(self, version: int) -> dict[str, float]:
+        result = self.backend.run_probe(self.probe, version)
+        return {"weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
 
     def _probe(self, model, version: int) -> dict[str, float]:
         if self.probe is None:

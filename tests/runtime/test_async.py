@@ -114,8 +114,8 @@ def test_probe_catches_a_backend_that_ignores_the_weights(cfg_of):
 
 
 class SnapshotBackend(HFGenerateBackend):
-    """In flight, with a snapshot of the pushed weights (as the rollout process has); with
-    ``stale`` it keeps generating with its first weights."""
+    """In flight, probing itself against a snapshot of the pushed weights (as the rollout
+    process does); with ``stale`` it keeps generating with its first weights."""
 
     inflight_weight_update = True
 
@@ -131,8 +131,8 @@ class SnapshotBackend(HFGenerateBackend):
             for name, tensor in named_tensors:
                 dict_[name].copy_(tensor)
 
-    def weights_snapshot(self):
-        return self.snapshot
+    def run_probe(self, probe, version):
+        return probe.check(self, self.snapshot, version)
 
 
 @pytest.mark.parametrize("stale", [False, True])

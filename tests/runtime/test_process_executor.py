@@ -14,6 +14,7 @@ from asyncrl.data.tasks import build_task
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.executors.process import ProcessRolloutBackend, RolloutProcessError
 from asyncrl.runtime.pipeline import prepare_policy, run_training
+from asyncrl.runtime.weight_sync import LogprobProbe, WeightSyncError
 from asyncrl.types import SamplingParams
 
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
@@ -99,3 +100,25 @@ def test_a_dead_rollout_process_fails_the_run(cfg_of):
         assert time.perf_counter() - start < 30
     finally:
         ctrl.close()
+
+
+def test_the_probe_runs_in_the_child_and_catches_an_engine_on_other_weights(cfg_of):
+    """The probe (engine sample + HF forward over the shared tensors) runs in the child. Shared
+    tensors changed behind the engine's back (what a child that skipped the load looks like)
+    make it fail with WeightSyncError in the trainer."""
+    model, tok = policy(cfg_of())
+    backend = ProcessRolloutBackend(model, tok, "engine")
+    probe = LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4)
+    try:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        backend.update_weights(model.named_parameters(), 1)
+        assert backend.run_probe(probe, 1).gap < 1e-4
+        with torch.no_grad():
+            for t in backend.shared.values():
+                t.add_(0.05 * torch.randn_like(t))  # the engine did not load these
+        with pytest.raises(WeightSyncError, match="did not take"):
+            backend.run_probe(probe, 1)
+    finally:
+        backend.close()

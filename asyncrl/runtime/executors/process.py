@@ -54,19 +54,21 @@ class ProcessRolloutBackend:
         self.version, self.backend_name = version, backend_name
         self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
         device = str(next(model.parameters()).device)
-        # a module whose parameters live in shared memory: [name] -> CPU tensor, written by each push
-        self._snapshot = clone_for_rollout(model).cpu()
-        self.shared = {n: p.data.share_memory_() for n, p in self._snapshot.named_parameters()}
+        # a module whose parameters live in shared memory ([name] -> CPU tensor, written by each
+        # push); the child builds its backend from it and keeps it as the probe's reference
+        reference = clone_for_rollout(model).cpu()
+        self.shared = {n: p.data.share_memory_() for n, p in reference.named_parameters()}
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, self._snapshot, tokenizer, self.shared, backend_name, version, kv_on_update, dtype, device))
+            child_conn, reference, tokenizer, self.shared, backend_name, version, kv_on_update, dtype, device))
         self.process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
         self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count()
         self._error: Optional[RolloutProcessError] = None
+        self._probes_sent: set[int] = set()
         self._ready = self._register(-1)
         self._receiver = threading.Thread(target=self._receive, name="asyncrl-rollout-recv", daemon=True)
         self._receiver.start()
@@ -82,10 +84,14 @@ class ProcessRolloutBackend:
                 self.shared[name].copy_(tensor.detach())
         self.version = self._call("update", version)
 
-    def weights_snapshot(self) -> torch.nn.Module:
-        """The HF module over the shared tensors: exactly the weights of the last push, until the
-        next one (lets ``WeightSync`` run the probe after ``update_weights`` returned)."""
-        return self._snapshot
+    def run_probe(self, probe, version: int):
+        """``probe.check`` run in the child: its engine samples the probe tokens and an HF forward
+        over the shared tensors (exactly the weights of the last push, until the next one)
+        recomputes their log-probs, off the trainer's process. Raises ``WeightSyncError`` as
+        ``probe.check`` does. Callers must not push while it runs (``WeightSync`` waits)."""
+        first = id(probe) not in self._probes_sent
+        self._probes_sent.add(id(probe))
+        return self._call("probe", id(probe), probe if first else None, version)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (after its running calls end); kill it if it does not stop in time."""
@@ -154,7 +160,7 @@ class ProcessRolloutBackend:
             if ok:
                 future.set_result(payload)
             else:
-                future.set_exception(RolloutProcessError(f"in the rollout process:\n{payload}"))
+                future.set_exception(_child_error(*payload))
 
     def _fail(self, error: RolloutProcessError) -> RolloutProcessError:
         """Every pending and later call raises the first failure, which is returned."""
@@ -172,7 +178,11 @@ class ProcessRolloutBackend:
 
 def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version: int, kv_on_update: str,
                 dtype, device: str) -> None:
-    """The rollout process: build the backend, then serve calls until "stop" or EOF."""
+    """The rollout process: build the backend, then serve calls until "stop" or EOF.
+
+    ``model``'s parameters are the shared tensors: it stays here as the probe's reference
+    (always the weights of the last push). Answers are (call id, ok, result | (error type
+    name, traceback)); a failure to start is reported with call id None."""
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
     send_lock = threading.Lock()
 
@@ -180,21 +190,22 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
         with send_lock:
             conn.send(message)
 
+    def answer(call_id, fn, *args):
+        try:
+            send(call_id, True, fn(*args))
+        except BaseException as err:
+            send(call_id, False, (type(err).__name__, traceback.format_exc()))
+
     try:
         backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device)
-        del model
         send(-1, True, _os_pid())
     except BaseException:
         send(None, False, traceback.format_exc())
         raise SystemExit(1)
+    probes: dict = {}  # the trainer's probe objects by key (each keeps its last result for delta)
+    calls = {"generate": backend.generate,
+             "probe": lambda key, probe, v: probes.setdefault(key, probe).check(backend, model, v)}
     workers = ThreadPoolExecutor(4, thread_name_prefix="asyncrl-rollout-gen")  # rollout workers + the probe
-
-    def generate(call_id, prompts, params):
-        try:
-            send(call_id, True, backend.generate(prompts, params))
-        except BaseException:
-            send(call_id, False, traceback.format_exc())
-
     while True:
         try:
             call_id, method, *args = conn.recv()
@@ -202,15 +213,21 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
             break
         if method == "stop":
             break
-        if method == "generate":
-            workers.submit(generate, call_id, *args)
-            continue
-        try:  # "update": between two engine steps (the engine's lock), while generations run
-            backend.update_weights(shared.items(), args[0])
-            send(call_id, True, backend.version)
-        except BaseException:
-            send(call_id, False, traceback.format_exc())
+        if method == "update":  # here, not in a worker: between two engine steps, while generations run
+            answer(call_id, lambda v: (backend.update_weights(shared.items(), v), backend.version)[1], *args)
+        else:
+            workers.submit(answer, call_id, calls[method], *args)
     workers.shutdown(wait=True)
+
+
+def _child_error(name: str, trace: str) -> Exception:
+    """The exception a failed call raises in the trainer: a failed probe stays a
+    ``WeightSyncError``; anything else is a ``RolloutProcessError`` with the child's traceback."""
+    from asyncrl.runtime.weight_sync import WeightSyncError
+
+    if name == "WeightSyncError":
+        return WeightSyncError(f"(probed in the rollout process)\n{trace}")
+    return RolloutProcessError(f"in the rollout process:\n{trace}")
 
 
 def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device):

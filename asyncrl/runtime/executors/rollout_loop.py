@@ -13,11 +13,11 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 from asyncrl.runtime.buffer import RolloutBuffer, ScoredGroup
 from asyncrl.runtime.staleness import StalenessManager
-from asyncrl.types import Completion, Example, RequestOutput, SamplingParams
+from asyncrl.types import Example, RequestOutput, SamplingParams
 
 ScoreFn = Callable[[Example, RequestOutput], tuple[list[float], list[float]]]
 
@@ -49,11 +49,17 @@ class InFlight:
 
     def record_score(self, gid: int, index: int, score: float, correct: float) -> None:
         """One completion scored; the group is handed over when all n are."""
+        self.record_scores(gid, [index], [score], [correct])
+
+    def record_scores(self, gid: int, indices: Sequence[int], scores: Sequence[float],
+                      correct: Sequence[float]) -> None:
+        """Completions ``indices`` scored; the group is handed over when all n are."""
         with self.lock:
             group = self.groups.get(gid)
             if group is None or group.settled:
                 return  # timed out already: the late score is ignored
-            group.scores[index] = (score, correct)
+            for i, score, ok in zip(indices, scores, correct):
+                group.scores[i] = (score, ok)
             if len(group.scores) < len(group.output.completions):
                 return
             self._settle(group, keep=sorted(group.scores))
@@ -83,16 +89,22 @@ class InFlight:
 
 
 class RolloutLoop:
-    """One iteration: admit up to ``chunk`` groups, generate them in one call, submit every
-    completion for scoring (``submit_score`` runs ``score`` elsewhere and calls back)."""
+    """One iteration: admit up to ``chunk`` groups, generate them in one call, submit them for
+    scoring (``submit_score`` runs ``score`` elsewhere and calls back).
+
+    Scoring tasks: one per completion when ``per_completion`` (a ``partial`` straggler policy
+    keeps the completions of a late group already scored, and one hung verifier then holds one
+    completion), else one per group, as the sync controller scores (n times fewer tasks on the
+    trainer's process; a reward pool still spreads the group's completions over its workers)."""
 
     def __init__(self, backend, staleness: StalenessManager, inflight: InFlight, prompts: Iterator[Example],
                  encode: Callable[[Example], list[int]], params: SamplingParams, chunk: int, seed: int,
                  score: ScoreFn, submit_score: Callable[[Callable[[], None]], None], gate,
-                 group_timeout_s: Optional[float]):
+                 group_timeout_s: Optional[float], per_completion: bool = True):
         self.backend, self.staleness, self.inflight = backend, staleness, inflight
         self.prompts, self.encode, self.params, self.chunk, self.seed = prompts, encode, params, chunk, seed
         self.score, self.submit_score, self.gate, self.timeout = score, submit_score, gate, group_timeout_s
+        self.per_completion = per_completion
         self._rounds = itertools.count(1)
         self._lock = threading.Lock()  # prompt stream + round counter are shared by the workers
         self.busy_seconds = self.wait_seconds = 0.0
@@ -117,8 +129,9 @@ class RolloutLoop:
         for g, out in zip(groups, outputs):
             g.output = out
             self.generated_tokens += sum(len(c.token_ids) for c in out.completions)
-            for i, c in enumerate(out.completions):
-                self.submit_score(self._scorer(g, i, c))
+            parts = [[i] for i in range(len(out.completions))] if self.per_completion else [range(len(out.completions))]
+            for indices in parts:
+                self.submit_score(self._scorer(g, list(indices)))
 
     def _generate(self, examples: list[Example], round_index: int) -> list[RequestOutput]:
         """Round r samples with seed·1_000_003 + r: with max_staleness=0, round r is step r of the
@@ -128,8 +141,9 @@ class RolloutLoop:
         with self.gate.reading():
             return self.backend.generate(ids, params)
 
-    def _scorer(self, group: PendingGroup, index: int, completion: Completion) -> Callable[[], None]:
+    def _scorer(self, group: PendingGroup, indices: list[int]) -> Callable[[], None]:
         def run():
-            scores, correct = self.score(group.example, RequestOutput(group.output.prompt_token_ids, None, [completion]))
-            self.inflight.record_score(group.gid, index, scores[0], correct[0])
+            completions = [group.output.completions[i] for i in indices]
+            scores, correct = self.score(group.example, RequestOutput(group.output.prompt_token_ids, None, completions))
+            self.inflight.record_scores(group.gid, indices, scores, correct)
         return run
