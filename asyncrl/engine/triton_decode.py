@@ -179,7 +179,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 # Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at
 # workload (b)'s shape (32 groups x 16, prefix 1024): see bench/RESULTS.md.
-PREFIX_SPLITS = 4         # chunks of each group's prefix attended in parallel
+PREFIX_SPLITS = 1         # chunks of each group's prefix attended in parallel (1 measured best)
 PREFIX_PROGRAMS_PER_SM = 4  # persistent programs per SM
 PREFIX_BLOCK_N, PREFIX_WARPS = 64, 4
 _num_sms: dict = {}
