@@ -66,7 +66,12 @@ def _train(cfg, source) -> dict:
     backend = build_backend(cfg.rollout.backend, model, tokenizer)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     def evaluate() -> dict:
-        """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature."""
+        """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
+        trainer's current weights. The sync controller pushes them into ``backend`` after each
+        update; the async one generates with a backend of its own, so ``backend`` (an engine
+        holds its own copy) is refreshed here first — else async runs would evaluate the warm
+        start. A no-op copy for HF generate sharing the trainer's tensors."""
+        backend.update_weights(model.named_parameters(), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         result = {"accuracy": heldout_accuracy(*common, encode=encode)}
         if cfg.trainer.eval_samples:

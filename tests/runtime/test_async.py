@@ -257,3 +257,32 @@ def test_the_quickstart_recipe_runs_async_as_shipped():
     validate_config(cfg)
     assert cfg.algorithm.decoupled and cfg.algorithm.rollout_correction.enabled and cfg.runtime.max_staleness >= 1
     assert not needs_recomputed_old_logprobs(cfg.actor, cfg.algorithm)
+
+
+def test_async_evaluation_sees_the_trained_weights(cfg_of, monkeypatch):
+    """The held-out eval backend is not the async rollout backend: at every evaluation (before,
+    during, after RL) it must run the trainer's current weights, not the warm start."""
+    import asyncrl.runtime.pipeline as pipeline
+
+    seen, gaps = {}, []
+    real_prepare, real_accuracy = pipeline.prepare_policy, pipeline.heldout_accuracy
+
+    def prepare(*args, **kwargs):
+        seen["model"], tok, info = real_prepare(*args, **kwargs)
+        seen["tok"] = tok
+        return seen["model"], tok, info
+
+    def accuracy(backend, *args, **kwargs):
+        probe = seen.setdefault("probe", LogprobProbe(seen["tok"]("12+34=")["input_ids"], 1.0, tolerance=1e-3))
+        result = probe.check(backend, seen["model"], backend.version)  # raises if the backend is stale
+        gaps.append(result.gap)
+        seen.setdefault("deltas", []).append(result.delta)
+        return real_accuracy(backend, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "prepare_policy", prepare)
+    monkeypatch.setattr(pipeline, "heldout_accuracy", accuracy)
+    # the entropy bonus moves the weights every step even when every reward is 0
+    run_training(cfg_of("runtime.mode=async", "rollout.backend=engine", "actor.lr=1e-2", "trainer.eval_every=2",
+                        "trainer.eval_samples=0", "algorithm.entropy_coeff=0.5", *DECOUPLED))
+    assert len(gaps) == 4 and max(gaps) < 1e-3  # before, steps 2 and 4, after
+    assert min(seen["deltas"][1:3]) > 1e-2  # the weights moved between evaluations (none after the last step)
