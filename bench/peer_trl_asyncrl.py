@@ -61,6 +61,12 @@ def run_asyncrl(checkpoint: str, seed: int, mode: str, limits: Limits, evaluate,
     backend = build_backend(cfg.rollout.backend, model, tokenizer)
     controller = build_controller(cfg, model, backend, tokenizer, source, source.prompt_encoder(tokenizer))
     record.startup_seconds = time.perf_counter() - start
+    return run_controller(controller, model, record, limits, evaluate, mode)
+
+
+def run_controller(controller, model, record: RunRecord, limits: Limits, evaluate, mode: str) -> RunRecord:
+    """``controller.step`` until ``limits``, each step's stage seconds from the controller's timer."""
+    batch = controller.cfg.trainer.prompts_per_step * controller.cfg.rollout.n
     clock = StepClock(record, limits, evaluate)
     clock.eval_now(model, 0)
     clock.restart()
@@ -70,10 +76,10 @@ def run_asyncrl(checkpoint: str, seed: int, mode: str, limits: Limits, evaluate,
             step += 1
             metrics = controller.step(step)
             stages = dict(controller.timer.step_seconds)
-            tokens = int(round(metrics["response/length_mean"] * 16 * 8))
-            if mode == "async":
+            tokens = int(round(metrics["response/length_mean"] * batch))
+            if mode == "async":  # overlapped with the trainer: not part of the step's wall time
                 stages["async_rollout_busy"] = metrics.get("async/rollout_seconds", 0.0)
-            if clock.step_done(step, stages, 16 * 8, tokens, model):
+            if clock.step_done(step, stages, batch, tokens, model):
                 break
     finally:
         if mode == "async":

@@ -40,6 +40,13 @@ class _Stages:
         return out
 
 
+def _now() -> float:
+    """Wall time after the GPU's queued work (stage boundaries must not leak kernels)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
 class TimedGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with its generate / score / loss-forward / backward time recorded."""
 
@@ -49,31 +56,31 @@ class TimedGRPOTrainer(GRPOTrainer):
         backward = self.accelerator.backward
 
         def timed_backward(loss, **kw):
-            start = time.perf_counter()
+            start = _now()
             backward(loss, **kw)
-            self.stages.add("backward", time.perf_counter() - start)
+            self.stages.add("backward", _now() - start)
         self.accelerator.backward = timed_backward
 
     def _generate(self, prompts):
-        start = time.perf_counter()
+        start = _now()
         out = super()._generate(prompts)
-        self.stages.add("generate", time.perf_counter() - start)
+        self.stages.add("generate", _now() - start)
         return out
 
     def _generate_and_score_completions(self, inputs):
-        start = time.perf_counter()
+        start = _now()
         generated_before = self.stages.seconds.get("generate", 0.0)
         out = super()._generate_and_score_completions(inputs)
         generate = self.stages.seconds.get("generate", 0.0) - generated_before
-        self.stages.add("score", time.perf_counter() - start - generate)
+        self.stages.add("score", _now() - start - generate)
         self.stages.completions += int(out["completion_mask"].shape[0])
         self.stages.tokens += int(out["completion_mask"].sum())
         return out
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        start = time.perf_counter()
+        start = _now()
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self.stages.add("loss_forward", time.perf_counter() - start)
+        self.stages.add("loss_forward", _now() - start)
         return loss
 
 
@@ -86,14 +93,14 @@ class _ClockCallback(TrainerCallback):
         self.clock.restart()
 
     def on_pre_optimizer_step(self, args, state, control, **kw):
-        self._opt_start = time.perf_counter()
+        self._opt_start = _now()
 
     def on_optimizer_step(self, args, state, control, **kw):
-        self.stages.add("optimizer", time.perf_counter() - self._opt_start)
+        self.stages.add("optimizer", _now() - self._opt_start)
 
     def on_step_end(self, args, state, control, model=None, **kw):
         seconds, completions, tokens = self.stages.take()
-        wall = time.perf_counter() - self.clock.last
+        wall = _now() - self.clock.last
         seconds["other"] = max(wall - sum(seconds.values()), 0.0)
         if self.clock.step_done(state.global_step, seconds, completions, tokens, model):
             control.should_training_stop = True
@@ -131,25 +138,31 @@ def prompt_dataset(task, seed: int, rows: int) -> Dataset:
     return Dataset.from_dict({"prompt": [e.prompt for e in examples], "answer": [e.answer for e in examples]})
 
 
+def run_grpo_trainer(model, tokenizer, config: GRPOConfig, dataset: Dataset, reward, limits: Limits,
+                     evaluate: Optional[object], seed: int, start: float) -> RunRecord:
+    """Train with ``TimedGRPOTrainer`` until ``limits``; ``model`` is a module or a checkpoint
+    path (then ``config.model_init_kwargs`` load it). Startup counts from ``start``."""
+    record = RunRecord("trl", seed)
+    stages = _Stages()
+    clock = StepClock(record, limits, evaluate)
+    trainer = TimedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=config,
+                               train_dataset=dataset, callbacks=[_ClockCallback(clock, stages)], stages=stages)
+    record.startup_seconds = time.perf_counter() - start
+    trainer.train()
+    if evaluate is not None and (not record.evals or record.evals[-1]["step"] != len(record.step_seconds)):
+        clock.eval_now(trainer.model, len(record.step_seconds))
+    record.extra["trl_version"] = __import__("trl").__version__
+    return record
+
+
 def run_trl(checkpoint: str, task, seed: int, limits: Limits, evaluate, out_dir: str, threads: int,
             max_steps_cap: int = 20_000) -> RunRecord:
-    """GRPO in TRL from ``checkpoint`` until ``limits``; returns the timed record."""
+    """GRPO in TRL from the CPU setting's ``checkpoint`` until ``limits``."""
     torch.set_num_threads(threads)
-    record = RunRecord("trl", seed)
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     steps = limits.steps or max_steps_cap
-    stages = _Stages()
-    clock = StepClock(record, limits, evaluate)
-    trainer = TimedGRPOTrainer(model=model, processing_class=tokenizer,
-                               reward_funcs=reward_exact_with_eos(tokenizer.eos_token_id),
-                               args=trl_config(out_dir, seed, threads, steps),
-                               train_dataset=prompt_dataset(task, seed, steps * 16),
-                               callbacks=[_ClockCallback(clock, stages)], stages=stages)
-    record.startup_seconds = time.perf_counter() - start
-    trainer.train()
-    if not record.evals or record.evals[-1]["step"] != len(record.step_seconds):
-        clock.eval_now(trainer.model, len(record.step_seconds))
-    record.extra["trl_version"] = __import__("trl").__version__
-    return record
+    return run_grpo_trainer(model, tokenizer, trl_config(out_dir, seed, threads, steps),
+                            prompt_dataset(task, seed, steps * 16), reward_exact_with_eos(tokenizer.eos_token_id),
+                            limits, evaluate, seed, start)

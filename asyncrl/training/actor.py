@@ -9,6 +9,7 @@ from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, com
                                 rollout_is_weights)
 from asyncrl.training.logprob_gap import LogprobGap
 from asyncrl.training.logprobs import response_logprobs
+from asyncrl.training.optim import adamw
 from asyncrl.types import TrainBatch
 
 
@@ -55,8 +56,8 @@ class Actor:
     def __init__(self, model, actor_cfg, algo_cfg, temperature: float):
         self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
         self.loss_cfg = policy_loss_config(algo_cfg)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=actor_cfg.lr, betas=tuple(actor_cfg.betas),
-                                           weight_decay=actor_cfg.weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=actor_cfg.lr, betas=actor_cfg.betas,
+                               weight_decay=actor_cfg.weight_decay)
         warmup = actor_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)

@@ -19,6 +19,7 @@ from transformers import AutoModelForTokenClassification
 
 from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
 from asyncrl.training.logprobs import position_ids_from_mask
+from asyncrl.training.optim import adamw
 from asyncrl.types import TrainBatch
 
 
@@ -67,7 +68,7 @@ class Critic:
 
     def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int):
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
