@@ -13,11 +13,19 @@ chain rooted at ``namespace`` (the weight version), so K/V computed under older 
 is never reused after ``set_namespace``. Freed blocks keep their hash and stay findable
 until reused; ``free`` is an insertion-ordered dict used as an LRU queue (blocks are
 freed tail-first, so a prompt's head outlives its tail).
+
+Block-table rows (with ``max_blocks_per_seq``): every sequence holding blocks also owns
+row ``seq.table_row`` of the numpy array ``tables [rows, max_blocks_per_seq]`` int32,
+kept equal to its ``block_table`` (padded with ``num_blocks``, the scratch block id) as
+blocks are added, so a decode step gathers its batch's tables in one indexing op instead
+of a Python loop over sequences.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Optional
+
+import numpy as np
 
 from asyncrl.engine.sequence import Sequence
 
@@ -33,8 +41,12 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 max_blocks_per_seq: Optional[int] = None):
         self.block_size = block_size
+        self.pad = num_blocks  # table padding: the runner's scratch block
+        self.tables = None if max_blocks_per_seq is None else np.full((64, max_blocks_per_seq), num_blocks, np.int32)
+        self.free_rows = [] if self.tables is None else list(range(63, -1, -1))
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
@@ -72,6 +84,24 @@ class BlockManager:
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return seq.num_blocks_needed(self.block_size) - len(hits) + revived <= self.num_free_blocks
 
+    # ---- block-table rows ------------------------------------------------------
+    def _bind_row(self, seq: Sequence) -> None:
+        """Give ``seq`` (which just got its blocks) a table row holding them."""
+        if self.tables is None:
+            return
+        if not self.free_rows:  # grow: double the rows
+            n = len(self.tables)
+            self.tables = np.concatenate([self.tables, np.full_like(self.tables, self.pad)])
+            self.free_rows = list(range(2 * n - 1, n - 1, -1))
+        row = seq.table_row = self.free_rows.pop()
+        self.tables[row] = self.pad
+        self.tables[row, :len(seq.block_table)] = seq.block_table
+
+    def _unbind_row(self, seq: Sequence) -> None:
+        if self.tables is not None and seq.table_row >= 0:
+            self.free_rows.append(seq.table_row)
+        seq.table_row = -1
+
     # ---- mutations -----------------------------------------------------------
     def _take_free(self) -> int:
         b, _ = self.free.popitem(last=False)
@@ -95,6 +125,7 @@ class BlockManager:
         for b in hits:
             self._ref(b)
         seq.block_table = hits + [self._take_free() for _ in range(seq.num_blocks_needed(self.block_size) - len(hits))]
+        self._bind_row(seq)
         seq.num_cached_tokens = len(hits) * self.block_size
         self.cache_hit_tokens += seq.num_cached_tokens
 
@@ -106,6 +137,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[b] = None
         seq.block_table = []
+        self._unbind_row(seq)
         seq.num_cached_tokens = 0
         seq.num_hashed_blocks, seq.last_hash = 0, None
 
@@ -122,6 +154,8 @@ class BlockManager:
         writes the K/V of the last token (position num_tokens-1), plus any speculative extras."""
         for _ in range(self._blocks_to_append(seq, num_tokens)):
             seq.block_table.append(self._take_free())
+            if self.tables is not None:
+                self.tables[seq.table_row, len(seq.block_table) - 1] = seq.block_table[-1]
 
     def hash_full_blocks(self, seq: Sequence) -> None:
         """Register the full blocks of ``seq`` whose K/V is written (or being written by a
@@ -164,6 +198,7 @@ class BlockManager:
             dst = self._take_free()
             child.block_table.append(dst)
             copy = (parent.block_table[full], dst, len(parent) % self.block_size)
+        self._bind_row(child)
         child.num_cached_tokens = len(parent)
         self.forked_tokens += len(parent)
         return copy
@@ -186,3 +221,10 @@ class BlockManager:
             assert (block.ref_count == 0) == (block.block_id in self.free)
         for h, b in self.hash_to_block.items():
             assert self.blocks[b].hash == h and len(self.blocks[b].token_ids) == self.block_size
+        if self.tables is not None:  # table rows mirror block tables; free and used rows disjoint
+            rows = [s.table_row for s in live if s.block_table]
+            assert len(set(rows)) == len(rows) and not set(rows) & set(self.free_rows)
+            assert len(rows) + len(self.free_rows) == len(self.tables)
+            for s in live:
+                if s.block_table:
+                    assert self.tables[s.table_row, :len(s.block_table)].tolist() == s.block_table

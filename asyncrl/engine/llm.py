@@ -50,7 +50,8 @@ class LLM:
             self.eos_token_ids = [self.tokenizer.eos_token_id]
         self.runner = ModelRunner(self.model, self.config, self.max_model_len)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching)
+                                          self.config.enable_prefix_caching,
+                                          max_blocks_per_seq=self.runner._bt_width())
         self.scheduler = Scheduler(self.config, self.block_manager, self.max_model_len, self.eos_token_ids,
                                    self._hit_stop_string)
         self.version = version

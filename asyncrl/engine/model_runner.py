@@ -161,11 +161,15 @@ class ModelRunner:
         src[:n] = batch.input_src
         ids = np.zeros(bs, dtype=np.int64)
         bt = np.full((bs, self._bt_width()), self.scratch_block, dtype=np.int32)
-        for i, s in enumerate(batch.seqs):
-            table = s.block_table
-            bt[i, :len(table)] = table
-            if src[i] < 0:  # not pending: the input is the last host token
-                ids[i] = s.token_ids[-1]
+        if batch.block_tables is not None:  # gathered by the scheduler: no per-row Python
+            bt[:n] = batch.block_tables
+            ids[:n] = batch.last_ids
+        else:
+            for i, s in enumerate(batch.seqs):
+                table = s.block_table
+                bt[i, :len(table)] = table
+                if src[i] < 0:  # not pending: the input is the last host token
+                    ids[i] = s.token_ids[-1]
         slots = np.full(bs, self.scratch_block * bsz, dtype=np.int64)
         slots[:n] = bt[np.arange(n), pos[:n] // bsz].astype(np.int64) * bsz + pos[:n] % bsz
         ctx = np.ones(bs, dtype=np.int32)

@@ -28,6 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
+
 from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.sequence import Sequence, SequenceStatus
@@ -47,6 +49,9 @@ class ScheduledBatch:
     ``input_src[i]`` (decode only): row of the previous step's sampled tokens that holds
     ``seqs[i]``'s input token (it is pending), or -1 (the id is on the host).
     ``key_positions[j]``: the position ``sample_seqs[j]``'s new token takes (keys its noise).
+    Decode only, gathered in the scheduler's loop so the runner needs none:
+    ``block_tables`` ``[n, W]`` int32 (``BlockManager.tables`` rows; None without them) and
+    ``last_ids[i]``, the input token id when it is on the host (else 0: pending).
     """
 
     seqs: list[Sequence]
@@ -58,6 +63,8 @@ class ScheduledBatch:
     starts: list[int] = field(default_factory=list)
     input_src: list[int] = field(default_factory=list)
     key_positions: list[int] = field(default_factory=list)
+    block_tables: Optional[np.ndarray] = None
+    last_ids: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -151,41 +158,53 @@ class Scheduler:
             batch.sample_seqs.append(child)
             batch.sample_rows.append(row)
 
-    def _done_pending(self, seq: Sequence) -> bool:
-        """Its pending token is its last (length limits are known before the id is)."""
-        return seq.num_pending > 0 and (seq.will_finish_by_length or seq.num_tokens >= self.max_model_len)
-
     def _schedule_decode(self) -> Optional[ScheduledBatch]:
+        """One token for each running sequence, in order, up to ``max_num_seqs``. The hot
+        loop of the engine (once per step per sequence): a sequence whose next position
+        falls in a block it holds costs no BlockManager call."""
         scheduled: list[Sequence] = []
         kept: list[Sequence] = []  # running, in order (scheduled or finishing on a pending token)
         starts: list[int] = []
         src: list[int] = []
-        while self.running and len(scheduled) < self.config.max_num_seqs:
-            seq = self.running.popleft()
-            if self._done_pending(seq):
-                kept.append(seq)
+        rows: list[int] = []
+        last: list[int] = []
+        bsz, max_len, max_seqs, running = self.bm.block_size, self.max_model_len, self.config.max_num_seqs, self.running
+        while running and len(scheduled) < max_seqs:
+            seq = running.popleft()
+            pending = seq.num_pending
+            start = len(seq.token_ids) + pending - 1  # the position this step computes
+            if pending and (start + 1 - seq.num_prompt_tokens >= seq.params.max_tokens or start + 1 >= max_len):
+                kept.append(seq)  # its pending token is its last: it finishes when that arrives
                 continue
-            while not self.bm.can_append(seq):
-                if self.running:
-                    self.preempt(self.running.pop())
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                self.bm.may_append(seq)
-                seq.num_scheduled_tokens = 1
-                start = seq.num_tokens - 1
-                starts.append(start)
-                src.append(seq.pending_row if seq.num_pending else -1)
-                seq.num_cached_tokens = start + 1
-                scheduled.append(seq)
-                kept.append(seq)
-        self.running.extendleft(reversed(kept))
+            if start >= len(seq.block_table) * bsz and not self._grow(seq):
+                continue  # preempted itself: nothing else to take a block from
+            seq.num_scheduled_tokens = 1
+            seq.num_cached_tokens = start + 1
+            starts.append(start)
+            src.append(seq.pending_row if pending else -1)
+            last.append(0 if pending else seq.token_ids[-1])
+            rows.append(seq.table_row)
+            scheduled.append(seq)
+            kept.append(seq)
+        running.extendleft(reversed(kept))
         if not scheduled:
             return None
         return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled,
                               sample_seqs=scheduled, sample_rows=list(range(len(scheduled))), starts=starts,
-                              input_src=src)
+                              input_src=src, last_ids=last,
+                              block_tables=None if self.bm.tables is None else self.bm.tables[rows])
+
+    def _grow(self, seq: Sequence) -> bool:
+        """A new block for ``seq``'s next position, preempting the most recently admitted
+        running sequences while none is free; False if ``seq`` itself had to go."""
+        while not self.bm.can_append(seq):
+            if self.running:
+                self.preempt(self.running.pop())
+            else:
+                self.preempt(seq)
+                return False
+        self.bm.may_append(seq)
+        return True
 
     def drop_kv(self) -> int:
         """Free the K/V of every live sequence (after a weight update): running ones are
@@ -213,28 +232,34 @@ class Scheduler:
         prefix-cache hashes. Rows of sequences that finished meanwhile (a stop token read
         one step late, an abort) are discarded."""
         finished = []
+        done = SequenceStatus.FINISHED
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):
             seq.num_pending -= 1
-            if seq.is_finished:
+            if seq.status is done:
                 continue
-            seq.append_token(tok, lp, version)
+            seq.token_ids.append(tok)
+            seq.logprobs.append(lp)
+            seq.versions.append(version)
             reason = self._finish_reason(seq, tok)
             if reason:
                 self._finish(seq, reason)
                 finished.append(seq)
-        for seq in batch.seqs:
-            seq.num_scheduled_tokens = 0
-            if not seq.is_finished and seq.block_table:
-                self.bm.hash_full_blocks(seq)
+        if self.bm.enable_prefix_caching:
+            bsz = self.bm.block_size
+            for seq in batch.seqs:  # only when a block may have filled up
+                if (seq.block_table and seq.status is not done
+                        and min(seq.num_cached_tokens, len(seq.token_ids)) // bsz > seq.num_hashed_blocks):
+                    self.bm.hash_full_blocks(seq)
         return finished
 
     def _finish_reason(self, seq: Sequence, tok: int) -> Optional[str]:
         p = seq.params
         if (tok in self.eos and not p.ignore_eos) or tok in p.stop_token_ids:
             return "stop"
-        if self.stop_checker is not None and p.stop and self.stop_checker(seq):
+        if p.stop and self.stop_checker is not None and self.stop_checker(seq):
             return "stop"
-        if seq.num_completion_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
+        n = len(seq.token_ids)
+        if n - seq.num_prompt_tokens >= p.max_tokens or n >= self.max_model_len:
             return "length"
         return None
 

@@ -51,6 +51,7 @@ class Sequence:
         self.num_hashed_blocks = 0  # prefix-cache registration is incremental (BlockManager)
         self.last_hash: Optional[int] = None
         self.block_table: list[int] = []
+        self.table_row = -1  # its row of BlockManager.tables while it holds blocks
         self.status = SequenceStatus.WAITING
         self.logprobs: list[float] = []
         self.versions: list[int] = []
@@ -67,11 +68,6 @@ class Sequence:
     def num_tokens(self) -> int:
         """Tokens including the pending one (its position is known, its id not yet)."""
         return len(self.token_ids) + self.num_pending
-
-    @property
-    def will_finish_by_length(self) -> bool:
-        """The pending token reaches max_tokens: schedule nothing more for this sequence."""
-        return self.num_pending > 0 and self.num_tokens - self.num_prompt_tokens >= self.params.max_tokens
 
     @property
     def num_completion_tokens(self) -> int:

@@ -19,7 +19,7 @@ PARAMS = SamplingParams()
 class BlockManagerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(NB, BS)
+        self.bm = BlockManager(NB, BS, max_blocks_per_seq=NB)  # with table rows (checked by the invariant)
         self.live: list[Sequence] = []
         self.content = {b: [None] * BS for b in range(NB)}
 
