@@ -41,6 +41,9 @@ def parse_args(argv=None):
     p.add_argument("--budget", type=float, default=None, help="stop each run after this many training seconds")
     p.add_argument("--eval-every", type=int, default=100, help="held-out eval every N steps (0: start and end)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (the issue: 2)")
+    p.add_argument("--interleave", action="store_true",
+                   help="run TRL and asyncrl sync step by step in turns (same machine load for both); "
+                        "async runs after them, alone")
     p.add_argument("--work-dir", default=None, help="SFT checkpoints and run dirs (default: a temp dir)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
@@ -76,6 +79,13 @@ def run_cpu(args) -> dict:
         task = build_task(seed)
         evaluate = Evaluator(task, AutoTokenizer.from_pretrained(str(checkpoint)), seed)
         order = args.frameworks[seed % len(args.frameworks):] + args.frameworks[:seed % len(args.frameworks)]
+        if args.interleave and {"trl", "sync"} <= set(order):
+            records = run_pair(checkpoint, task, seed, limits, evaluate, work, args.threads)
+            for record in records:
+                out["runs"].append(record.to_json())
+                print_summary(record.summary())
+            save(out, args.json)
+            order = [name for name in order if name not in ("trl", "sync")]
         for name in order:
             print(f"[peer_trl] seed {seed}: {name} (load {os.getloadavg()[0]:.2f})", flush=True)
             if name == "trl":
@@ -86,8 +96,46 @@ def run_cpu(args) -> dict:
             record.extra["load_avg_1"] = round(os.getloadavg()[0], 2)
             out["runs"].append(record.to_json())
             print_summary(record.summary())
+            save(out, args.json)
     out["machine_after"] = machine()
     return out
+
+
+def save(result: dict, path) -> None:
+    """Write the json now (a long run keeps what it measured if stopped later)."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(result, indent=1, default=str))
+
+
+def run_pair(checkpoint, task, seed, limits, evaluate, work: Path, threads: int):
+    """TRL (in a thread) and asyncrl sync (here) alternating one step each."""
+    import threading
+    from peer_trl_asyncrl import run_asyncrl
+    from peer_trl_clock import Baton
+    from peer_trl_trl import run_trl
+
+    baton, result, errors = Baton(), [], []
+
+    def trl_side():
+        try:
+            result.append(run_trl(str(checkpoint), task, seed, limits, evaluate, str(work / f"trl_{seed}"), threads,
+                                  baton=baton))
+        except BaseException as err:  # surfaced in the main thread
+            errors.append(err)
+            baton.finish()
+    print(f"[peer_trl] seed {seed}: trl + sync interleaved (load {os.getloadavg()[0]:.2f})", flush=True)
+    worker = threading.Thread(target=trl_side, daemon=True)
+    worker.start()
+    ours = run_asyncrl(str(checkpoint), seed, "sync", limits, evaluate, str(work / f"asyncrl_sync_{seed}"), threads,
+                       between=baton.turn)
+    baton.drain()
+    worker.join()
+    if errors:
+        raise errors[0]
+    for record in (result[0], ours):
+        record.extra.update(interleaved=True, load_avg_1=round(os.getloadavg()[0], 2))
+    return result[0], ours
 
 
 def print_summary(s: dict) -> None:
@@ -119,6 +167,11 @@ def table(result: dict) -> str:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.interleave:
+        # Two frameworks' threads take turns: OpenMP workers of the idle one must sleep, not spin
+        # (libgomp's default spin-wait stole up to 10x of a step from the other side). Read by
+        # libgomp when torch loads, so it is set before the first torch import.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.setting == "h200":
         from peer_trl_h200 import run_h200
         result = run_h200(args)
@@ -128,9 +181,7 @@ def main(argv=None) -> dict:
         if args.plot:
             from peer_trl_plot import plot
             plot(result, args.plot)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    save(result, args.json)
     return result
 
 

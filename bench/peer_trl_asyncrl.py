@@ -49,7 +49,7 @@ def asyncrl_config(checkpoint: str, seed: int, mode: str, threads: int, run_dir:
 
 
 def run_asyncrl(checkpoint: str, seed: int, mode: str, limits: Limits, evaluate, run_dir: str,
-                threads: int, extra=()) -> RunRecord:
+                threads: int, extra=(), between=None) -> RunRecord:
     """asyncrl GRPO (``mode`` sync or async) from ``checkpoint`` until ``limits``."""
     cfg = asyncrl_config(checkpoint, seed, mode, threads, run_dir, extra)
     record = RunRecord(f"asyncrl-{mode}", seed)
@@ -61,11 +61,13 @@ def run_asyncrl(checkpoint: str, seed: int, mode: str, limits: Limits, evaluate,
     backend = build_backend(cfg.rollout.backend, model, tokenizer)
     controller = build_controller(cfg, model, backend, tokenizer, source, source.prompt_encoder(tokenizer))
     record.startup_seconds = time.perf_counter() - start
-    return run_controller(controller, model, record, limits, evaluate, mode)
+    return run_controller(controller, model, record, limits, evaluate, mode, between)
 
 
-def run_controller(controller, model, record: RunRecord, limits: Limits, evaluate, mode: str) -> RunRecord:
-    """``controller.step`` until ``limits``, each step's stage seconds from the controller's timer."""
+def run_controller(controller, model, record: RunRecord, limits: Limits, evaluate, mode: str,
+                   between=None) -> RunRecord:
+    """``controller.step`` until ``limits``, each step's stage seconds from the controller's timer;
+    ``between()`` (off the clock) runs before each step: the other framework's turn."""
     batch = controller.cfg.trainer.prompts_per_step * controller.cfg.rollout.n
     clock = StepClock(record, limits, evaluate)
     clock.eval_now(model, 0)
@@ -74,6 +76,9 @@ def run_controller(controller, model, record: RunRecord, limits: Limits, evaluat
     try:
         while True:
             step += 1
+            if between is not None:
+                between()
+                clock.restart()
             metrics = controller.step(step)
             stages = dict(controller.timer.step_seconds)
             tokens = int(round(metrics["response/length_mean"] * batch))

@@ -8,6 +8,7 @@ logging, callbacks).
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -96,3 +97,37 @@ class StepClock:
             self.eval_now(model, step)
         self.restart()
         return stop
+
+
+class Baton:
+    """Strict turn-taking between a framework's loop in a worker thread and the main thread,
+    so two frameworks alternate step by step and see the same machine load (a shared CPU's
+    load swings by minutes; run one after the other, they would not).
+
+    Worker: ``wait_turn()`` before each step, ``pass_back()`` after it, ``finish()`` at the end.
+    Main: ``turn()`` lets the worker run exactly one step (returns at once once it finished).
+    """
+
+    def __init__(self):
+        self._go, self._back = threading.Semaphore(0), threading.Semaphore(0)
+        self.finished = False
+
+    def wait_turn(self) -> None:
+        self._go.acquire()
+
+    def pass_back(self) -> None:
+        self._back.release()
+
+    def finish(self) -> None:
+        self.finished = True
+        self._back.release()
+
+    def turn(self) -> None:
+        if not self.finished:
+            self._go.release()
+            self._back.acquire()
+
+    def drain(self) -> None:
+        """Let the worker run its remaining steps alone."""
+        while not self.finished:
+            self.turn()

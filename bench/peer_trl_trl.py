@@ -20,7 +20,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from peer_trl_clock import Limits, RunRecord, StepClock
+from peer_trl_clock import Baton, Limits, RunRecord, StepClock
 
 
 class _Stages:
@@ -85,12 +85,20 @@ class TimedGRPOTrainer(GRPOTrainer):
 
 
 class _ClockCallback(TrainerCallback):
-    def __init__(self, clock: StepClock, stages: _Stages):
-        self.clock, self.stages, self._opt_start = clock, stages, 0.0
+    """Stage and step times into the record; with a ``baton``, one step per turn (the clock
+    restarts when the turn comes, so the other framework's step is never counted)."""
+
+    def __init__(self, clock: StepClock, stages: _Stages, baton: Optional[Baton] = None):
+        self.clock, self.stages, self.baton, self._opt_start = clock, stages, baton, 0.0
+
+    def _wait_turn(self) -> None:
+        if self.baton is not None:
+            self.baton.wait_turn()
+        self.clock.restart()
 
     def on_train_begin(self, args, state, control, model=None, **kw):
         self.clock.eval_now(model, 0)
-        self.clock.restart()
+        self._wait_turn()
 
     def on_pre_optimizer_step(self, args, state, control, **kw):
         self._opt_start = _now()
@@ -103,7 +111,10 @@ class _ClockCallback(TrainerCallback):
         wall = _now() - self.clock.last
         seconds["other"] = max(wall - sum(seconds.values()), 0.0)
         if self.clock.step_done(state.global_step, seconds, completions, tokens, model):
-            control.should_training_stop = True
+            control.should_training_stop = True  # the baton is handed back once train() returned
+        elif self.baton is not None:
+            self.baton.pass_back()
+            self._wait_turn()
 
 
 def reward_exact_with_eos(eos_id: int):
@@ -139,16 +150,20 @@ def prompt_dataset(task, seed: int, rows: int) -> Dataset:
 
 
 def run_grpo_trainer(model, tokenizer, config: GRPOConfig, dataset: Dataset, reward, limits: Limits,
-                     evaluate: Optional[object], seed: int, start: float) -> RunRecord:
+                     evaluate: Optional[object], seed: int, start: float, baton: Optional[Baton] = None) -> RunRecord:
     """Train with ``TimedGRPOTrainer`` until ``limits``; ``model`` is a module or a checkpoint
     path (then ``config.model_init_kwargs`` load it). Startup counts from ``start``."""
     record = RunRecord("trl", seed)
     stages = _Stages()
     clock = StepClock(record, limits, evaluate)
     trainer = TimedGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward, args=config,
-                               train_dataset=dataset, callbacks=[_ClockCallback(clock, stages)], stages=stages)
+                               train_dataset=dataset, callbacks=[_ClockCallback(clock, stages, baton)], stages=stages)
     record.startup_seconds = time.perf_counter() - start
-    trainer.train()
+    try:
+        trainer.train()
+    finally:  # after TRL's end-of-training work, so it never runs beside the other framework's step
+        if baton is not None:
+            baton.finish()
     if evaluate is not None and (not record.evals or record.evals[-1]["step"] != len(record.step_seconds)):
         clock.eval_now(trainer.model, len(record.step_seconds))
     record.extra["trl_version"] = __import__("trl").__version__
@@ -156,7 +171,7 @@ def run_grpo_trainer(model, tokenizer, config: GRPOConfig, dataset: Dataset, rew
 
 
 def run_trl(checkpoint: str, task, seed: int, limits: Limits, evaluate, out_dir: str, threads: int,
-            max_steps_cap: int = 20_000) -> RunRecord:
+            max_steps_cap: int = 20_000, baton: Optional[Baton] = None) -> RunRecord:
     """GRPO in TRL from the CPU setting's ``checkpoint`` until ``limits``."""
     torch.set_num_threads(threads)
     start = time.perf_counter()
@@ -165,4 +180,4 @@ def run_trl(checkpoint: str, task, seed: int, limits: Limits, evaluate, out_dir:
     steps = limits.steps or max_steps_cap
     return run_grpo_trainer(model, tokenizer, trl_config(out_dir, seed, threads, steps),
                             prompt_dataset(task, seed, steps * 16), reward_exact_with_eos(tokenizer.eos_token_id),
-                            limits, evaluate, seed, start)
+                            limits, evaluate, seed, start, baton)
