@@ -127,6 +127,7 @@ def run_pair(checkpoint, task, seed, limits, evaluate, work: Path, threads: int)
     print(f"[peer_trl] seed {seed}: trl + sync interleaved (load {os.getloadavg()[0]:.2f})", flush=True)
     worker = threading.Thread(target=trl_side, daemon=True)
     worker.start()
+    baton.turn()  # TRL's loading, first eval and step 1 alone: from_pretrained is not thread-safe
     ours = run_asyncrl(str(checkpoint), seed, "sync", limits, evaluate, str(work / f"asyncrl_sync_{seed}"), threads,
                        between=baton.turn)
     baton.drain()
