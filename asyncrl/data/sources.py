@@ -116,6 +116,12 @@ class PoolReward:
 
 # -- prompt encoding ---------------------------------------------------------------
 
+def encode_batch(encode: Callable[[Example], list[int]], examples: Sequence[Example]) -> list[list[int]]:
+    """Prompt ids of ``examples``: ``encode.batch`` when it has one (:class:`PromptEncoder`)."""
+    batch = getattr(encode, "batch", None)
+    return batch(examples) if batch is not None else [encode(e) for e in examples]
+
+
 class PromptEncoder:
     """Example -> prompt token ids: through the chat template, or the plain tokenizer.
 
@@ -130,6 +136,13 @@ class PromptEncoder:
         if self.chat is not None:
             return self.chat.token_ids(example.prompt)
         return list(self.tokenizer(example.prompt)["input_ids"])
+
+    def batch(self, examples: Sequence[Example]) -> list[list[int]]:
+        """``[self(e) for e in examples]``, in one tokenizer call when there is no chat template
+        (a fast tokenizer costs ~0.1 ms per call in Python; the rollout encodes every step)."""
+        if self.chat is not None or not examples:
+            return [self(e) for e in examples]
+        return [list(ids) for ids in self.tokenizer([e.prompt for e in examples])["input_ids"]]
 
     def text(self, example: Example) -> str:
         """The prompt as the model sees it (for logs and eval records)."""

@@ -85,7 +85,9 @@ class AsyncController(SyncController):
         self.inflight = InFlight(self.staleness, self.buffer, rt.straggler_policy)
         gate = GenerationGate()
         inflight_update = rt.partial_rollout and getattr(backend, "inflight_weight_update", False)
-        self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update)
+        # the admission version rises only once the backend holds the weights (deferred: on the ack)
+        self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update,
+                                      on_loaded=self.staleness.set_version)
         self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
                                 rt.rollout_chunk or batch, cfg.seed, self.score,
                                 lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s,
@@ -121,7 +123,7 @@ class AsyncController(SyncController):
         t.start_step()
         t.step_seconds.update(wait_rollout=0.0, weight_sync=0.0)
         with t.stage("wait_rollout"):
-            groups = self.buffer.take(self.batch_groups, check=self.executor.check)
+            groups = self.buffer.take(self.batch_groups, check=self._check)
         with t.stage("reward"):
             scored = _as_scored_groups(groups)
             batch = build_train_batch(scored.outputs, scored.flat("scores"), self.tokenizer.pad_token_id)
@@ -142,10 +144,14 @@ class AsyncController(SyncController):
         if self.actor.version % self.rt.sync_every == 0:
             with t.stage("weight_sync"):
                 metrics.update(self.weight_sync.push(self.actor.model, self.actor.version))
-            self.staleness.set_version(self.actor.version)
         self.last_samples = SampleStats.from_batch(batch)
         return {**metrics, **self._batch_metrics(batch, scored), **t.step_metrics(), **self.memory.step_metrics(),
                 **self._overlap_metrics()}
+
+    def _check(self) -> None:
+        """While the trainer waits for data: a failed rollout side or weight load raises."""
+        self.executor.check()
+        self.weight_sync.check()
 
     def _overlap_metrics(self) -> dict[str, float]:
         """Over the window since the last step ended: R = rollout busy (generate) seconds

@@ -15,7 +15,7 @@ import torch
 
 from asyncrl.algorithms import (AdvantageInput, build_kl_controller, compute_advantages, kl_in_reward,
                                 overlong_penalty)
-from asyncrl.data.sources import score_completions
+from asyncrl.data.sources import PromptEncoder, encode_batch, score_completions
 from asyncrl.metrics.health import SampleStats
 from asyncrl.metrics.memory import MemoryTracker
 from asyncrl.metrics.timer import StageTimer
@@ -66,7 +66,7 @@ class SyncController:
         self.cfg, self.actor, self.reference, self.backend = cfg, actor, reference, backend
         self.tokenizer, self.reward_fn, self.prompts, self.critic = tokenizer, reward_fn, prompt_stream, critic
         # Example -> prompt ids (a dataset's chat template: asyncrl.data.sources.PromptEncoder)
-        self.encode = encode or (lambda ex: tokenizer(ex.prompt)["input_ids"])
+        self.encode = encode or PromptEncoder(tokenizer)
         self.algo = cfg.algorithm
         self.memory = MemoryTracker(str(resolve_device(cfg.trainer.device)), enabled=cfg.logging.memory)
         self.timer = StageTimer(observers=(self.memory,))
@@ -135,7 +135,7 @@ class SyncController:
         return self.backend.generate(self._prompt_ids(examples), self.greedy_params)
 
     def _prompt_ids(self, examples: list[Example]) -> list[list[int]]:
-        return [self.encode(ex) for ex in examples]
+        return encode_batch(self.encode, examples)
 
     def score(self, example: Example, output: RequestOutput) -> tuple[list[float], list[float]]:
         """(shaped scores, correctness) of one prompt's completions. The shaped score is the

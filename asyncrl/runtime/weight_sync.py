@@ -15,7 +15,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -148,39 +148,56 @@ class LogprobProbe:
 class WeightSync:
     """Pushes the trainer's weights into the rollout backend and probes them.
 
-    Invariant: after ``push(v)`` returns, ``backend.version == v`` and (if probing) the backend's
-    log-probs match the trainer's within tolerance; otherwise it raised.
+    Invariant: ``on_loaded(v)`` (the controller raises the admission version there) runs only
+    once the backend holds version v; after ``push(v)`` returns, or at the latest when the next
+    push or ``close`` returns, the backend's log-probs matched the trainer's within tolerance
+    (if probing); otherwise one of them raised.
 
-    Deferred probe (an in-flight backend with ``run_probe``: the rollout process, which runs the
-    whole check itself, against an HF forward over the shared tensors that hold exactly the
-    pushed weights until the next push): the probe of version v runs while the trainer goes on;
-    ``push(v+1)`` waits for it before it overwrites those tensors and returns its metrics (or
-    raises its error), and ``close()`` checks the last one. So every sync is still verified, one
-    step late, and the trainer's process spends nothing on it."""
+    Synchronous (in process): ``push`` copies, probes, calls ``on_loaded`` and returns.
 
-    def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool):
+    Deferred (an in-flight backend with ``start_update``/``run_probe``: the rollout process):
+    ``push(v)`` copies the weights into shared memory, sends the version and returns at once; a
+    background thread waits for the child's ack, calls ``on_loaded(v)``, and has the child run
+    the probe (its engine against an HF forward over the shared tensors, which hold exactly
+    version v until the next push). ``push(v+1)`` waits for all that before it overwrites the
+    shared tensors, returns the probe's metrics (or raises its error); ``check`` raises a
+    failure early (the trainer calls it while waiting for data) and ``close`` checks the last
+    one. Every sync is verified, one step late; the trainer's process spends ~nothing on it."""
+
+    def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool,
+                 on_loaded: Callable[[int], None] = lambda version: None):
         self.backend, self.gate, self.probe, self.inflight = backend, gate, probe, inflight
-        self.deferred = inflight and probe is not None and hasattr(backend, "run_probe")
+        self.on_loaded = on_loaded
+        self.deferred = inflight and hasattr(backend, "start_update") and hasattr(backend, "run_probe")
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-probe") if self.deferred else None
         self._pending: Optional[Future] = None
 
     def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
         if self.deferred:
-            metrics = self.wait()  # the previous probe reads the snapshot this push overwrites
-            self.backend.update_weights(model.named_parameters(), version)
-            self._pending = self._pool.submit(self._remote_probe, version)
+            metrics = self.wait()  # the previous load and probe read the tensors this push overwrites
+            loaded = self.backend.start_update(model.named_parameters(), version)
+            self._pending = self._pool.submit(self._load_then_probe, loaded, version)
             return metrics
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(model.named_parameters(), version)
-            return self._probe(model, version)
-        with self.gate.writing():  # wait for running generate calls, keep new ones out
-            self.backend.update_weights(model.named_parameters(), version)
-            return self._probe(model, version)
+            metrics = self._probe(model, version)
+        else:
+            with self.gate.writing():  # wait for running generate calls, keep new ones out
+                self.backend.update_weights(model.named_parameters(), version)
+                metrics = self._probe(model, version)
+        self.on_loaded(version)
+        return metrics
 
     def wait(self) -> dict[str, float]:
-        """The metrics of the deferred probe in flight ({} if none); raises its error."""
+        """The metrics of the deferred load + probe in flight ({} if none); raises its error."""
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else {}
+
+    def check(self) -> None:
+        """Raise now if the deferred load or probe in flight already failed."""
+        pending = self._pending
+        if pending is not None and pending.done() and pending.exception() is not None:
+            self.wait()
 
     def close(self) -> None:
         """Check the last deferred probe (a stale backend at the end still fails the run)."""
@@ -190,7 +207,11 @@ class WeightSync:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
 
-    def _remote_probe(self, version: int) -> dict[str, float]:
+    def _load_then_probe(self, loaded: Callable[[], int], version: int) -> dict[str, float]:
+        loaded()
+        self.on_loaded(version)
+        if self.probe is None:
+            return {}
         result = self.backend.run_probe(self.probe, version)
         return {"weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
 

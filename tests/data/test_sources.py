@@ -152,3 +152,23 @@ def test_pool_reward_counts_a_failure_as_the_default_score():
         reward = PoolReward(pool)
         assert reward.score_batch(["p"], ["x"], [{}]) == [-1.0]
         assert reward.drain_metrics()["reward/failed_fraction"] == 1.0
+
+
+def test_batch_encoding_equals_one_by_one(tmp_path, tiny_chat_checkpoint):
+    """``PromptEncoder.batch`` (one tokenizer call) gives each prompt's ids as ``__call__`` does,
+    plain and through a chat template; ``encode_batch`` falls back to a plain callable."""
+    from transformers import AutoTokenizer
+
+    from asyncrl.data.sources import PromptEncoder, encode_batch
+
+    tokenizer = build_char_tokenizer(string.printable)
+    examples = [Example(prompt=p, answer="") for p in ("1+2=", "123+45=", "x", "  7 ")]
+    plain = PromptEncoder(tokenizer)
+    assert plain.batch(examples) == [plain(e) for e in examples] and plain.batch([]) == []
+    tokenizer.chat_template = AutoTokenizer.from_pretrained(tiny_chat_checkpoint).chat_template
+    train = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "hi", "answer": "1"}])
+    chat = build_prompt_source(load_config("quickstart", [f"data.path={train}", *INLINE]))
+    encoder = chat.prompt_encoder(tokenizer)
+    assert encode_batch(encoder, examples) == [encoder(e) for e in examples]
+    assert encode_batch(lambda e: [len(e.prompt)], examples) == [[4], [7], [1], [4]]
+    chat.close()

@@ -131,6 +131,10 @@ class SnapshotBackend(HFGenerateBackend):
             for name, tensor in named_tensors:
                 dict_[name].copy_(tensor)
 
+    def start_update(self, named_tensors, version):
+        self.update_weights(named_tensors, version)
+        return lambda: self.version
+
     def run_probe(self, probe, version):
         return probe.check(self, self.snapshot, version)
 
@@ -139,8 +143,10 @@ class SnapshotBackend(HFGenerateBackend):
 def test_deferred_probe_checks_every_sync_one_push_late(cfg_of, stale):
     cfg = cfg_of()
     model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    loaded = []
     sync = WeightSync(SnapshotBackend(model, tok, stale), GenerationGate(),
-                      LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4), inflight=True)
+                      LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4), inflight=True,
+                      on_loaded=loaded.append)
     assert sync.deferred
     with torch.no_grad():
         for p in model.parameters():
@@ -152,6 +158,7 @@ def test_deferred_probe_checks_every_sync_one_push_late(cfg_of, stale):
         return
     assert sync.push(model, 2)["weight_sync/probe_gap"] < 1e-4  # version 1's result
     sync.close()  # version 2's probe, checked at the end
+    assert loaded == [1, 2]  # the admission version rose after each load
 
 
 def test_engine_weight_update_mid_generation_retags_later_tokens(cfg_of):

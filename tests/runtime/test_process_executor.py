@@ -66,7 +66,8 @@ def test_the_child_owns_the_engine_and_reads_shared_weights(cfg_of):
         assert isinstance(backend, ProcessRolloutBackend) and backend.pid != os.getpid()
         assert all(t.is_shared() for t in backend.shared.values())
         metrics = [ctrl.step(s) for s in (1, 2, 3)]
-        assert backend.version == 3 and all(m["weight_sync/probe_gap"] < 1e-3 for m in metrics[1:])
+        metrics[-1].update(ctrl.weight_sync.wait())  # push 3 is acked and probed in the background
+        assert backend.version == 3 and ctrl.staleness.version == 3 and all(m["weight_sync/probe_gap"] < 1e-3 for m in metrics[1:])
         trained = dict(model.named_parameters())
         assert all(torch.equal(t, trained[n].detach()) for n, t in backend.shared.items())  # the last push
     finally:

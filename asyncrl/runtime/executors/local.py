@@ -26,7 +26,8 @@ class LocalExecutor:
         self.error: Optional[BaseException] = None
 
     def start(self) -> None:
-        targets = [self._rollout_worker] * self.num_workers + [self._watchdog]
+        # the watchdog only settles groups past their deadline: none without a time budget
+        targets = [self._rollout_worker] * self.num_workers + ([self._watchdog] if self.loop.timeout else [])
         for i, target in enumerate(targets):
             thread = threading.Thread(target=self._guard(target), name=f"asyncrl-rollout-{i}", daemon=True)
             thread.start()

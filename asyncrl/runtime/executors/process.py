@@ -28,7 +28,7 @@ import itertools
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 import torch.multiprocessing as mp
@@ -79,10 +79,26 @@ class ProcessRolloutBackend:
         return self._call("generate", [list(p) for p in prompt_token_ids], params)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.start_update(named_tensors, version)()
+
+    def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
+        """Copy the tensors into shared memory and tell the child; returns ``loaded()``, which
+        waits for the child's ack, sets ``version`` and returns it. The caller must call it
+        before the next ``start_update`` (which overwrites the shared tensors)."""
         with torch.no_grad():
             for name, tensor in named_tensors:
                 self.shared[name].copy_(tensor.detach())
-        self.version = self._call("update", version)
+        call_id = next(self._ids)
+        future = self._register(call_id)
+        try:
+            self._send(call_id, "update", version)
+        except (OSError, ValueError) as err:
+            raise self._fail(RolloutProcessError(f"the rollout process is gone ({err!r}); {self._exit_note()}"))
+
+        def loaded() -> int:
+            self.version = self._wait(future, None)
+            return self.version
+        return loaded
 
     def run_probe(self, probe, version: int):
         """``probe.check`` run in the child: its engine samples the probe tokens and an HF forward
