@@ -81,6 +81,8 @@ def overlap_bound(sync: dict) -> tuple[float, float, float]:
 
 
 def plot(runs: list[dict], path: Path, window: int = 20) -> bool:
+    """Reward per sample consumed, one curve per distinct reward sequence (runs with identical
+    sequences, e.g. the deterministic sync repeats, share a curve and a label)."""
     try:
         import matplotlib
 
@@ -88,17 +90,35 @@ def plot(runs: list[dict], path: Path, window: int = 20) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    curves: dict[tuple, list[str]] = {}
     for r in runs:
-        xs, ys = zip(*r["reward_per_samples"])
+        curves.setdefault(tuple(r["reward_per_samples"]), []).append(f"{r['name']}" + (
+            f" r{r['repeat']}" if "repeat" in r else ""))
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for points, labels in curves.items():
+        xs, ys = zip(*points)
         smooth = [statistics.fmean(ys[max(0, i - window + 1):i + 1]) for i in range(len(ys))]
-        ax.plot(xs, smooth, label=f"{r['name']} (repeat {r['repeat']})", lw=1.2)
+        ax.plot(xs, smooth, label=", ".join(labels), lw=1.2)
     ax.set_xlabel("samples consumed")
     ax.set_ylabel(f"reward/mean ({window}-step moving average)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return True
+
+
+def curves_from(run_dirs: list[str]) -> list[dict]:
+    """``reward_per_samples`` of finished runs (their metrics.jsonl and config.yaml)."""
+    import yaml
+
+    runs = []
+    for run_dir in map(Path, run_dirs):
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        samples = cfg["trainer"]["prompts_per_step"] * cfg["rollout"]["n"]
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        runs.append({"name": f"{cfg['runtime']['mode']} ({run_dir.name})",
+                     "reward_per_samples": [(r["step"] * samples, r["reward/mean"]) for r in rows]})
+    return runs
 
 
 def main() -> None:
@@ -112,8 +132,13 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/asyncrl_bench_async_vs_sync")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None, help="png path (default: <out>/reward_per_sample.png)")
+    parser.add_argument("--curves-from", nargs="+", default=None, metavar="RUN_DIR",
+                        help="only plot reward per sample of finished runs (e.g. a sync and an async quickstart)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides for every run")
     args = parser.parse_args()
+    if args.curves_from:
+        plot(curves_from(args.curves_from), Path(args.plot or "reward_per_sample.png"), window=50)
+        return
     out_dir = Path(args.out)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
