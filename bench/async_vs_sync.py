@@ -92,7 +92,7 @@ def plot(runs: list[dict], path: Path, window: int = 20) -> bool:
         return False
     curves: dict[tuple, list[str]] = {}
     for r in runs:
-        curves.setdefault(tuple(r["reward_per_samples"]), []).append(f"{r['name']}" + (
+        curves.setdefault(tuple(map(tuple, r["reward_per_samples"])), []).append(f"{r['name']}" + (
             f" r{r['repeat']}" if "repeat" in r else ""))
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for points, labels in curves.items():
