@@ -49,8 +49,9 @@ def parse_args(argv=None):
     p.add_argument("--plot", default=None)
     p.add_argument("--warmup-steps", type=int, default=3, help="h200: untimed steps")
     p.add_argument("--timed-steps", type=int, default=5, help="h200: timed steps")
+    p.add_argument("--report", default=None, metavar="JSON", help="print the table (and --plot) of a saved run")
     args = p.parse_args(argv)
-    if args.setting == "cpu" and args.steps is None and args.budget is None:
+    if args.setting == "cpu" and args.steps is None and args.budget is None and not args.report:
         p.error("give --steps and/or --budget")
     return args
 
@@ -149,25 +150,43 @@ def print_summary(s: dict) -> None:
           f"{last.get('sampled', float('nan')):.3f}; stage medians (ms): {stages}", flush=True)
 
 
+def _eval_at(run: dict, step: int) -> dict:
+    """The evaluation at ``step`` (evaluations happen every --eval-every steps)."""
+    return next(e for e in run["evals"] if e["step"] == step)
+
+
 def table(result: dict) -> str:
-    """Markdown rows: one per framework, means over seeds (per-seed values in the json)."""
+    """Markdown: per framework, means over seeds of speed, and held-out accuracy (greedy /
+    sampled) at the start, at the last step every run reached (equal steps) and at the end of
+    the budget (equal training seconds). Per-seed values are in the json."""
     by: dict[str, list[dict]] = {}
     for run in result["runs"]:
-        by.setdefault(run["summary"]["framework"], []).append(run["summary"])
-    rows = ["| framework | seeds | steps | s/step (median) | completions/s | gen tok/s | greedy start -> end | "
-            "sampled start -> end |", "|---|---|---|---|---|---|---|---|"]
+        by.setdefault(run["summary"]["framework"], []).append(run)
+    every = result["args"]["eval_every"] or 1
+    common = min(run["summary"]["steps"] for run in result["runs"]) // every * every
+    trl_cps = statistics.mean(r["summary"]["completions_per_s"] for r in by.get("trl", [])) if "trl" in by else None
+    rows = [f"| framework | seeds | steps | s/step (median) | completions/s | vs TRL | gen tok/s | "
+            f"acc. start (greedy / sampled) | at step {common} | at the end |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, runs in by.items():
-        mean = lambda key: statistics.mean(r[key] for r in runs)
-        acc = lambda which, key: statistics.mean(r[which][key] for r in runs)
+        mean = lambda key: statistics.mean(r["summary"][key] for r in runs)
+        acc = lambda pick: " / ".join(f"{statistics.mean(pick(r)[k] for r in runs):.3f}" for k in ("greedy", "sampled"))
+        ratio = f"{mean('completions_per_s') / trl_cps:.2f}x" if trl_cps else "-"
         rows.append(f"| {name} | {len(runs)} | {mean('steps'):.0f} | {mean('s_per_step_median'):.3f} | "
-                    f"{mean('completions_per_s'):.0f} | {mean('gen_tokens_per_s'):.0f} | "
-                    f"{acc('first_eval', 'greedy'):.3f} -> {acc('last_eval', 'greedy'):.3f} | "
-                    f"{acc('first_eval', 'sampled'):.3f} -> {acc('last_eval', 'sampled'):.3f} |")
+                    f"{mean('completions_per_s'):.0f} | {ratio} | {mean('gen_tokens_per_s'):.0f} | "
+                    f"{acc(lambda r: r['evals'][0])} | {acc(lambda r: _eval_at(r, common))} | "
+                    f"{acc(lambda r: r['evals'][-1])} |")
     return "\n".join(rows)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.report:
+        result = json.loads(Path(args.report).read_text())
+        print(table(result))
+        if args.plot:
+            from peer_trl_plot import plot
+            plot(result, args.plot)
+        return result
     if args.interleave:
         # Two frameworks' threads take turns: OpenMP workers of the idle one must sleep, not spin
         # (libgomp's default spin-wait stole up to 10x of a step from the other side). Read by
