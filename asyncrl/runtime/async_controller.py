@@ -96,6 +96,7 @@ class AsyncController(SyncController):
         self._started = False
         self._window = None  # (wall, rollout busy, rollout wait) at the end of the last step
         self._tokens0 = 0    # rollout tokens generated before this window
+        self._tokens_per_s = 0.0  # of the last window in which a generate call ended
 
     def _probe(self) -> LogprobProbe:
         ids = self.tokenizer(PROBE_TEXT)["input_ids"] or [self.tokenizer.eos_token_id]
@@ -153,6 +154,13 @@ class AsyncController(SyncController):
         self.executor.check()
         self.weight_sync.check()
 
+    def _rollout_tokens_per_s(self, tokens: int, rollout_seconds: float) -> float:
+        """Tokens / generate seconds of the calls that ended in this window; a window in which
+        none ended repeats the last value (0 would read as a throughput collapse)."""
+        if rollout_seconds > 0:
+            self._tokens_per_s = (tokens - self._tokens0) / rollout_seconds
+        return self._tokens_per_s
+
     def _overlap_metrics(self) -> dict[str, float]:
         """Over the window since the last step ended: R = rollout busy (generate) seconds
         (``async/rollout_seconds``; ``time/rollout`` stays the trainer thread's, 0),
@@ -171,7 +179,7 @@ class AsyncController(SyncController):
                    "async/buffer_groups": float(len(self.buffer)), "async/running_groups": float(self.staleness.running),
                    "async/groups_timed_out": float(self.inflight.timed_out),
                    "async/groups_partial": float(self.inflight.partial),
-                   "throughput/rollout_tokens_per_s": (tokens - self._tokens0) / max(rollout, 1e-9)}
+                   "throughput/rollout_tokens_per_s": self._rollout_tokens_per_s(tokens, rollout)}
         self._tokens0 = tokens
         return metrics
 
