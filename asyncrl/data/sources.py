@@ -140,8 +140,8 @@ class PromptEncoder:
     def batch(self, examples: Sequence[Example]) -> list[list[int]]:
         """``[self(e) for e in examples]``, in one tokenizer call when there is no chat template
         (a fast tokenizer costs ~0.1 ms per call in Python; the rollout encodes every step)."""
-        if self.chat is not None or not examples:
-            return [self(e) for e in examples]
+        if self.chat is not None or not examples or not getattr(self.tokenizer, "is_fast", False):
+            return [self(e) for e in examples]  # only HF fast tokenizers promise list input
         return [list(ids) for ids in self.tokenizer([e.prompt for e in examples])["input_ids"]]
 
     def text(self, example: Example) -> str:
