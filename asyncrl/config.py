@@ -174,6 +174,9 @@ class RolloutConfig:
     top_p: float = field_spec(1.0, gt=0, le=1)
     top_k: int = field_spec(-1, ge=-1)
     max_tokens: int = field_spec(6, ge=1, help="max new tokens per response")
+    gpu_memory_utilization: float = field_spec(
+        0.85, gt=0, le=1, help="engine on a GPU: fill the card up to this fraction of its memory (everything on it "
+                               "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
 
 
 @dataclass

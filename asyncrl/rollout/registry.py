@@ -4,14 +4,19 @@ from __future__ import annotations
 from asyncrl.rollout.base import RolloutBackend
 
 
-def _hf(model, tokenizer) -> RolloutBackend:
+def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
     from asyncrl.rollout.hf import HFGenerateBackend
     return HFGenerateBackend(model, tokenizer)  # shares the trainer's tensors: no weight copy
 
 
-def _engine(model, tokenizer) -> RolloutBackend:
+def _engine(model, tokenizer, **engine_options) -> RolloutBackend:
     from asyncrl.rollout.engine_backend import EngineBackend
-    return EngineBackend(model, tokenizer)  # own copy of the weights, refreshed by update_weights
+    return EngineBackend(model, tokenizer, **engine_options)  # own copy of the weights, refreshed by update_weights
+
+
+def engine_options(rollout_cfg) -> dict:
+    """``EngineConfig`` fields set from the ``rollout`` config section."""
+    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization}
 
 
 BACKENDS = {"hf": _hf, "engine": _engine}
@@ -38,9 +43,10 @@ def resolve_backend_name_for_path(name: str, path) -> str:
     return "engine" if architectures[0] in ARCHITECTURES else "hf"
 
 
-def build_backend(name: str, model, tokenizer) -> RolloutBackend:
-    """A rollout backend holding the weights of ``model`` (HF module) at version 0."""
+def build_backend(name: str, model, tokenizer, **engine_options) -> RolloutBackend:
+    """A rollout backend holding the weights of ``model`` (HF module) at version 0;
+    ``engine_options`` (see :func:`engine_options`) reach the engine only."""
     name = resolve_backend_name(name, model)
     if name not in BACKENDS:
         raise ValueError(f"unknown rollout backend {name!r} (known: {sorted(BACKENDS)})")
-    return BACKENDS[name](model, tokenizer)
+    return BACKENDS[name](model, tokenizer, **engine_options)

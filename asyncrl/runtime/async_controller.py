@@ -37,18 +37,20 @@ def build_rollout_backend(cfg, model, tokenizer):
     """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
     ``rollout.registry`` (the engine for the architectures it implements); in a child process
     with ``runtime.rollout_process`` (executors/process.py)."""
-    from asyncrl.rollout.registry import resolve_backend_name
+    from asyncrl.rollout.registry import engine_options, resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
     if cfg.runtime.rollout_process and cfg.runtime.executor == "local":
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
-        return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype))
+        return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype),
+                                     engine_options=engine_options(cfg.rollout))
     if name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 
         device = str(next(model.parameters()).device)
-        return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device, kv_on_update=kv)
+        return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device, kv_on_update=kv,
+                             **engine_options(cfg.rollout))
     from asyncrl.rollout.hf import HFGenerateBackend
 
     return HFGenerateBackend(clone_for_rollout(model), tokenizer)

@@ -17,7 +17,7 @@ from asyncrl.config_schema import to_dict
 from asyncrl.metrics.health import HealthMonitor
 from asyncrl.metrics.profile import StageProfile, headline, profile_table
 from asyncrl.metrics.sinks import MetricSinks
-from asyncrl.rollout.registry import build_backend
+from asyncrl.rollout.registry import build_backend, engine_options
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.run_dir import make_run_dir
 from asyncrl.runtime.sync_controller import build_sync_controller
@@ -63,7 +63,7 @@ def _train(cfg, source) -> dict:
     run_dir = make_run_dir(cfg)
     console.print(f"[bold]asyncrl[/] run [cyan]{cfg.name}[/] -> {run_dir}")
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
-    backend = build_backend(cfg.rollout.backend, model, tokenizer)
+    backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     def evaluate() -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the

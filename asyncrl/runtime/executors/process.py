@@ -48,7 +48,8 @@ class ProcessRolloutBackend:
     ``version`` changes only after the child confirmed the new weights."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
-                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None):
+                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
+                 engine_options: Optional[dict] = None):
         from asyncrl.runtime.weight_sync import clone_for_rollout
 
         self.version, self.backend_name = version, backend_name
@@ -61,7 +62,8 @@ class ProcessRolloutBackend:
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, reference, tokenizer, self.shared, backend_name, version, kv_on_update, dtype, device))
+            child_conn, reference, tokenizer, self.shared, backend_name, version, kv_on_update, dtype, device,
+            engine_options or {}))
         self.process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
         self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
@@ -193,7 +195,7 @@ class ProcessRolloutBackend:
 
 
 def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version: int, kv_on_update: str,
-                dtype, device: str) -> None:
+                dtype, device: str, engine_options: dict) -> None:
     """The rollout process: build the backend, then serve calls until "stop" or EOF.
 
     ``model``'s parameters are the shared tensors: it stays here as the probe's reference
@@ -213,7 +215,8 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
             send(call_id, False, (type(err).__name__, traceback.format_exc()))
 
     try:
-        backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device)
+        backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device,
+                                       engine_options)
         send(-1, True, _os_pid())
     except BaseException:
         send(None, False, traceback.format_exc())
@@ -246,7 +249,7 @@ def _child_error(name: str, trace: str) -> Exception:
     return RolloutProcessError(f"in the rollout process:\n{trace}")
 
 
-def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device):
+def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device, engine_options):
     """The backend owns a copy: the engine copies ``model``'s (shared) tensors into its own
     layout; HF generate gets a private clone, so a push never lands inside a ``generate``."""
     if backend_name != "engine":
@@ -257,7 +260,8 @@ def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, 
     if backend_name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend
 
-        return EngineBackend(model, tokenizer, version=version, dtype=dtype, device=device, kv_on_update=kv_on_update)
+        return EngineBackend(model, tokenizer, version=version, dtype=dtype, device=device, kv_on_update=kv_on_update,
+                             **engine_options)
     from asyncrl.rollout.hf import HFGenerateBackend
 
     return HFGenerateBackend(model, tokenizer, version)
