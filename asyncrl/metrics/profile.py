@@ -108,13 +108,16 @@ class StageProfile:
     wall_seconds: float = 0.0
     steps: int = 0
     rollout_tokens: float = 0.0
+    rollout_seconds: float = 0.0  # generation busy time (async: the rollout lane's, not a trainer stage)
     train_tokens: float = 0.0
 
     def observe(self, step_seconds: Mapping[str, float], wall_seconds: Optional[float] = None,
-                rollout_tokens: float = 0.0, train_tokens: Optional[float] = None) -> dict[str, float]:
+                rollout_tokens: float = 0.0, train_tokens: Optional[float] = None,
+                rollout_seconds: Optional[float] = None) -> dict[str, float]:
         """Add one step; returns that step's derived metrics (see docs/metrics.md).
 
-        ``train_tokens`` defaults to ``rollout_tokens`` (every generated token is trained on).
+        ``train_tokens`` defaults to ``rollout_tokens`` (every generated token is trained on);
+        ``rollout_seconds`` (the time that generated ``rollout_tokens``) to the rollout stage's.
         """
         work = sum(t for s, t in step_seconds.items() if not is_wait(s))
         wall = work if wall_seconds is None else wall_seconds
@@ -124,6 +127,7 @@ class StageProfile:
         self.wall_seconds += wall
         self.steps += 1
         self.rollout_tokens += rollout_tokens
+        self.rollout_seconds += step_seconds.get("rollout", 0.0) if rollout_seconds is None else rollout_seconds
         self.train_tokens += train_tokens
         metrics = {"throughput/train_tokens_per_s": _rate(train_tokens, _train_seconds(step_seconds))}
         if self.lanes:
@@ -144,7 +148,7 @@ class StageProfile:
             "stage_seconds": dict(self.stage_seconds),
             "stage_share": {s: t / total if total > 0 else 0.0 for s, t in self.stage_seconds.items()},
             "amdahl": self.amdahl(),
-            "tokens_per_s": {"rollout": _rate(self.rollout_tokens, self.stage_seconds.get("rollout", 0.0)),
+            "tokens_per_s": {"rollout": _rate(self.rollout_tokens, self.rollout_seconds),
                              "train": _rate(self.train_tokens, _train_seconds(self.stage_seconds))},
         }
         if self.lanes:

@@ -100,8 +100,10 @@ def _train(cfg, source) -> dict:
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
-                metrics.update(profile.observe(controller.timer.step_seconds, rollout_tokens=metrics[
-                    "throughput/rollout_tokens_per_s"] * controller.timer.step_seconds["rollout"]))
+                # async: generation runs beside the trainer, its busy time is async/rollout_seconds
+                rollout_s = metrics.get("async/rollout_seconds", controller.timer.step_seconds["rollout"])
+                metrics.update(profile.observe(controller.timer.step_seconds, rollout_seconds=rollout_s,
+                                               rollout_tokens=metrics["throughput/rollout_tokens_per_s"] * rollout_s))
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())

@@ -75,6 +75,16 @@ def test_stage_profile_async_reports_overlap():
     assert profile.summary()["async"]["overlap_efficiency"] == pytest.approx(2.5 / 3.0)
 
 
+def test_async_rollout_tokens_per_s_uses_the_rollout_lane_time():
+    """In async mode the trainer's timer has no rollout stage: the rate divides by the
+    generation lane's busy time instead (not by 0, which printed "rollout 0 tok/s")."""
+    profile = StageProfile(lanes=ASYNC_LANES)
+    trainer_only = {k: v for k, v in SERIAL.items() if k != "rollout"}
+    profile.observe(trainer_only, wall_seconds=3.0, rollout_tokens=900, rollout_seconds=2.0)
+    profile.observe(trainer_only, wall_seconds=3.0, rollout_tokens=300, rollout_seconds=1.0)
+    assert profile.summary()["tokens_per_s"]["rollout"] == pytest.approx(1200 / 3.0)
+
+
 def test_profile_from_metrics_rows():
     rows = [{"step": 1, "time/step": 10.0, **{f"time/{k}": v for k, v in SERIAL.items()},
              "throughput/rollout_tokens_per_s": 100.0},  # 100 tok/s * 6 s = 600 tokens
