@@ -354,6 +354,8 @@ class RuntimeConfig:
     rollout_process: bool = field_spec(False, help="async + local executor: the rollout engine runs in its own OS "
                                                    "process (weights through shared memory); false: a thread. "
                                                    "Ignored in sync mode and by executor=ray (a Ray actor)")
+    rollout_device: Optional[str] = field_spec(None, help="async + rollout_process: the device the rollout process "
+                                                          "generates on, e.g. cuda:1 (null: the trainer's)")
     group_timeout_s: Optional[float] = field_spec(None, gt=0, help="async: budget of a group from admission "
                                                                    "to scored (null: none)")
     straggler_policy: str = field_spec("drop", choices=("drop", "partial"),

@@ -1,15 +1,15 @@
-"""Async vs sync GRPO with rollout and training COLOCATED on one GPU (issue 9's fallback).
+"""Async vs sync GRPO on GPUs: rollout and training colocated on one GPU, or on two (issue 9).
 
     python bench/gpu_colocated_async.py --steps 30 --json out.json [dotted overrides...]
+    python bench/gpu_colocated_async.py --rollout-device cuda:1 ...   # async: the engine on GPU 1
 
-Issue 9 asks for rollout and training on two GPUs of one host with NCCL weight sync; that kind of
-machine was not lent. This runs what one GPU allows: the same recipe synchronously (generate,
-then train, on the GPU) and asynchronously (the engine generates in a thread while the trainer
-updates, both on the same GPU, weights copied device-to-device every step, staleness <= 1),
-and reports per mode: median step time, samples/s, generated tokens/s, the GPU's busy fraction
-(``nvidia-smi`` utilization sampled every 100 ms during the RL steps), the weight-sync stage time,
-and async/sync speedup against the overlap bound (T_rollout + T_train) / max(T_rollout, T_train)
-of the sync run. Both modes use the same loss (decoupled PPO, token-level truncated weights) so
+The same recipe synchronously (generate, then train, on GPU 0) and asynchronously (the rollout
+engine in its own process, staleness <= 1: on GPU 0 beside the trainer, or with
+``--rollout-device cuda:1`` on the second GPU, the weights shared by CUDA IPC from the
+trainer's GPU and copied peer to peer after every update). Reports per mode: median step time,
+samples/s, generated tokens/s, each GPU's busy fraction (``nvidia-smi`` utilization sampled
+every 100 ms during the timed RL steps), the weight-sync stage time, and async/sync speedup
+against the overlap bound (T_rollout + T_train) / max(T_rollout, T_train) of the sync run. Both modes use the same loss (decoupled PPO, token-level truncated weights) so
 the comparison is of scheduling alone.
 
 Model: the quickstart's task with a Qwen3-0.6B-shaped body (28 layers, hidden 1024, 16 heads,
@@ -36,7 +36,7 @@ SAME_LOSS = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=tok
 
 
 class GpuBusySampler:
-    """Samples ``nvidia-smi`` GPU utilization (% of the sample period a kernel ran) in a thread."""
+    """Samples ``nvidia-smi`` utilization of every GPU (% of the sample period a kernel ran) in a thread."""
 
     def __init__(self, period_s: float = 0.1):
         self.period_s, self.samples, self._stop = period_s, [], threading.Event()
@@ -51,16 +51,23 @@ class GpuBusySampler:
         self._thread.join()
 
     def _run(self) -> None:
-        cmd = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"]
+        cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
         while not self._stop.is_set():
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
-            if out.isdigit():
-                self.samples.append((time.perf_counter(), int(out) / 100.0))
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            now = time.perf_counter()
+            for line in out.strip().splitlines():
+                index, util = (f.strip() for f in line.split(","))
+                if util.isdigit():
+                    self.samples.append((now, int(index), int(util) / 100.0))
             time.sleep(self.period_s)
 
-    def busy_between(self, start: float, end: float) -> float:
-        inside = [u for t, u in self.samples if start <= t <= end]
-        return sum(inside) / len(inside) if inside else float("nan")
+    def busy_between(self, start: float, end: float) -> dict[int, float]:
+        """GPU index -> mean busy fraction over the samples in [start, end]."""
+        per_gpu: dict[int, list[float]] = {}
+        for t, index, util in self.samples:
+            if start <= t <= end:
+                per_gpu.setdefault(index, []).append(util)
+        return {i: sum(u) / len(u) for i, u in sorted(per_gpu.items())}
 
 
 class StepClock:
@@ -90,7 +97,8 @@ def run(mode: str, args, out_dir: Path, sampler: GpuBusySampler) -> dict:
                  "logging.progress=false", f"logging.run_dir={out_dir / mode}", f"sft.cache_dir={out_dir / 'cache'}",
                  *args.overrides]
     if mode == "async":
-        overrides += ["runtime.mode=async", f"runtime.max_staleness={args.max_staleness}"]
+        overrides += ["runtime.mode=async", f"runtime.max_staleness={args.max_staleness}", "runtime.rollout_process=true"]
+        overrides += [f"runtime.rollout_device={args.rollout_device}"] if args.rollout_device else []
     cfg = load_config(args.recipe, overrides)
     clock = StepClock(out_dir / mode / "metrics.jsonl")
     summary = run_training(cfg)
@@ -122,13 +130,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16, help="GRPO group size")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per step")
     parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--rollout-device", default=None, help="async: the rollout process's GPU (null: the trainer's)")
     parser.add_argument("--out", default="/tmp/asyncrl_gpu_colocated")
     parser.add_argument("--json", default=None)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     out_dir = Path(args.out)
+    results = []
     with GpuBusySampler() as sampler:
-        results = [run(mode, args, out_dir, sampler) for mode in ("sync", "async")]
+        for mode in ("sync", "async"):
+            results.append(run(mode, args, out_dir, sampler))
+            print(f"RESULT {json.dumps(results[-1])}", flush=True)  # kept even if a later run is cut short
+            if args.json:
+                Path(args.json).write_text(json.dumps({"args": vars(args), "runs": results}, indent=2))
     sync, asyn = results
     t_roll = sync["rollout_seconds"]
     t_train = sync["step_seconds"] - t_roll
@@ -138,7 +152,7 @@ def main() -> None:
               "sync_T_rollout_s": t_roll, "sync_T_train_s": t_train, "overlap_bound": bound, "speedup": speedup}
     for r in results:
         print(f"{r['mode']:>5}: {r['step_seconds']:.3f} s/step, {r['samples_per_second']:.0f} samples/s, "
-              f"{r['generated_tokens_per_second']:.0f} gen tok/s, GPU busy {r['gpu_busy_fraction']:.2f}, "
+              f"{r['generated_tokens_per_second']:.0f} gen tok/s, GPU busy {r['gpu_busy_fraction']}, "
               f"weight sync {r['weight_sync_seconds'] * 1e3:.1f} ms, reward {r['reward_first_last'][0]:.3f} -> "
               f"{r['reward_first_last'][1]:.3f}, stages {json.dumps({k: round(v, 4) for k, v in r['stage_seconds_median'].items()})}")
     print(f"sync T_rollout {t_roll:.3f}s + T_train {t_train:.3f}s -> bound {bound:.2f}x; "

@@ -79,6 +79,10 @@ RULES: list[Rule] = [
                "runtime.mode=async does not generate: use sync"),
     (lambda c: _async(c) and c.critic.freeze_actor_steps > 0,
      lambda c: "critic.freeze_actor_steps keeps the policy version still, so async admission would stop: use sync"),
+    (lambda c: c.runtime.rollout_device is not None and not (_async(c) and c.runtime.rollout_process
+                                                             and c.runtime.executor == "local"),
+     lambda c: f"runtime.rollout_device={c.runtime.rollout_device} places the rollout process: it needs "
+               "runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]

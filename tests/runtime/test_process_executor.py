@@ -123,3 +123,28 @@ def test_the_probe_runs_in_the_child_and_catches_an_engine_on_other_weights(cfg_
             backend.run_probe(probe, 1)
     finally:
         backend.close()
+
+
+def test_rollout_device_needs_the_rollout_process(cfg_of):
+    from asyncrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="runtime.rollout_process=true"):
+        build_async_controller(cfg_of(*ASYNC, "runtime.rollout_process=false", "runtime.rollout_device=cpu"),
+                               None, None, length_reward, iter(()))
+
+
+def test_an_explicit_rollout_device_is_where_the_child_generates(cfg_of, tmp_path):
+    summary = run_training(cfg_of(*ASYNC, "trainer.steps=3", "runtime.rollout_device=cpu"))
+    assert summary["steps"] == 3
+
+
+@pytest.mark.gpu
+def test_gpu_trainer_shares_weights_with_the_rollout_process_by_cuda_ipc(cfg_of, tmp_path):
+    """The trainer on cuda:0; the child on the last GPU (cuda:1 on a two-GPU host): the shared
+    tensors stay on the trainer's GPU (CUDA IPC) and the probe passes after every push."""
+    rollout_device = f"cuda:{torch.cuda.device_count() - 1}"
+    summary = run_training(cfg_of(*ASYNC, "trainer.steps=4", "trainer.device=cuda",
+                                  f"runtime.rollout_device={rollout_device}", "rollout.gpu_memory_utilization=0.3"))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 4 and all(r["async/staleness_violations"] == 0 for r in rows)
+    assert all(r["weight_sync/probe_gap"] < 1e-3 for r in rows[1:])

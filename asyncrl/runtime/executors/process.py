@@ -9,10 +9,11 @@
 The admission (staleness manager), the buffer, the reward pool and the trainer stay in the
 trainer's process; only generation moves, so the two compete for cores but not for one GIL.
 
-Weights: at start the trainer allocates one shared-memory tensor per named parameter and hands
-them to the child when it is spawned (torch.multiprocessing passes a handle, not the data). A
-push copies the trainer's tensors into them and sends only the version: no weight is pickled
-per step. The child copies them into its engine between two engine steps (in flight, with the
+Weights: at start the trainer allocates one shared tensor per named parameter and hands them
+to the child when it is spawned (torch.multiprocessing passes a handle, not the data): shared
+CPU memory for a CPU trainer, CUDA IPC on the trainer's GPU for a GPU trainer (the child, maybe
+on another GPU (``runtime.rollout_device``), copies them peer to peer). A push copies the
+trainer's tensors into them and sends only the version: no weight is pickled per step. The child copies them into its engine between two engine steps (in flight, with the
 engine) or between two ``generate`` calls (HF, gated in the trainer process).
 
 Invariants:
@@ -49,16 +50,23 @@ class ProcessRolloutBackend:
 
     def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
                  kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
-                 engine_options: Optional[dict] = None):
+                 engine_options: Optional[dict] = None, device: Optional[str] = None):
+        """``device``: where the child generates (null: the trainer's device)."""
         from asyncrl.runtime.weight_sync import clone_for_rollout
 
         self.version, self.backend_name = version, backend_name
         self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
-        device = str(next(model.parameters()).device)
-        # a module whose parameters live in shared memory ([name] -> CPU tensor, written by each
-        # push); the child builds its backend from it and keeps it as the probe's reference
-        reference = clone_for_rollout(model).cpu()
-        self.shared = {n: p.data.share_memory_() for n, p in reference.named_parameters()}
+        trainer_device = next(model.parameters()).device
+        device = device or str(trainer_device)
+        # a module whose parameters are shared with the child ([name] -> tensor, written by each
+        # push); the child builds its backend from it and keeps it as the probe's reference.
+        # CPU: shared memory. CUDA: stays on the trainer's GPU, handed over by CUDA IPC.
+        reference = clone_for_rollout(model)
+        self._cuda_shared = trainer_device.type == "cuda"
+        if not self._cuda_shared:
+            reference = reference.cpu()
+        self.shared = {n: p.data if self._cuda_shared else p.data.share_memory_()
+                       for n, p in reference.named_parameters()}
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
@@ -90,6 +98,8 @@ class ProcessRolloutBackend:
         with torch.no_grad():
             for name, tensor in named_tensors:
                 self.shared[name].copy_(tensor.detach())
+            if self._cuda_shared:  # the child reads them from its own stream: the copies must be done
+                torch.cuda.synchronize(next(iter(self.shared.values())).device)
         call_id = next(self._ids)
         future = self._register(call_id)
         try:
@@ -252,19 +262,15 @@ def _child_error(name: str, trace: str) -> Exception:
 def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device, engine_options):
     """The backend owns a copy: the engine copies ``model``'s (shared) tensors into its own
     layout; HF generate gets a private clone, so a push never lands inside a ``generate``."""
-    if backend_name != "engine":
-        from asyncrl.runtime.weight_sync import clone_for_rollout
-
-        model = clone_for_rollout(model)
-    model = model.to(device)
-    if backend_name == "engine":
-        from asyncrl.rollout.engine_backend import EngineBackend
+    if backend_name == "engine":  # the engine copies the shared tensors onto ``device``; ``model``
+        from asyncrl.rollout.engine_backend import EngineBackend  # stays shared (the probe reads it)
 
         return EngineBackend(model, tokenizer, version=version, dtype=dtype, device=device, kv_on_update=kv_on_update,
                              **engine_options)
     from asyncrl.rollout.hf import HFGenerateBackend
+    from asyncrl.runtime.weight_sync import clone_for_rollout
 
-    return HFGenerateBackend(model, tokenizer, version)
+    return HFGenerateBackend(clone_for_rollout(model).to(device), tokenizer, version)
 
 
 def _os_pid() -> int:
