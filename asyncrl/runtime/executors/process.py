@@ -212,6 +212,10 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
     (always the weights of the last push). Answers are (call id, ok, result | (error type
     name, traceback)); a failure to start is reported with call id None."""
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
+    if torch.device(device).type == "cuda" and torch.device(device).index is not None:
+        # CUDA graphs, streams and Triton launch on the current device: make it the rollout GPU
+        # (an engine on cuda:1 with cuda:0 current failed its graph capture on a two-GPU host)
+        torch.cuda.set_device(torch.device(device))
     send_lock = threading.Lock()
 
     def send(*message):
