@@ -13,8 +13,6 @@ import json
 import random
 import time
 
-import torch
-
 from asyncrl.data.demonstrations import cycle_shuffled
 from asyncrl.data.tasks import build_task
 from asyncrl.eval.accuracy import heldout_accuracy
@@ -22,10 +20,9 @@ from asyncrl.metrics.console import console
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.hf import HFGenerateBackend
 from asyncrl.runtime.pipeline import prepare_policy
-from asyncrl.runtime.run_dir import make_run_dir
+from asyncrl.runtime.run_dir import start_run
 from asyncrl.training.checkpoint import write_atomic_text
 from asyncrl.training.dpo import DPOTrainer, PreferencePair
-from asyncrl.training.model import resolve_device
 from asyncrl.data.jsonl import read_string_records
 from asyncrl.types import Example
 
@@ -65,11 +62,7 @@ def split_pairs(pairs: list[PreferencePair], seed: int) -> tuple[list[Preference
 
 def run_dpo_job(cfg) -> dict:
     """Run ``asyncrl dpo``; returns the summary also written to ``summary.json``."""
-    torch.set_num_threads(cfg.trainer.torch_threads)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.trainer.device)
-    run_dir = make_run_dir(cfg)
-    console.print(f"[bold]asyncrl dpo[/] -> {run_dir}")
+    device, run_dir = start_run(cfg, "[bold]asyncrl dpo[/]")
     task = build_task(cfg.task, cfg.seed)
     model, tokenizer, model_info = prepare_policy(cfg, task, device)
     if cfg.dpo.data_path:

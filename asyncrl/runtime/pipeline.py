@@ -8,8 +8,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
@@ -19,11 +17,11 @@ from asyncrl.metrics.profile import StageProfile, headline, profile_table
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.registry import build_backend, engine_options
 from asyncrl.runtime.async_controller import build_async_controller
-from asyncrl.runtime.run_dir import make_run_dir
+from asyncrl.runtime.run_dir import start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy, resolve_device
+from asyncrl.training.model import load_policy
 from asyncrl.training.warm_start import tiny_checkpoint
 
 
@@ -57,11 +55,7 @@ def run_training(cfg) -> dict:
 
 def _train(cfg, source) -> dict:
     wall_start = time.perf_counter()
-    torch.set_num_threads(cfg.trainer.torch_threads)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.trainer.device)
-    run_dir = make_run_dir(cfg)
-    console.print(f"[bold]asyncrl[/] run [cyan]{cfg.name}[/] -> {run_dir}")
+    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()

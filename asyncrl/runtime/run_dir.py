@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+
 from asyncrl.config import config_to_yaml
 
 
@@ -19,3 +21,16 @@ def make_run_dir(cfg) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.yaml").write_text(config_to_yaml(cfg))
     return path
+
+
+def start_run(cfg, header: str) -> tuple[torch.device, Path]:
+    """What every job (train, sft, dpo) does first: torch threads and seed from the config,
+    the device, the run directory; prints ``header -> run_dir``. Returns (device, run_dir)."""
+    from asyncrl.metrics.console import console
+    from asyncrl.training.model import resolve_device
+
+    torch.set_num_threads(cfg.trainer.torch_threads)
+    torch.manual_seed(cfg.seed)
+    run_dir = make_run_dir(cfg)
+    console.print(f"{header} -> {run_dir}")
+    return resolve_device(cfg.trainer.device), run_dir

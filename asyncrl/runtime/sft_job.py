@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from asyncrl.data.char_tokenizer import build_char_tokenizer, save_and_reload
 from asyncrl.data.demonstrations import cycle_shuffled, load_demonstrations
 from asyncrl.data.tasks import build_task
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import console
 from asyncrl.rollout.hf import HFGenerateBackend
-from asyncrl.runtime.run_dir import make_run_dir
+from asyncrl.runtime.run_dir import start_run
 from asyncrl.training.checkpoint import write_atomic_text
-from asyncrl.training.model import build_tiny_model, load_policy, resolve_device
+from asyncrl.training.model import build_tiny_model, load_policy
 from asyncrl.training.sft import run_sft
 
 
 def run_sft_job(cfg) -> dict:
-    torch.set_num_threads(cfg.trainer.torch_threads)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.trainer.device)
-    run_dir = make_run_dir(cfg)
-    console.print(f"[bold]asyncrl sft[/] -> {run_dir}")
+    device, run_dir = start_run(cfg, "[bold]asyncrl sft[/]")
     task = build_task(cfg.task, cfg.seed)
     if cfg.model.path:
         model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
