@@ -26,19 +26,6 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
 DECOUPLED = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
 
 
-@pytest.fixture(scope="module")
-def sft_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("sft_cache")  # one warm start for the module
-
-
-@pytest.fixture()
-def cfg_of(tmp_path, sft_cache):
-    def make(*extra):
-        return load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}",
-                                                 f"sft.cache_dir={sft_cache}", *extra])
-    return make
-
-
 def length_reward(prompt, response, **fields):
     """A reward with variance inside groups, so every step moves the weights."""
     return float(len(response) % 2)

@@ -9,7 +9,6 @@ import time
 import pytest
 import torch
 
-from asyncrl.config import load_config
 from asyncrl.data.tasks import build_task
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.executors.process import ProcessRolloutBackend, RolloutProcessError
@@ -23,19 +22,6 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "logging.tensorboard=false", "trainer.eval_samples=0"]
 ASYNC = ["runtime.mode=async", "runtime.max_staleness=1", "runtime.rollout_process=true",
          "algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
-
-
-@pytest.fixture(scope="module")
-def sft_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("sft_cache")
-
-
-@pytest.fixture()
-def cfg_of(tmp_path, sft_cache):
-    def make(*extra):
-        return load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}",
-                                                 f"sft.cache_dir={sft_cache}", *extra])
-    return make
 
 
 def length_reward(prompt, response, **fields):
