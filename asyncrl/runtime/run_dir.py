@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 
 from asyncrl.config import config_to_yaml
+from asyncrl.metrics.console import console
+from asyncrl.training.model import resolve_device
 
 
 def make_run_dir(cfg) -> Path:
@@ -26,9 +28,6 @@ def make_run_dir(cfg) -> Path:
 def start_run(cfg, header: str) -> tuple[torch.device, Path]:
     """What every job (train, sft, dpo) does first: torch threads and seed from the config,
     the device, the run directory; prints ``header -> run_dir``. Returns (device, run_dir)."""
-    from asyncrl.metrics.console import console
-    from asyncrl.training.model import resolve_device
-
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.seed)
     run_dir = make_run_dir(cfg)
