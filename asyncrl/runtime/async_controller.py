@@ -95,6 +95,7 @@ class AsyncController(SyncController):
                                 lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s,
                                 per_completion=rt.group_timeout_s is not None and rt.straggler_policy == "partial")
         self.executor = _make_executor(cfg, self.loop, self.inflight, backend)
+        self._failure: Optional[BaseException] = None  # the first failure _check reported
         self._started = False
         self._window = None  # (wall, rollout busy, rollout wait) at the end of the last step
         self._tokens0 = 0    # rollout tokens generated before this window
@@ -116,7 +117,9 @@ class AsyncController(SyncController):
         try:
             if self._started:
                 self.executor.stop()
-            self.weight_sync.close()  # the last deferred probe
+            # the last deferred probe; after a reported failure (e.g. a dead rollout process)
+            # its pending load failed for the same cause: not raised again
+            self.weight_sync.close(raise_pending=self._failure is None)
         finally:
             getattr(self.backend, "close", lambda: None)()  # a rollout process is stopped here
 
@@ -152,9 +155,14 @@ class AsyncController(SyncController):
                 **self._overlap_metrics()}
 
     def _check(self) -> None:
-        """While the trainer waits for data: a failed rollout side or weight load raises."""
-        self.executor.check()
-        self.weight_sync.check()
+        """While the trainer waits for data: a failed rollout side or weight load raises (and
+        is remembered, so ``close`` does not raise its consequences a second time)."""
+        try:
+            self.executor.check()
+            self.weight_sync.check()
+        except BaseException as err:
+            self._failure = err
+            raise
 
     def _rollout_tokens_per_s(self, tokens: int, rollout_seconds: float) -> float:
         """Tokens / generate seconds of the calls that ended in this window; a window in which

@@ -199,10 +199,14 @@ class WeightSync:
         if pending is not None and pending.done() and pending.exception() is not None:
             self.wait()
 
-    def close(self) -> None:
-        """Check the last deferred probe (a stale backend at the end still fails the run)."""
+    def close(self, raise_pending: bool = True) -> None:
+        """Check the last deferred probe (a stale backend at the end still fails the run);
+        ``raise_pending=False`` drops it (the run already failed)."""
         try:
-            self.wait()
+            if raise_pending:
+                self.wait()
+            else:
+                self._pending = None
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
