@@ -17,24 +17,34 @@ prefix chunks into its online softmax state before normalising (no merge kernel)
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr):
+                         IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
+                         KV_SPLITS: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
     first = 0
     if CASCADE:
         first = tl.load(START + b)  # tokens [0, first) come from the prefix kernel
+    last = ctx
+    if KV_SPLITS > 1:  # split-KV (flash-decoding): this program takes one chunk of [0, ctx)
+        sid = tl.program_id(2)
+        span = tl.cdiv(tl.cdiv(ctx, KV_SPLITS), BLOCK_N) * BLOCK_N
+        first = sid * span
+        last = tl.minimum(first + span, ctx)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
@@ -46,12 +56,15 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for start in range(first, ctx, BLOCK_N):
+    for start in range(first, last, BLOCK_N):
         tok = start + n
-        kmask = tok < ctx
-        # per-token block lookup: a tile may span several small blocks
-        blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
-        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+        kmask = tok < last
+        if PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
+            blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
+            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+        else:  # per-token block lookup: a tile may span several small blocks
+            blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
         k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -83,9 +96,34 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, scale,
             acc = acc * alpha[:, None] + o_p * beta[:, None]
             l = l * alpha + beta
             m = m_new
-    out = acc / l[:, None]
-    tl.store(O + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
-             mask=gmask[:, None] & dmask[None, :])
+    if KV_SPLITS > 1:  # partial (out, lse) of this chunk; an empty chunk writes lse = -inf
+        lsafe = tl.where(l > 0, l, 1.0)
+        rows = (sid * stride_pos + b * stride_pot + heads * stride_poh)
+        tl.store(SO + rows[:, None] + d[None, :], acc / lsafe[:, None], mask=gmask[:, None] & dmask[None, :])
+        tl.store(SL + sid * stride_pls + b * stride_plt + heads, m + tl.log(lsafe), mask=gmask)
+    else:
+        out = acc / l[:, None]
+        tl.store(O + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
+                 mask=gmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(SO, SL, O, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                         stride_ot, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                         KV_SPLITS: tl.constexpr):
+    """Grid (B, H): out = sum_s exp(lse_s - lse) * out_s over the KV_SPLITS partials (fp32)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    s = tl.arange(0, KV_SPLITS)
+    lse = tl.load(SL + s * stride_pls + b * stride_plt + h)
+    m = tl.max(lse, 0)  # finite: chunk 0 holds at least one token
+    w = tl.exp(lse - m)
+    o = tl.load(SO + s[:, None] * stride_pos + b * stride_pot + h * stride_poh + d[None, :],
+                mask=dmask[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(O + b * stride_ot + h * stride_oh + d, out.to(O.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -152,29 +190,86 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
         tl.store(PL + sp * stride_pls + seq64 * stride_plt + heads, m + tl.log(lsafe), mask=valid)
 
 
-def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None, block_n=64):
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """Launch shape of the paged-decode kernel. ``kv_splits`` 0 = choose per batch size
+    (``kv_splits_for``): split each sequence's context over several programs when the
+    (sequence, kv head) grid alone leaves SMs idle (small batches, long contexts)."""
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    kv_splits: int = 0
+    max_kv_splits: int = 16
+    programs_per_sm: int = 4
+
+
+def _launch_from_env() -> DecodeLaunch:
+    """``ASYNCRL_DECODE_LAUNCH="block_n,num_warps,num_stages[,kv_splits]"`` overrides the
+    default (bench/paged_decode_sweep.py prints the best measured one in this form)."""
+    raw = os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
+    if not raw:
+        return DecodeLaunch()
+    parts = [int(x) for x in raw.split(",")]
+    return DecodeLaunch(*parts)
+
+
+DECODE_LAUNCH = _launch_from_env()
+
+
+def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaunch) -> int:
+    """Chunks per sequence so that about ``programs_per_sm`` programs run per SM (a power of 2,
+    1 when the batch alone fills the GPU). Depends on the batch size only: graph-safe."""
+    if launch.kv_splits:
+        return launch.kv_splits
+    want = _programs(device, launch.programs_per_sm)
+    splits = 1
+    while splits < launch.max_kv_splits and batch * hkv * splits * 2 <= want:
+        splits *= 2
+    return splits
+
+
+def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
+                   launch: DecodeLaunch | None = None):
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
-    # unused pointers when not CASCADE
+    launch = launch or DECODE_LAUNCH
+    # split-KV only without cascade: the cascade merge of prefix parts happens in the one program per row
+    splits = 1 if cascade is not None else kv_splits_for(B, hkv, q.device, launch)
+    assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
+    # unused pointers when not CASCADE / not split
     start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
-    _paged_decode_kernel[(B, hkv)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, scale,
+    if splits > 1:
+        so = torch.empty(splits, B, H, D, dtype=torch.float32, device=q.device)
+        sl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
+        po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
+    else:
+        so, sl = po, pl
+    block_d = max(16, triton.next_power_of_2(D))
+    _paged_decode_kernel[(B, hkv, splits)](
+        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=block_n,
-        IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0], num_warps=4)
+        BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
+        IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
+        KV_SPLITS=splits, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if splits > 1:
+        _merge_splits_kernel[(B, H)](
+            so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
+            out.stride(0), out.stride(1), D=D, BLOCK_D=block_d, KV_SPLITS=splits, num_warps=4)
     return out
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           launch: DecodeLaunch | None = None) -> torch.Tensor:
     """q ``[B, H, D]``; caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32;
-    context_lens ``[B]`` int32 (>= 1) -> out ``[B, H, D]``."""
+    context_lens ``[B]`` int32 (>= 1) -> out ``[B, H, D]``. ``launch``: default ``DECODE_LAUNCH``."""
     assert k_cache.stride(3) == 1 and q.stride(2) == 1
-    return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale)
+    return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
+                          launch=launch)
 
 
 # Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at

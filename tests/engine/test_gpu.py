@@ -10,11 +10,20 @@ from asyncrl.types import SamplingParams
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+LAUNCHES = [None, (32, 4, 2, 1), (128, 8, 3, 1), (64, 4, 3, 4), (16, 2, 2, 16), (64, 8, 4, 2)]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda x: "default" if x is None else "-".join(map(str, x)))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("H,Hkv,D,page", [(16, 8, 128, 64), (4, 2, 16, 4), (8, 1, 64, 128)])
-def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page):
+def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page, launch):
+    """Every launch shape (tile, warps, stages, split-KV chunks incl. empty chunks for short
+    contexts) gives the gathered reference's output."""
     from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata, gathered_attention
-    from asyncrl.engine.triton_decode import paged_decode_attention
+    from asyncrl.engine.triton_decode import DecodeLaunch, paged_decode_attention
+
+    if launch is not None:
+        launch = DecodeLaunch(*launch)
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -32,7 +41,7 @@ def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page):
     width = max(len(t) for t in tables)
     bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
     ctx = torch.tensor(lens, dtype=torch.int32, device=dev)
-    out = paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5)
+    out = paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5, launch=launch)
     meta = build_gathered_metadata(tables, [n - 1 for n in lens], [1] * len(lens), page, nb, dev)
     ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
