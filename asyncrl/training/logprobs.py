@@ -1,12 +1,15 @@
-"""Per-token log-probs and entropy, computed in chunks, with the prompt computed once per group.
+"""Per-token log-probs and entropy of the responses, with the prompt computed once per group.
 
-The LM head is applied to at most ``chunk_tokens`` positions at a time, under
-activation checkpointing when gradients are needed, so full float32 logits of shape
-[batch, seq, vocab] are never held at once (with a 150k vocabulary they would not fit).
+GRPO batches hold n responses per prompt. Short rows (each prompt with its rows' responses
+within ``PACK_BIN_TOKENS``) run in the packed layout (packing.py): every prompt once, every
+response after it without padding, one forward. Longer rows run padded: the prompt once per
+distinct prompt, its KV cache broadcast to the rows (gradients flow back through it), then
+the responses. Either way the trainer, like the rollout engine, pays for each prompt once.
 
-GRPO batches hold n responses per prompt. When rows share a prompt, the prompt is run
-once per distinct prompt and its KV cache is broadcast to the rows (gradients flow back
-through it), so the trainer, like the rollout engine, pays for each prompt once.
+When the logits of the whole micro-batch would be big (a 150k vocabulary), the LM head is
+applied to at most ``chunk_tokens`` positions at a time, under activation checkpointing when
+gradients are needed, so full float32 logits [batch, seq, vocab] are never held at once. Small
+ones (the 15-token quickstart vocabulary) take one plain pass: same numbers, fewer ops.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import inspect
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from asyncrl.training.packing import PackedRows, pack_rows
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,40 +66,98 @@ def _shared_prefix_states(base, input_ids, attention_mask, prompt_length: int, i
     return torch.cat([last_prompt_state, response_hidden[:, :-1, :]], dim=1)
 
 
+PACK_BIN_TOKENS = 128  # packed layout when every prompt + its rows' responses fit in this many tokens
+SMALL_LOGITS_BYTES = 64 << 20  # logits of a whole micro-batch under this: no chunking, no checkpoint
+
+
+def _packable(model) -> bool:
+    """The packed layout needs a model that honours a custom 4D mask and position ids on every
+    layer: sdpa or eager attention, no sliding-window layers."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return (getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+            and all(kind == "full_attention" for kind in layer_types))
+
+
+def _mask_for(model, attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bool mask as the attention implementation takes it (eager adds it to the scores)."""
+    if model.config._attn_implementation == "sdpa":
+        return attention
+    return torch.zeros(attention.shape, dtype=dtype, device=attention.device).masked_fill(
+        ~attention, torch.finfo(dtype).min)
+
+
+def _packed_states(model, base, packed: PackedRows) -> torch.Tensor:
+    """[N, H] state predicting each real response token, from one forward over the packed bins."""
+    dtype = next(model.parameters()).dtype
+    hidden = base(input_ids=packed.input_ids, attention_mask=_mask_for(model, packed.attention, dtype),
+                  position_ids=packed.position_ids, use_cache=False).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.state_index)
+
+
+def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_prompts: bool) -> torch.Tensor:
+    """[B, L, H] state predicting each response position (padding included)."""
+    prompts, inverse = torch.unique(input_ids[:, :prompt_length], dim=0, return_inverse=True)
+    if share_prompts and prompts.shape[0] < input_ids.shape[0]:
+        return _shared_prefix_states(base, input_ids, attention_mask, prompt_length, inverse)
+    hidden = base(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+    return hidden[:, prompt_length - 1:-1, :]  # the token at t is predicted by the state at t - 1
+
+
+def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float, chunk_tokens: int,
+          with_entropy: bool):
+    """states [N, H], targets [N] -> logprob [N], entropy [N] (or empty). Chunked and checkpointed
+    only when the logits of all N rows would be big (a 150k vocabulary); for small ones a single
+    plain pass computes the same numbers with fewer ops."""
+    count = states.shape[0]
+    vocab = head.weight.shape[0]
+    if count * vocab * 4 <= SMALL_LOGITS_BYTES:
+        return _head_logprobs(states, head.weight, head.bias, targets, temperature, with_entropy)
+    needs_grad = torch.is_grad_enabled() and states.requires_grad
+    logprobs, entropies = [], []
+    for start in range(0, count, chunk_tokens):
+        args = (states[start:start + chunk_tokens], head.weight, head.bias,
+                targets[start:start + chunk_tokens], temperature, with_entropy)
+        lp, ent = checkpoint(_head_logprobs, *args, use_reentrant=False) if needs_grad else _head_logprobs(*args)
+        logprobs.append(lp)
+        entropies.append(ent)
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                       temperature: float = 1.0, chunk_tokens: int = 4096, with_entropy: bool = False,
-                      share_prompts: bool = True):
+                      share_prompts: bool = True, pack_bin_tokens: int | None = None):
     """Log-probs (and entropy) of the response tokens under ``model``.
 
     Args:
       input_ids, attention_mask: [B, P + L], prompt left-padded to P, response after it.
       prompt_length: P.
-      share_prompts: run each distinct prompt once and broadcast its KV (same result).
+      share_prompts: run each distinct prompt once (same result).
+      pack_bin_tokens: use the padding-free packed layout (packing.py) when each prompt with its
+        rows' responses fits in this many tokens; 0: always the padded layout; None:
+        ``PACK_BIN_TOKENS``.
     Returns:
       logprobs [B, L] (float32) and entropy [B, L] (zeros if ``with_entropy`` is False).
+      Positions past a row's response (attention 0) hold 0 in the packed layout and an
+      unused value in the padded one: callers mask them.
     """
     base, head = model.get_decoder(), model.get_output_embeddings()
-    prompts, inverse = torch.unique(input_ids[:, :prompt_length], dim=0, return_inverse=True)
-    if share_prompts and prompts.shape[0] < input_ids.shape[0]:
-        states = _shared_prefix_states(base, input_ids, attention_mask, prompt_length, inverse)
-    else:
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
-        states = hidden[:, prompt_length - 1:-1, :]  # the token at t is predicted by the state at t - 1
-    targets = input_ids[:, prompt_length:]
-    batch, length, width = states.shape
-    flat_states, flat_targets = states.reshape(-1, width), targets.reshape(-1)
-    logprobs, entropies = [], []
-    needs_grad = torch.is_grad_enabled() and flat_states.requires_grad
-    for start in range(0, flat_states.shape[0], chunk_tokens):
-        args = (flat_states[start:start + chunk_tokens], head.weight, head.bias,
-                flat_targets[start:start + chunk_tokens], temperature, with_entropy)
-        if needs_grad:
-            lp, ent = checkpoint(_head_logprobs, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_logprobs(*args)
-        logprobs.append(lp)
-        entropies.append(ent)
-    logprob = torch.cat(logprobs).view(batch, length)
-    entropy = torch.cat(entropies).view(batch, length) if with_entropy else torch.zeros_like(logprob)
+    batch, length = input_ids.shape[0], input_ids.shape[1] - prompt_length
+    pack_bin_tokens = PACK_BIN_TOKENS if pack_bin_tokens is None else pack_bin_tokens
+    packed = pack_rows(input_ids, attention_mask, prompt_length, pack_bin_tokens) \
+        if share_prompts and pack_bin_tokens > 0 and _packable(model) else None
+    if packed is not None:
+        lp, ent = _head(_packed_states(model, base, packed), packed.targets, head, temperature, chunk_tokens,
+                        with_entropy)
+        logprob = lp.new_zeros(batch * length).index_copy(0, packed.token_index, lp).view(batch, length)
+        entropy = (ent.new_zeros(batch * length).index_copy(0, packed.token_index, ent).view(batch, length)
+                   if with_entropy else torch.zeros_like(logprob))
+        return logprob, entropy
+    states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
+    width = states.shape[-1]
+    lp, ent = _head(states.reshape(-1, width), input_ids[:, prompt_length:].reshape(-1), head, temperature,
+                    chunk_tokens, with_entropy)
+    logprob = lp.view(batch, length)
+    entropy = ent.view(batch, length) if with_entropy else torch.zeros_like(logprob)
     return logprob, entropy

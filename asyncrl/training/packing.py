@@ -1,0 +1,139 @@
+"""Padding-free layout for the trainer's forward: each prompt once, every response packed after it.
+
+A GRPO micro-batch [B, P + L] is mostly padding when answers are short: prompts are left-padded
+to P, responses right-padded to the longest L, and the last response token is never an input
+(nothing after it is predicted). ``pack_rows`` lays the same tokens out as a few packed
+sequences ("bins") instead:
+
+    bin = [prompt g (real tokens only), response inputs of g's rows, prompt h, h's rows ..., pad]
+
+where a row's response inputs are its response tokens except the last (the state predicting
+response token 0 is the prompt's last state, token t's is the state at response input t - 1).
+A 4D mask makes every token see exactly what it sees in the padded batch: a prompt token the
+earlier tokens of its prompt, a response token its prompt and the earlier tokens of its own
+response. Position ids count real tokens as ``position_ids_from_mask`` does, so RoPE is the same.
+The model's arithmetic per token is unchanged; only which padding positions get computed (none)
+and the grouping of rows in the matmuls differ, so results agree to float32 rounding.
+
+Used for short sequences only (``max_bin_tokens``): the mask is dense [bins, T, T], and with long
+responses packing several into one bin would cost more attention than the padding it saves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+PAD_GROUP = -1  # group id of a bin's tail padding
+PROMPT_ROW = -1  # row id of prompt tokens (shared by the group's rows)
+
+
+@dataclass
+class PackedRows:
+    """The packed layout of B rows (shapes: nb bins of T tokens, N = real response tokens).
+
+    input_ids, position_ids [nb, T] long; attention [nb, 1, T, T] bool (True: may attend; the
+    diagonal is always True so no query row is empty, which would give NaN).
+    state_index [N]: flat index into [nb * T] of the state predicting each real response token.
+    token_index [N]: flat index into [B * L] of that token; targets [N]: its id.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention: torch.Tensor
+    state_index: torch.Tensor
+    token_index: torch.Tensor
+    targets: torch.Tensor
+
+
+def response_lengths(attention_mask: torch.Tensor, prompt_length: int) -> Optional[torch.Tensor]:
+    """[B] real response tokens per row, or None when a row's response is not a contiguous prefix
+    of its response region (then the padded layout is the only faithful one)."""
+    resp = attention_mask[:, prompt_length:].bool()
+    lengths = resp.sum(-1)
+    prefix = torch.arange(resp.shape[1], device=resp.device) < lengths[:, None]
+    return lengths if bool((prefix == resp).all()) else None
+
+
+def _groups(prompt_rows: list[tuple]) -> list[list[int]]:
+    """Rows grouped by identical prompt (ids and mask), in order of first appearance."""
+    index: dict[tuple, int] = {}
+    groups: list[list[int]] = []
+    for row, key in enumerate(prompt_rows):
+        if key not in index:
+            index[key] = len(groups)
+            groups.append([])
+        groups[index[key]].append(row)
+    return groups
+
+
+def _bins(sizes: list[int], capacity: int) -> list[list[int]]:
+    """First-fit of groups (in order) into bins of ``capacity`` tokens; a group never splits."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for group, size in enumerate(sizes):
+        for b, free in enumerate(room):
+            if size <= free:
+                bins[b].append(group)
+                room[b] -= size
+                break
+        else:
+            bins.append([group])
+            room.append(capacity - size)
+    return bins
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+              max_bin_tokens: int) -> Optional[PackedRows]:
+    """The packed layout of a padded batch, or None when it does not apply (a group longer
+    than ``max_bin_tokens``, or a response that is not a contiguous prefix)."""
+    lengths = response_lengths(attention_mask, prompt_length)
+    if lengths is None or max_bin_tokens <= 0:
+        return None
+    ids, attn, lens = input_ids.tolist(), attention_mask.tolist(), lengths.tolist()
+    P, L = prompt_length, input_ids.shape[1] - prompt_length
+    prompts = [[t for t, a in zip(ids[r][:P], attn[r][:P]) if a] for r in range(len(ids))]
+    groups = _groups([(tuple(ids[r][:P]), tuple(attn[r][:P])) for r in range(len(ids))])
+    sizes = [len(prompts[rows[0]]) + sum(max(lens[r] - 1, 0) for r in rows) for rows in groups]
+    if max(sizes) > max_bin_tokens:
+        return None
+    bins = _bins(sizes, max(max(sizes), min(max_bin_tokens, sum(sizes))))
+    width = max(sum(sizes[g] for g in b) for b in bins)
+    tok, pos, grp, row_of = ([[fill] * width for _ in bins] for fill in (0, 0, PAD_GROUP, PROMPT_ROW))
+    state_index, token_index, targets = [], [], []
+    for b, members in enumerate(bins):
+        at = 0
+        for g in members:
+            prompt = prompts[groups[g][0]]
+            n = len(prompt)
+            tok[b][at:at + n], pos[b][at:at + n], grp[b][at:at + n] = prompt, list(range(n)), [g] * n
+            last_prompt_state, at = b * width + at + n - 1, at + n
+            for r in groups[g]:
+                k = max(lens[r] - 1, 0)  # response inputs: all tokens but the last
+                tok[b][at:at + k] = ids[r][P:P + k]
+                pos[b][at:at + k] = range(n, n + k)
+                grp[b][at:at + k], row_of[b][at:at + k] = [g] * k, [r] * k
+                for t in range(lens[r]):  # token t is predicted by the prompt's last state, then input t - 1
+                    state_index.append(last_prompt_state if t == 0 else b * width + at + t - 1)
+                    token_index.append(r * L + t)
+                    targets.append(ids[r][P + t])
+                at += k
+    device = input_ids.device
+    grp_t, row_t = torch.tensor(grp, device=device), torch.tensor(row_of, device=device)
+    return PackedRows(
+        input_ids=torch.tensor(tok, device=device), position_ids=torch.tensor(pos, device=device),
+        attention=_attention(grp_t, row_t), state_index=torch.tensor(state_index, device=device, dtype=torch.long),
+        token_index=torch.tensor(token_index, device=device, dtype=torch.long),
+        targets=torch.tensor(targets, device=device, dtype=input_ids.dtype))
+
+
+def _attention(group: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+    """[nb, 1, T, T] bool from per-token group and row ids [nb, T]: query i sees key j <= i of its
+    own group that is a prompt token or a token of its own row; every query sees itself."""
+    width = group.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=group.device).tril()
+    same_group = (group[:, :, None] == group[:, None, :]) & (group[:, None, :] != PAD_GROUP)
+    visible = (row[:, None, :] == PROMPT_ROW) | (row[:, None, :] == row[:, :, None])
+    eye = torch.eye(width, dtype=torch.bool, device=group.device)
+    return ((same_group & visible & causal) | eye).unsqueeze(1)

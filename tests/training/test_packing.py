@@ -1,0 +1,102 @@
+"""The packed layout gives the padded batch's log-probs, entropies and gradients, token for token."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from asyncrl.training.batch import pad_prompt_response
+from asyncrl.training.logprobs import position_ids_from_mask, response_logprobs
+from asyncrl.training.packing import pack_rows, response_lengths
+
+
+def _grpo_batch(tok):
+    """Three prompts (two of 3 rows, one alone), responses of 0-5 tokens, padded as the trainer pads."""
+    eos = tok.eos_token_id
+    prompts = [tok(p)["input_ids"] for p in ["1+2="] * 3 + ["123+456="] * 3 + ["7+7="]]
+    responses = [[5, eos], [6, 7, 8, eos], [eos], [9, 9, 9, 9, 9], [], [5, 6], [8, 8, eos]]
+    return pad_prompt_response(prompts, responses, tok.pad_token_id)
+
+
+def _full_forward(model, input_ids, attention_mask, prompt_len, temperature):
+    """The straightforward computation: every row in full, all logits, float64 log-softmax."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids_from_mask(attention_mask)).logits.double() / temperature
+    logp = torch.log_softmax(logits[:, prompt_len - 1:-1], -1)
+    lp = logp.gather(-1, input_ids[:, prompt_len:, None]).squeeze(-1)
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+def _values_and_grads(model, fn, mask):
+    model.zero_grad()
+    lp, ent = fn()
+    ((lp + 0.1 * ent) * mask).sum().backward()
+    return (lp * mask).double(), (ent * mask).double(), [p.grad.clone() for p in model.parameters()]
+
+
+def _assert_same(a, b):
+    torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-5)
+    for x, y in zip(a[2], b[2]):
+        torch.testing.assert_close(x.double(), y.double(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bin_tokens, bins", [(14, 3), (23, 2), (128, 1)])  # groups of 9, 14 and 7 tokens
+def test_packed_equals_the_full_forward(tiny_policy, bin_tokens, bins):
+    model, tok = tiny_policy
+    ids, attn, mask, plen = _grpo_batch(tok)
+    assert pack_rows(ids, attn, plen, bin_tokens).input_ids.shape[0] == bins
+    packed = _values_and_grads(model, lambda: response_logprobs(model, ids, attn, plen, 0.8, with_entropy=True,
+                                                                pack_bin_tokens=bin_tokens), mask)
+    full = _values_and_grads(model, lambda: _full_forward(model, ids, attn, plen, 0.8), mask)
+    _assert_same(packed, full)
+
+
+def test_packed_equals_the_full_forward_with_eager_attention(tiny_checkpoint, tiny_policy):
+    _, tok = tiny_policy
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    ids, attn, mask, plen = _grpo_batch(tok)
+    assert pack_rows(ids, attn, plen, 40) is not None
+    packed = _values_and_grads(model, lambda: response_logprobs(model, ids, attn, plen, 1.0, with_entropy=True,
+                                                                pack_bin_tokens=40), mask)
+    full = _values_and_grads(model, lambda: _full_forward(model, ids, attn, plen, 1.0), mask)
+    _assert_same(packed, full)
+
+
+def test_positions_past_a_response_are_zero_in_the_packed_layout(tiny_policy):
+    model, tok = tiny_policy
+    ids, attn, mask, plen = _grpo_batch(tok)
+    with torch.no_grad():
+        lp, ent = response_logprobs(model, ids, attn, plen, with_entropy=True, pack_bin_tokens=128)
+    real = attn[:, plen:].bool()
+    assert (lp[~real] == 0).all() and (ent[~real] == 0).all()
+    assert (lp[real] < 0).all() and (ent[real] > 0).all()
+
+
+def test_layout_of_one_prompt_with_two_responses():
+    """Prompt [1, 2] (left-padded by one), responses [a, b, eos] and [c, eos]: the bin holds the
+    prompt once and each response without its last token; each token's state is where it belongs."""
+    pad, eos, a, b, c = 0, 2, 5, 6, 7
+    ids = torch.tensor([[pad, 1, 2, a, b, eos], [pad, 1, 2, c, eos, pad]])
+    attn = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]])
+    packed = pack_rows(ids, attn, 3, 16)
+    assert packed.input_ids.tolist() == [[1, 2, a, b, c]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 2]]
+    # row 0: a <- state of "2" (1), b <- a (2), eos <- b (3); row 1: c <- "2" (1), eos <- c (4)
+    assert packed.state_index.tolist() == [1, 2, 3, 1, 4]
+    assert packed.token_index.tolist() == [0, 1, 2, 3, 4]  # [B * L] with L = 3
+    assert packed.targets.tolist() == [a, b, eos, c, eos]
+    visible = packed.attention[0, 0].int().tolist()
+    assert visible == [[1, 0, 0, 0, 0],
+                       [1, 1, 0, 0, 0],
+                       [1, 1, 1, 0, 0],
+                       [1, 1, 1, 1, 0],
+                       [1, 1, 0, 0, 1]]  # c sees the prompt and itself, not the other response
+
+
+def test_layout_is_refused_for_long_groups_and_holed_responses():
+    ids = torch.tensor([[1, 2, 5, 6, 7]])
+    assert pack_rows(ids, torch.ones_like(ids), 2, 4) is not None  # 2 prompt + 2 inputs = 4 fits
+    assert pack_rows(ids, torch.ones_like(ids), 2, 3) is None
+    holed = torch.tensor([[1, 1, 1, 0, 1]])
+    assert response_lengths(holed, 2) is None
+    assert pack_rows(ids, holed, 2, 64) is None
