@@ -20,4 +20,5 @@ class EngineConfig:
     async_scheduling: Optional[bool] = None  # overlap host step t+1 with device step t (None: on for CUDA)
     cascade_attention: bool = True    # GPU decode: rows sharing prefix blocks read them once per group
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
+    triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none

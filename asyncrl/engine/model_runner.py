@@ -37,9 +37,9 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks()
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
-        self.sampler = Sampler(self.device, compile=config.compile_sampler)
+        self.sampler = Sampler(self.device, compile=config.compile_sampler, triton=config.triton_sampler)
         self.h2d, self.d2h = HostToDevice(self.device), DeviceToHost(self.device)
-        if self.is_cuda and config.compile_sampler:
+        if self.is_cuda and (config.compile_sampler or config.triton_sampler):
             self._warmup_sampler()
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -107,9 +107,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _warmup_sampler(self) -> None:
-        """Compile the sampler now for batch 1 (torch.compile specialises size 1) and for
-        the dynamic size: otherwise the first batch of 1 -- the tail of a run whose
-        sequences end at different lengths -- compiles inside the timed generation."""
+        """Compile the sampler now (the Triton kernels; or torch.compile for batch 1, which
+        it specialises, and for the dynamic size): otherwise the first batch of 1 -- the
+        tail of a run whose sequences end at different lengths -- compiles inside the
+        timed generation."""
         V = self.model.config.vocab_size
         for B in (1, 3):
             logits = torch.zeros(B, V, dtype=self.dtype, device=self.device)

@@ -17,6 +17,10 @@ from __future__ import annotations
 import torch
 
 _M32 = 0xFFFFFFFF
+# Largest u below 1: ((2^24 - 1) + 0.5) rounds to 2^24 in fp32, so without this clamp one
+# index in 2^24 got u == 1 and g == +inf: at a 151,936 vocab ~0.9% of rows then took a
+# uniformly random token whatever its logit.
+U_MAX = 1.0 - 2.0 ** -24
 
 
 def _mix32(x):
@@ -41,7 +45,8 @@ def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     v = torch.arange(vocab, device=keys.device, dtype=torch.int64)
     x = _mix32(keys[:, None] * 0x9E3779B1 + v[None, :])
     x = _mix32(x ^ (keys[:, None] >> 7))
-    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1)
+    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # uniform in (0, 1]
+    u = u.clamp(max=U_MAX)  # (0, 1): g stays finite
     return -torch.log(-torch.log(u))
 
 
@@ -80,16 +85,25 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 
 class Sampler:
     """Wraps ``sample``; on CUDA it is compiled so the [B, V] elementwise chain (noise,
-    softmax, race) fuses into a few kernels instead of ~20 full passes over [B, V]."""
+    softmax, race) fuses into a few kernels instead of ~20 full passes over [B, V].
+    With ``triton`` (CUDA only), batches without top-k/top-p go to the one-pass Triton
+    kernel (``triton_sampler``: the same tokens and log-probs, ~1 read of the logits);
+    filtered batches keep the (compiled) torch path."""
 
-    def __init__(self, device: torch.device, compile: bool = False):
+    def __init__(self, device: torch.device, compile: bool = False, triton: bool = False):
         self.fn = sample
         if compile and device.type == "cuda":
             self.fn = torch.compile(sample, dynamic=True)
+        self.fast = None
+        if triton and device.type == "cuda":
+            from asyncrl.engine.triton_sampler import sample_unfiltered
+            self.fast = sample_unfiltered
 
     def __call__(self, logits: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor, use_filter: bool):
         """floats ``[2, B]`` = (temperature, top_p); ints ``[2, B]`` int64 = (key, top_k):
         packed so a step needs two host->device copies. Keys come from the host
         (``row_keys`` on numpy): inside the compiled region inductor fused them into the
         [B, V] reduction, which then ran 30x slower on an H200."""
+        if self.fast is not None and not use_filter:
+            return self.fast(logits, floats[0], ints[0])
         return self.fn(logits, floats[0], ints[1], floats[1], ints[0], use_filter)

@@ -1,0 +1,169 @@
+"""Sampler on the GPU: the compiled torch ``sample`` vs the one-pass Triton kernel.
+
+Batches 1, 16, 64, 256, 512 x vocab 151,936 (Qwen), bf16 logits, no top-k/top-p. For each
+batch: (1) checks the kernel against the uncompiled torch ``sample`` on every row (mixed
+temperatures incl. greedy; tokens identical, log-probs within 1e-4) and the kernel's noise
+against ``gumbel_noise`` bit for bit; (2) times, with triton's ``do_bench`` (median, L2
+flushed between calls), the compiled torch sampler (``Sampler(compile=True)``, as the
+engine warms it up) and the kernel at T = 1 (the RL default) and T = 0.7 (the division
+path), each also replayed from a CUDA graph (device time without launch overhead).
+Part 3 times a few launch shapes (tile, warps, programs per SM) at batches 1 and 256.
+Exits 1 if any checked row disagrees (a near tie is labelled as such but still fails).
+
+    python bench/sampler_kernel.py --json out.json [--no-sweep] [--no-torch]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+BATCHES = (1, 16, 64, 256, 512)
+VOCAB = 151936
+SWEEP = ((2048, 8, 4), (1024, 4, 4), (4096, 8, 4), (2048, 8, 8), (4096, 16, 2))  # (tile, warps, programs/SM)
+
+
+def case(B: int, V: int, seed: int = 0):
+    """bf16 logits ``[B, V]`` (LM-like spread), temperatures ``[B]`` (greedy, 0.7, 1), keys ``[B]``."""
+    from asyncrl.engine.sampler import row_keys
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    temp = torch.tensor([(0.0, 0.7, 1.0)[i % 3] for i in range(B)], device="cuda")
+    seeds = torch.arange(B, dtype=torch.int64, device="cuda") + 7919 * seed
+    keys = row_keys(seeds, torch.zeros_like(seeds), seeds + 11)
+    return x, temp, keys
+
+
+def check(B: int) -> dict:
+    """Kernel vs uncompiled ``sample`` on every row of a mixed-temperature batch."""
+    from asyncrl.engine import triton_sampler as ts
+    from asyncrl.engine.sampler import gumbel_noise, sample
+
+    x, temp, keys = case(B, VOCAB, seed=B)
+    tok, lp = ts.sample_unfiltered(x, temp, keys)
+    ref_tok, ref_lp = sample(x, temp, torch.zeros_like(keys), torch.ones_like(temp), keys, False)
+    diff = (tok != ref_tok).nonzero().flatten()
+    near_ties = 0
+    if len(diff):
+        ra = ts.race_values(x[diff], temp[diff], keys[diff], tok[diff])
+        rb = ts.race_values(x[diff], temp[diff], keys[diff], ref_tok[diff])
+        near_ties = int(((ra - rb).abs() <= 1e-5 * rb.abs().clamp(min=1)).sum())
+    same = tok == ref_tok
+    lp_err = (lp[same] - ref_lp[same]).abs().max().item()
+    noise_equal = torch.equal(ts.noise(keys[:8], VOCAB), gumbel_noise(keys[:8], VOCAB))
+    return {"batch": B, "rows": B, "token_mismatches": len(diff), "near_ties": near_ties,
+            "max_logprob_err": lp_err, "noise_bit_identical": noise_equal,
+            "ok": len(diff) == 0 and lp_err < 1e-4 and noise_equal}
+
+
+def timed(fn, graph: bool = True) -> dict:
+    """Median ms: eager launches (do_bench) and CUDA-graph replay (None if capture fails)."""
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    out = {"ms": do_bench(fn, warmup=10, rep=50, return_mode="median")}
+    if not graph:  # the engine runs the torch sampler eagerly; a failed capture could linger
+        return out
+    try:
+        out["graph_ms"] = do_bench_cudagraph(fn, rep=50, return_mode="median")
+    except Exception as e:  # noqa: BLE001 -- report, keep timing the rest
+        out["graph_ms"], out["graph_error"] = None, repr(e)[:200]
+    return out
+
+
+def bench_batch(B: int, torch_sampler) -> dict:
+    from asyncrl.engine import triton_sampler as ts
+
+    x, _, keys = case(B, VOCAB, seed=B + 1)
+    row = {"batch": B}
+    for T in (1.0, 0.7):
+        temp = torch.full((B,), T, device="cuda")
+        row[f"triton_T{T}"] = timed(lambda: ts.sample_unfiltered(x, temp, keys))
+    if torch_sampler is not None:
+        floats = torch.stack([torch.ones(B, device="cuda"), torch.ones(B, device="cuda")])
+        ints = torch.stack([keys, torch.zeros_like(keys)])
+        row["torch_compiled_T1.0"] = timed(lambda: torch_sampler(x, floats, ints, False), graph=False)
+    row["read_logits_ms"] = B * VOCAB * 2 / 4.8e12 * 1e3  # one pass at the H200's 4.8 TB/s
+    return row
+
+
+def sweep(batches=(1, 256)) -> list[dict]:
+    from triton.testing import do_bench
+
+    from asyncrl.engine import triton_sampler as ts
+
+    rows = []
+    for B in batches:
+        x, _, keys = case(B, VOCAB, seed=B + 2)
+        temp = torch.ones(B, device="cuda")
+        ref = ts.sample_unfiltered(x, temp, keys)[0]
+        for tile, warps, pps in SWEEP:
+            fn = functools.partial(ts.sample_unfiltered, x, temp, keys, block=tile, num_warps=warps,
+                                   programs_per_sm=pps)
+            same = torch.equal(fn()[0], ref)  # the launch shape must not change a token
+            rows.append({"batch": B, "tile": tile, "warps": warps, "programs_per_sm": pps, "same_tokens": same,
+                         "splits": ts.launch_shape(B, VOCAB, x.device, tile, pps)[0],
+                         "ms": do_bench(fn, warmup=10, rep=50, return_mode="median")})
+    return rows
+
+
+@torch.inference_mode()
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the launch-shape sweep")
+    ap.add_argument("--no-torch", action="store_true", help="skip the compiled torch sampler (its compile)")
+    args = ap.parse_args()
+    assert torch.cuda.is_available(), "needs CUDA"
+    t_start = time.perf_counter()
+    from asyncrl.engine.sampler import Sampler
+
+    checks = [check(B) for B in BATCHES]
+    torch_sampler = None
+    t_compile = None
+    if not args.no_torch:
+        t0 = time.perf_counter()
+        torch_sampler = Sampler(torch.device("cuda"), compile=True)  # the torch path (no triton)
+        for B in (1, 3):  # as ModelRunner._warmup_sampler: batch 1 and the dynamic shape
+            x, _, keys = case(B, VOCAB)
+            torch_sampler(x, torch.ones(2, B, device="cuda"), torch.stack([keys, torch.zeros_like(keys)]), False)
+        torch.cuda.synchronize()
+        t_compile = time.perf_counter() - t0
+    rows = [bench_batch(B, torch_sampler) for B in BATCHES]
+    sweep_rows = [] if args.no_sweep else sweep()
+
+    print(f"{'batch':>5} {'torch ms':>9} {'(graph)':>8} {'triton T1':>9} {'(graph)':>8} {'T0.7':>7} "
+          f"{'(graph)':>8} {'speedup':>7} {'1 read':>7}")
+    for r in rows:
+        tt = r.get("torch_compiled_T1.0", {})
+        a, b = r["triton_T1.0"], r["triton_T0.7"]
+        sp = tt["ms"] / a["ms"] if tt else float("nan")
+        f = lambda v: f"{v:.4f}" if isinstance(v, float) else "  -   "  # noqa: E731
+        print(f"{r['batch']:>5} {f(tt.get('ms')):>9} {f(tt.get('graph_ms')):>8} {f(a['ms']):>9} "
+              f"{f(a['graph_ms']):>8} {f(b['ms']):>7} {f(b['graph_ms']):>8} {sp:>7.1f} {r['read_logits_ms']:>7.4f}")
+    for s in sweep_rows:
+        print(f"sweep B={s['batch']:>3} tile={s['tile']:>4} warps={s['warps']:>2} programs/SM={s['programs_per_sm']} "
+              f"splits={s['splits']:>2}: {s['ms']:.4f} ms same_tokens={s['same_tokens']}")
+    for c in checks:
+        print(f"check B={c['batch']:>3}: mismatches={c['token_mismatches']} (near ties {c['near_ties']}) "
+              f"max |dlogp|={c['max_logprob_err']:.2e} noise bit-identical={c['noise_bit_identical']} ok={c['ok']}")
+    ok = all(c["ok"] for c in checks) and all(s["same_tokens"] for s in sweep_rows)
+    elapsed = time.perf_counter() - t_start
+    print(f"torch compile+warmup {t_compile if t_compile is None else round(t_compile, 1)} s; total {elapsed:.1f} s; "
+          f"{'OK' if ok else 'DISAGREEMENT'}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"date": datetime.now(timezone.utc).isoformat(), "device": torch.cuda.get_device_name(),
+                       "torch": torch.__version__, "triton": __import__("triton").__version__, "vocab": VOCAB,
+                       "dtype": "bfloat16", "rows": rows, "sweep": sweep_rows, "checks": checks,
+                       "torch_compile_s": t_compile, "elapsed_s": elapsed, "ok": ok}, fh, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""sampler.py: the Gumbel noise stays finite, so a race follows the logits."""
+import torch
+
+from asyncrl.engine.sampler import Sampler, _mix32, gumbel_noise, row_keys, sample
+
+# seed 173 (sample 0, position 173) hashes vocab index 21804 to (x >> 8) == 2^24 - 1,
+# whose u = ((2^24 - 1) + 0.5) / 2^24 rounds to 1.0 in fp32
+SEED, INDEX = 173, 21804
+
+
+def _key():
+    s = torch.tensor([SEED], dtype=torch.int64)
+    return row_keys(s, torch.zeros(1, dtype=torch.int64), s)
+
+
+def test_the_edge_index_hashes_to_the_top_bucket():
+    k, v = _key(), torch.tensor([INDEX], dtype=torch.int64)
+    x = _mix32(_mix32(k * 0x9E3779B1 + v) ^ (k >> 7))
+    assert (x >> 8).item() == 2**24 - 1  # the case the clamp exists for
+
+
+def test_noise_is_finite_at_the_top_bucket():
+    g = gumbel_noise(_key(), INDEX + 1)
+    assert torch.isfinite(g).all()
+    assert 16 < g[0, INDEX].item() < 17  # -log(-log(1 - 2^-24)) = 16.6: large, not +inf
+
+
+def test_race_follows_the_logits_at_the_top_bucket():
+    """A token 30 nats above the rest wins (unclamped, +inf noise picked INDEX instead)."""
+    V = 32000
+    logits = torch.zeros(1, V)
+    logits[0, 5] = 30.0
+    tok, lp = sample(logits, torch.ones(1), torch.zeros(1, dtype=torch.int64), torch.ones(1), _key(), False)
+    assert tok.item() == 5
+    assert lp.item() > -1e-3
+
+
+def test_cpu_sampler_keeps_the_torch_path():
+    assert Sampler(torch.device("cpu"), compile=True, triton=True).fast is None
