@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from asyncrl.training.head_logprobs import linear_logprobs
+
 from asyncrl.training.packing import PackedRows, pack_rows
 
 
@@ -114,6 +116,8 @@ def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float,
     vocab = head.weight.shape[0]
     if count * vocab * 4 <= SMALL_LOGITS_BYTES:
         return _head_logprobs(states, head.weight, head.bias, targets, temperature, with_entropy)
+    if not with_entropy and head.bias is None:  # the hand-fused head: no [chunk, V] graph kept
+        return linear_logprobs(states, head.weight, targets, temperature, chunk_tokens).float(), states.new_zeros(0)
     needs_grad = torch.is_grad_enabled() and states.requires_grad
     logprobs, entropies = [], []
     for start in range(0, count, chunk_tokens):
