@@ -62,15 +62,22 @@ def check(B: int) -> dict:
             "ok": len(diff) == 0 and lp_err < 1e-4 and noise_equal}
 
 
-def timed(fn, graph: bool = True) -> dict:
-    """Median ms: eager launches (do_bench) and CUDA-graph replay (None if capture fails)."""
+def median_ms(fn, graph: bool = False) -> float:
+    """triton.testing's do_bench (L2 flushed between calls) or do_bench_cudagraph, median."""
     from triton.testing import do_bench, do_bench_cudagraph
 
-    out = {"ms": do_bench(fn, warmup=10, rep=50, return_mode="median")}
+    if graph:
+        return do_bench_cudagraph(fn, rep=50, return_mode="median")
+    return do_bench(fn, warmup=10, rep=50, return_mode="median")
+
+
+def timed(fn, graph: bool = True) -> dict:
+    """Median ms: eager launches and CUDA-graph replay (None if capture fails)."""
+    out = {"ms": median_ms(fn)}
     if not graph:  # the engine runs the torch sampler eagerly; a failed capture could linger
         return out
     try:
-        out["graph_ms"] = do_bench_cudagraph(fn, rep=50, return_mode="median")
+        out["graph_ms"] = median_ms(fn, graph=True)
     except Exception as e:  # noqa: BLE001 -- report, keep timing the rest
         out["graph_ms"], out["graph_error"] = None, repr(e)[:200]
     return out
@@ -93,8 +100,6 @@ def bench_batch(B: int, torch_sampler) -> dict:
 
 
 def sweep(batches=(1, 256)) -> list[dict]:
-    from triton.testing import do_bench
-
     from asyncrl.engine import triton_sampler as ts
 
     rows = []
@@ -108,7 +113,7 @@ def sweep(batches=(1, 256)) -> list[dict]:
             same = torch.equal(fn()[0], ref)  # the launch shape must not change a token
             rows.append({"batch": B, "tile": tile, "warps": warps, "programs_per_sm": pps, "same_tokens": same,
                          "splits": ts.launch_shape(B, VOCAB, x.device, tile, pps)[0],
-                         "ms": do_bench(fn, warmup=10, rep=50, return_mode="median")})
+                         "ms": median_ms(fn)})
     return rows
 
 

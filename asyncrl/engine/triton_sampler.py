@@ -215,7 +215,7 @@ def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: tor
     _partial_kernel[(B, n_splits)](logits, logits.stride(0), V, temperature, keys, part, ipart,
                                    n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, num_warps=num_warps)
     _combine_kernel[(B,)](logits, logits.stride(0), temperature, part, ipart, tokens, logprobs,
-                          n_splits, MAX_SPLITS=triton.next_power_of_2(n_tiles), num_warps=1)
+                          n_splits, MAX_SPLITS=max(16, triton.next_power_of_2(n_tiles)), num_warps=1)
     return tokens, logprobs
 
 
