@@ -69,19 +69,17 @@ def _groups(prompt_rows: list[tuple]) -> list[list[int]]:
 
 
 def _bins(sizes: list[int], capacity: int) -> list[list[int]]:
-    """First-fit of groups (in order) into bins of ``capacity`` tokens; a group never splits."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for group, size in enumerate(sizes):
-        for b, free in enumerate(room):
-            if size <= free:
-                bins[b].append(group)
-                room[b] -= size
-                break
-        else:
-            bins.append([group])
-            room.append(capacity - size)
-    return bins
+    """Groups into ceil(total / capacity) bins, balanced (largest group first, into the least
+    filled bin), so the bins, which are padded to the fullest, carry little padding. A group
+    never splits; a bin may pass ``capacity`` by less than one group."""
+    count = max(1, -(-sum(sizes) // capacity))
+    bins: list[list[int]] = [[] for _ in range(count)]
+    load = [0] * count
+    for group in sorted(range(len(sizes)), key=lambda g: -sizes[g]):
+        b = load.index(min(load))
+        bins[b].append(group)
+        load[b] += sizes[group]
+    return [sorted(b) for b in bins if b]
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
@@ -98,7 +96,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_leng
     sizes = [len(prompts[rows[0]]) + sum(max(lens[r] - 1, 0) for r in rows) for rows in groups]
     if max(sizes) > max_bin_tokens:
         return None
-    bins = _bins(sizes, max(max(sizes), min(max_bin_tokens, sum(sizes))))
+    bins = _bins(sizes, max_bin_tokens)
     width = max(sum(sizes[g] for g in b) for b in bins)
     tok, pos, grp, row_of = ([[fill] * width for _ in bins] for fill in (0, 0, PAD_GROUP, PROMPT_ROW))
     state_index, token_index, targets = [], [], []
