@@ -16,8 +16,10 @@ scaled logits are bit-identical to torch's.
 Grid (two launches, fixed shapes for a given batch, no host sync: CUDA-graph safe):
 ``_partial_kernel`` runs (row, split) programs, each walking a contiguous range of
 ``BLOCK``-wide vocab tiles with per-lane fp32 state (online max / sum-exp / greedy index /
-race value / race index; no cross-lane reduction inside the loop), then reduces its lanes
-into one partial per (row, split). ``_combine_kernel`` merges a row's splits and gathers
+race value / race index), then reduces its lanes into one partial per (row, split). The
+noise (two logf per element: most of the kernel's instructions) is skipped for greedy rows
+and for tiles whose largest ``x/T`` plus the noise bound cannot beat the program's best
+race value so far (exact: the skipped elements cannot win or tie). ``_combine_kernel`` merges a row's splits and gathers
 ``x_tok`` for the log-prob. Small batches get more splits per row so that enough programs
 are in flight (batch 1: one tile per program).
 
@@ -39,6 +41,8 @@ import triton.language as tl
 
 from asyncrl.engine.sampler import U_MAX, gumbel_noise
 
+# An upper bound of the noise: -log(-log(U_MAX)) = 16.64 (fp32 rounding included).
+G_BOUND = 17.0
 # The interpreter (TRITON_INTERPRET=1, CPU tests) has no libdevice: numpy's log there.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -85,7 +89,7 @@ def _noise_kernel(KEYS, G, V, BLOCK: tl.constexpr, U_HI: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_splits"])
 def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
-                    BLOCK: tl.constexpr, U_HI: tl.constexpr):
+                    BLOCK: tl.constexpr, U_HI: tl.constexpr, G_BOUND: tl.constexpr):
     """Program (row, split) over tiles ``[split*n_tiles//n_splits, (split+1)*n_tiles//n_splits)``.
     Writes PART ``[3, B, n_splits]`` fp32 = (max of x/T, sum exp(x/T - max), best race
     value) and IPART ``[2, B, n_splits]`` int32 = (first argmax of x/T, first race argmax)."""
@@ -106,6 +110,7 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
     t_vec = tl.zeros([BLOCK], tl.float32) + t   # explicit broadcast for div_rn
     rv = tl.full([BLOCK], neg_inf, tl.float32)  # lane best race value s + g
     ri = gi
+    best = tl.max(rv, 0)                        # the program's best race value so far
     for tile in range(t0, t1):
         idx = tile * BLOCK + lane
         x = tl.load(x_row + idx, mask=idx < V, other=neg_inf).to(tl.float32)
@@ -117,8 +122,14 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
             s = tl.math.div_rn(x, t_vec)  # IEEE division, as torch's logits / t
         if greedy:
             r = s
+        elif tl.max(s, 0) + G_BOUND < best:
+            # no element of this tile can reach the best race value so far (g <= G_BOUND):
+            # skip its noise, exactly (strict <: not even a tie). LM logits at T = 1 put
+            # most of the vocabulary there; random logits never
+            r = tl.full([BLOCK], neg_inf, tl.float32)
         else:
             r = s + _gumbel(key, idx.to(tl.uint32), U_HI)
+            best = tl.maximum(best, tl.max(r, 0))
         # online sum-exp with one exp per element: exp(-|s - m|) serves both cases
         up = s > m
         hi = tl.where(up, s, m)
@@ -213,7 +224,8 @@ def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: tor
     part = torch.empty(3, B, n_splits, dtype=torch.float32, device=logits.device)
     ipart = torch.empty(2, B, n_splits, dtype=torch.int32, device=logits.device)
     _partial_kernel[(B, n_splits)](logits, logits.stride(0), V, temperature, keys, part, ipart,
-                                   n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, num_warps=num_warps)
+                                   n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, G_BOUND=G_BOUND,
+                                   num_warps=num_warps)
     _combine_kernel[(B,)](logits, logits.stride(0), temperature, part, ipart, tokens, logprobs,
                           n_splits, MAX_SPLITS=max(16, triton.next_power_of_2(n_tiles)), num_warps=1)
     return tokens, logprobs

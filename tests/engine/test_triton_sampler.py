@@ -41,11 +41,11 @@ def _case(B, V, dtype, seed=0):
     return x.to(dtype).to(DEV), temp.to(DEV), keys.to(DEV)
 
 
-def _check_against_sample(x, temp, keys, tol):
+def _check_against_sample(x, temp, keys, tol, **launch):
     """Tokens equal to ``sample``'s (a race may flip only at a rounding-level tie: both
     tokens' torch race values within 1e-5; greedy rows never), log-probs within tol."""
     B = x.shape[0]
-    tok, lp = ts.sample_unfiltered(x, temp, keys)
+    tok, lp = ts.sample_unfiltered(x, temp, keys, **launch)
     ref_tok, ref_lp = sample(x, temp, torch.zeros(B, dtype=torch.int64, device=DEV),
                              torch.ones(B, device=DEV), keys, False)
     diff = (tok != ref_tok).nonzero().flatten()
@@ -72,6 +72,25 @@ def test_matches_torch_sample(B, V, dtype, tol):
     x, temp, keys = _case(B, V, dtype, seed=B + V)
     tok, _ = _check_against_sample(x, temp, keys, tol)
     assert tok[0].item() == V // 3 or temp[0] > 0  # the first of the repeated maxima
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_peaked_logits_skip_tiles_exactly(dtype):
+    """LM-like rows (a few candidates 15-20 nats above the bulk, in different tiles): most
+    tiles cannot win the race and skip their noise; tokens still equal ``sample``'s."""
+    B, V = (64, 151936) if CUDA else (6, 9000)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(B, V, generator=g) * 2
+    cand = torch.randint(0, V, (B, 4), generator=g)
+    x.scatter_(1, cand, 15 + 5 * torch.rand(B, 4, generator=g))
+    x = x.to(dtype).to(DEV)
+    temp = torch.tensor([(0.7, 1.0, 1.5)[i % 3] for i in range(B)], device=DEV)
+    seeds = torch.arange(B, dtype=torch.int64)
+    keys = row_keys(seeds, seeds, seeds).to(DEV)
+    tol = 1e-4 if dtype == torch.float32 else 1e-3
+    for programs_per_sm in (0, 4):  # 0: one program per row walks every tile
+        tok, _ = _check_against_sample(x, temp, keys, tol, programs_per_sm=programs_per_sm)
+        assert len(set(tok.tolist())) > 1
 
 
 def test_noise_matches_gumbel_noise():
