@@ -167,8 +167,8 @@ def main() -> int:
         print(f"sweep B={s['batch']:>3} tile={s['tile']:>4} warps={s['warps']:>2} programs/SM={s['programs_per_sm']} "
               f"splits={s['splits']:>2}: {s['ms']:.4f} ms same_tokens={s['same_tokens']}")
     for c in checks:
-        print(f"check B={c['batch']:>3}{' peaked' if c['peaked'] else ''}: mismatches={c['token_mismatches']} (near ties {c['near_ties']}) "
-              f"max |dlogp|={c['max_logprob_err']:.2e} noise bit-identical={c['noise_bit_identical']} ok={c['ok']}")
+        print(f"check B={c['batch']:>3}{' peaked' if c['peaked'] else ''}: "
+              f"mismatches={c['token_mismatches']} (near ties {c['near_ties']}) max |dlogp|={c['max_logprob_err']:.2e} noise bit-identical={c['noise_bit_identical']} ok={c['ok']}")
     ok = all(c["ok"] for c in checks) and all(s["same_tokens"] for s in sweep_rows)
     elapsed = time.perf_counter() - t_start
     print(f"torch compile+warmup {t_compile if t_compile is None else round(t_compile, 1)} s; total {elapsed:.1f} s; "

@@ -19,16 +19,17 @@ Grid (two launches, fixed shapes for a given batch, no host sync: CUDA-graph saf
 race value / race index), then reduces its lanes into one partial per (row, split). The
 noise (two logf per element: most of the kernel's instructions) is skipped for greedy rows
 and for tiles whose largest ``x/T`` plus the noise bound cannot beat the program's best
-race value so far (exact: the skipped elements cannot win or tie). ``_combine_kernel`` merges a row's splits and gathers
-``x_tok`` for the log-prob. Small batches get more splits per row so that enough programs
-are in flight (batch 1: one tile per program).
+race value so far (exact: the skipped elements cannot win or tie). ``_combine_kernel``
+merges a row's splits and gathers ``x_tok`` for the log-prob. Small batches get more
+splits per row so that enough programs are in flight (batch 1: one tile per program).
 
 Ties: lanes and splits keep the FIRST index of their maximum, so greedy rows match
 ``torch.argmax`` exactly, ties included. The race value is ``x/T + g`` where torch
 compares ``((x/T - max) - log(sum)) + g``: the extra fp32 roundings in torch can flip a
-race whose top two values are within a few ulps (~1e-6 relative; expected at a rate of
-about one row in 10^5 on random logits). NaN logits are ignored here (torch's argmax
-would pick them); ``+inf`` logits are not supported.
+race whose top two values are within a few ulps (~1e-6 relative; by our estimate about
+one row in 10^5 on random logits; ``race_values`` tells such a near tie in checks).
+NaN logits are ignored here (torch's argmax would pick them); ``+inf`` logits are not
+supported.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ import triton.language as tl
 
 from asyncrl.engine.sampler import U_MAX, gumbel_noise
 
-# An upper bound of the noise: -log(-log(U_MAX)) = 16.64 (fp32 rounding included).
+# An upper bound of the noise: -log(-log(U_MAX)) = 16.64, with margin for fp32 rounding.
 G_BOUND = 17.0
 # The interpreter (TRITON_INTERPRET=1, CPU tests) has no libdevice: numpy's log there.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
