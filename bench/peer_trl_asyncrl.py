@@ -42,8 +42,18 @@ ASYNC = ["runtime.mode=async", "runtime.max_staleness=1", "algorithm.decoupled=t
          "algorithm.rollout_correction.level=token"]
 
 
+def trainer_threads(mode: str, threads: int) -> int:
+    """The trainer's torch threads out of the run's ``threads`` (the issue: 2, TRL's one process).
+    Async: the rollout process runs one thread (asyncrl/runtime/executors/process.py) on a core of
+    its own, so the trainer takes the rest; 2 trainer threads + the rollout process would put 3
+    busy threads on 2 cores, and the trainer's OpenMP barriers then wait for the thread that
+    shares a core (its update 66 ms vs 45 ms at 1 thread, bench/RESULTS.md)."""
+    return max(1, threads - 1) if mode == "async" else threads
+
+
 def asyncrl_config(checkpoint: str, seed: int, mode: str, threads: int, run_dir: str, extra=()):
-    overrides = [*SETTINGS, f"model.path={checkpoint}", f"seed={seed}", f"trainer.torch_threads={threads}",
+    overrides = [*SETTINGS, f"model.path={checkpoint}", f"seed={seed}",
+                 f"trainer.torch_threads={trainer_threads(mode, threads)}",
                  f"logging.run_dir={run_dir}", *(ASYNC if mode == "async" else SYNC), *extra]
     return load_config("quickstart", overrides)
 
@@ -53,6 +63,7 @@ def run_asyncrl(checkpoint: str, seed: int, mode: str, limits: Limits, evaluate,
     """asyncrl GRPO (``mode`` sync or async) from ``checkpoint`` until ``limits``."""
     cfg = asyncrl_config(checkpoint, seed, mode, threads, run_dir, extra)
     record = RunRecord(f"asyncrl-{mode}", seed)
+    record.extra["trainer_threads"] = cfg.trainer.torch_threads
     start = time.perf_counter()
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.seed)
