@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,57 +52,74 @@ class AttentionMetadata:
     cascade_tiles: Optional[torch.Tensor] = None
 
 
-def build_gathered_metadata(
-    block_tables: list[list[int]],
-    start_positions: list[int],
-    num_new_tokens: list[int],
-    block_size: int,
-    scratch_block: int,
-    device: torch.device,
-) -> AttentionMetadata:
-    """Metadata for a step where sequence b computes tokens ``[start_b, start_b + n_b)``.
+@dataclass
+class GatheredHost:
+    """Host (numpy int64) arrays of a gathered step; see ``AttentionMetadata`` for shapes.
+    ``q_pos [B, Lq]`` (position of each query, 0 on padding) and ``ctx [B]`` let the
+    device build the [B, 1, Lq, Lk] mask itself: it never crosses the bus."""
+
+    slot_mapping: np.ndarray
+    q_index: np.ndarray
+    q_out_index: np.ndarray
+    kv_slots: np.ndarray
+    q_pos: np.ndarray
+    ctx: np.ndarray
+    uniform: bool  # a fresh batch of equal-length prompts: the mask is exactly causal
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.slot_mapping, self.q_index, self.q_out_index, self.kv_slots, self.q_pos, self.ctx]
+
+
+def gathered_host_arrays(block_tables: list[list[int]], start_positions: list[int], num_new_tokens: list[int],
+                         block_size: int, scratch_block: int) -> GatheredHost:
+    """Numpy metadata for a step where sequence b computes tokens ``[start_b, start_b + n_b)``.
 
     Keys ``[0, start_b + n_b)`` are attended (cached prefix + the new tokens, whose K/V
-    the layer writes into the cache before attending).
+    the layer writes into the cache before attending). Built on the host in bulk so the
+    engine sends it with the step's one pinned copy (a pageable ``.to(device)`` waits for
+    the device to finish the previous step: prefill steps then never overlapped).
     """
     B = len(block_tables)
-    lq = max(num_new_tokens)
-    ctx = [s + n for s, n in zip(start_positions, num_new_tokens)]
-    lk = max(ctx)
+    starts = np.asarray(start_positions, dtype=np.int64)
+    nnew = np.asarray(num_new_tokens, dtype=np.int64)
+    ctx = starts + nnew
+    lq, lk = int(nnew.max()), int(ctx.max())
     max_blocks = (lk + block_size - 1) // block_size
-    bt = torch.full((B, max_blocks), scratch_block, dtype=torch.long)
+    bt = np.full((B, max_blocks), scratch_block, dtype=np.int64)
     for b, table in enumerate(block_tables):
         m = min(len(table), max_blocks)
-        bt[b, :m] = torch.tensor(table[:m], dtype=torch.long)
-    starts = torch.tensor(start_positions, dtype=torch.long)
-    nnew = torch.tensor(num_new_tokens, dtype=torch.long)
-    ctx_t = torch.tensor(ctx, dtype=torch.long)
-
-    j = torch.arange(lk)
+        bt[b, :m] = table[:m]
+    j = np.arange(lk)
     kv_slots = bt[:, j // block_size] * block_size + j % block_size  # [B, Lk]
-    kv_slots = torch.where(j[None, :] < ctx_t[:, None], kv_slots, scratch_block * block_size)
-    slot_rows = []
-    for b in range(B):
-        slot_rows.append(kv_slots[b, start_positions[b] : ctx[b]])
-    slot_mapping = torch.cat(slot_rows)
-
-    i = torch.arange(lq)
+    kv_slots = np.where(j[None, :] < ctx[:, None], kv_slots, scratch_block * block_size)
+    new_key = (j[None, :] >= starts[:, None]) & (j[None, :] < ctx[:, None])  # this step's keys, row-major
+    slot_mapping = kv_slots[new_key]
+    i = np.arange(lq)
     q_valid = i[None, :] < nnew[:, None]  # [B, Lq]
-    offsets = torch.cumsum(nnew, 0) - nnew
-    q_index = torch.where(q_valid, offsets[:, None] + i[None, :], 0)
-    q_pos = torch.where(q_valid, starts[:, None] + i[None, :], 0)  # padded rows see key 0 only
-    mask = (j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < ctx_t[:, None, None])
-    q_out_index = torch.nonzero(q_valid.flatten(), as_tuple=True)[0]
-    # equal-length prompts with nothing cached (a fresh batch): the mask is exactly causal,
-    # so SDPA can use its causal flash kernel instead of a masked one
-    uniform = all(s == 0 for s in start_positions) and len(set(num_new_tokens)) == 1
-    return AttentionMetadata(
-        slot_mapping=slot_mapping.to(device),
-        q_index=q_index.to(device),
-        q_out_index=q_out_index.to(device),
-        kv_slots=kv_slots.to(device),
-        mask=None if uniform else mask.unsqueeze(1).to(device),
-    )
+    offsets = np.cumsum(nnew) - nnew
+    q_index = np.where(q_valid, offsets[:, None] + i[None, :], 0)
+    q_pos = np.where(q_valid, starts[:, None] + i[None, :], 0)  # padded rows see key 0 only
+    q_out_index = np.flatnonzero(q_valid.reshape(-1))
+    uniform = bool((starts == 0).all()) and bool((nnew == nnew[0]).all())
+    return GatheredHost(slot_mapping, q_index, q_out_index, kv_slots, q_pos, ctx, uniform)
+
+
+def gathered_metadata(slot_mapping: torch.Tensor, q_index: torch.Tensor, q_out_index: torch.Tensor,
+                      kv_slots: torch.Tensor, q_pos: torch.Tensor, ctx: torch.Tensor, uniform: bool) -> AttentionMetadata:
+    """``AttentionMetadata`` from ``GatheredHost.arrays()`` on the device (the mask built there)."""
+    mask = None
+    if not uniform:  # equal fresh prompts: SDPA's causal flash kernel instead of a masked one
+        j = torch.arange(kv_slots.shape[1], device=kv_slots.device)
+        mask = ((j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < ctx[:, None, None])).unsqueeze(1)
+    return AttentionMetadata(slot_mapping=slot_mapping, q_index=q_index, q_out_index=q_out_index,
+                             kv_slots=kv_slots, mask=mask)
+
+
+def build_gathered_metadata(block_tables: list[list[int]], start_positions: list[int], num_new_tokens: list[int],
+                            block_size: int, scratch_block: int, device: torch.device) -> AttentionMetadata:
+    """``gathered_host_arrays`` sent to ``device`` (plain copies: for tests and one-off calls)."""
+    host = gathered_host_arrays(block_tables, start_positions, num_new_tokens, block_size, scratch_block)
+    return gathered_metadata(*(torch.from_numpy(a).to(device) for a in host.arrays()), host.uniform)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

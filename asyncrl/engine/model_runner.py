@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
+from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.models.decoder import CausalLM
@@ -92,13 +92,22 @@ class ModelRunner:
             layer.self_attn.k_cache = torch.empty(0)
             layer.self_attn.v_cache = torch.empty(0)
 
-    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+    @staticmethod
+    def _copy_arrays(copies: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """(src, dst) block ids ``[C]`` int64 of the forked partial blocks, or nothing."""
+        if not copies:
+            return []
+        return [np.array([c[0] for c in copies], dtype=np.int64), np.array([c[1] for c in copies], dtype=np.int64)]
+
+    def copy_blocks(self, copies: list[tuple[int, int, int]], src: torch.Tensor | None = None,
+                    dst: torch.Tensor | None = None) -> None:
         """Copy forked partial blocks ``(src, dst, num_tokens)``: only the first
-        max(num_tokens) slots (short GRPO prompts fill a fraction of a block)."""
+        max(num_tokens) slots (short GRPO prompts fill a fraction of a block). ``src``/``dst``:
+        the block ids already on the device (``_copy_arrays`` through the step's transfer)."""
         if not copies:
             return
-        src = torch.tensor([c[0] for c in copies], device=self.device)
-        dst = torch.tensor([c[1] for c in copies], device=self.device)
+        if src is None:
+            src, dst = (torch.from_numpy(a).to(self.device) for a in self._copy_arrays(copies))
         m = max(c[2] for c in copies)
         for layer in self.model.model.layers:
             attn = layer.self_attn
@@ -137,11 +146,13 @@ class ModelRunner:
         return [np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64), np.array(src, dtype=np.int64)]
 
     def _prepare(self, batch: ScheduledBatch, extra: list[np.ndarray]):
-        ids, pos, src, *rest = self.h2d.put(self._gathered_host(batch) + extra)
-        meta = build_gathered_metadata([s.block_table for s in batch.seqs], batch.starts,
-                                       [s.num_scheduled_tokens for s in batch.seqs],
-                                       self.block_size, self.scratch_block, self.device)
-        return self._resolve_ids(ids, src, batch), pos, meta, rest
+        """Inputs of a gathered step (prefill, or any step on CPU), all in one transfer."""
+        host = gathered_host_arrays([s.block_table for s in batch.seqs], batch.starts,
+                                    [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
+        meta_arrays = host.arrays()
+        ids, pos, src, *rest = self.h2d.put(self._gathered_host(batch) + meta_arrays + extra)
+        meta = gathered_metadata(*rest[:len(meta_arrays)], host.uniform)
+        return self._resolve_ids(ids, src, batch), pos, meta, rest[len(meta_arrays):]
 
     def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, batch: ScheduledBatch) -> torch.Tensor:
         """Input ids with pending tokens taken from the last launched step's samples."""
@@ -254,6 +265,13 @@ class ModelRunner:
         self.cascade.buf[:packed[0].numel()].copy_(packed[0])
         return self._cascade_views(bs)
 
+    @staticmethod
+    def _logit_ends(batch: ScheduledBatch) -> np.ndarray:
+        """[len(logit_seqs)] int64: the packed index of each logit seq's last scheduled token."""
+        done = {id(s) for s in batch.logit_seqs}
+        ends = np.cumsum([s.num_scheduled_tokens for s in batch.seqs]) - 1
+        return ends[[id(s) in done for s in batch.seqs]].astype(np.int64)
+
     # ---- step ----------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, extra: list[np.ndarray] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -261,15 +279,9 @@ class ModelRunner:
         device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
         extra = list(extra)
         if batch.is_prefill or not self.is_cuda:
-            input_ids, positions, meta, rest = self._prepare(batch, extra)
+            input_ids, positions, meta, (*rest, ends) = self._prepare(batch, extra + [self._logit_ends(batch)])
             hidden = self.model(input_ids, positions, meta)
-            done = {id(s) for s in batch.logit_seqs}
-            ends, off = [], 0
-            for s in batch.seqs:
-                off += s.num_scheduled_tokens
-                if id(s) in done:
-                    ends.append(off - 1)
-            return hidden[torch.tensor(ends, dtype=torch.long, device=self.device)], rest
+            return hidden[ends], rest
         n = len(batch.seqs)
         bs = min((b for b in self.graphs if b >= n), default=None)
         rows = n if bs is None else bs
@@ -296,18 +308,24 @@ class ModelRunner:
         sampling, and the asynchronous copy of the sampled tokens/log-probs to the host.
         Returns a handle for ``fetch`` without waiting for the device. The sampled tokens
         stay on the device as ``last_tokens`` (the next step's pending input ids)."""
+        copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
         if not batch.sample_seqs:  # a prefill chunk that completes no sequence
-            self.forward(batch)
-            self.copy_blocks(batch.copies)
+            _, rest = self.forward(batch, copies)
+            self.copy_blocks(batch.copies, *rest)
             self.last_tokens = None
             return None
         arrays, use_filter = self._sample_arrays(batch)
-        hidden, (floats, ints) = self.forward(batch, arrays)
+        if batch.is_prefill:  # forked siblings repeat their parent's row
+            arrays = arrays + [np.asarray(batch.sample_rows, dtype=np.int64)]
+        hidden, rest = self.forward(batch, arrays + copies)
+        floats, ints = rest[0], rest[1]
         # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
         # compiled sampler's guards see the same layout every step
         floats, ints = floats.clone(), ints.clone()
-        self.copy_blocks(batch.copies)
-        tokens, logprobs = self.sample(batch, hidden, floats, ints, use_filter)
+        self.copy_blocks(batch.copies, *rest[len(arrays):])
+        if batch.is_prefill:
+            hidden = hidden[rest[2]]
+        tokens, logprobs = self.sample(hidden, floats, ints, use_filter)
         self.last_tokens = tokens
         return self.d2h.start(tokens, logprobs)
 
@@ -322,11 +340,9 @@ class ModelRunner:
         return self.fetch(self.launch(batch))
 
     @torch.inference_mode()
-    def sample(self, batch: ScheduledBatch, hidden: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
+    def sample(self, hidden: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
                use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """LM head on the logit rows, then one token (and its log-prob) per sample seq,
-        on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32."""
-        if batch.is_prefill:  # forked siblings repeat their parent's row
-            hidden = hidden[torch.tensor(batch.sample_rows, dtype=torch.long, device=self.device)]
+        """LM head on ``hidden`` [S, H] (one row per sample seq), then one token (and its
+        log-prob) per row, on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32."""
         logits = self.model.lm_head(hidden)  # cast to fp32 inside the (fused) sampler
         return self.sampler(logits, floats, ints, use_filter)
