@@ -33,20 +33,25 @@ class _LinearLogprobs(torch.autograd.Function):
     """Autograd op for ``linear_logprobs``; ``chunk`` rows at a time (memory: one fp32 [chunk, V])."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, with_entropy: bool):
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=_acc_dtype(hidden), device=hidden.device)
         logprobs = torch.empty(n, dtype=_acc_dtype(hidden), device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=_acc_dtype(hidden), device=hidden.device)
         for s in range(0, n, chunk):
             logits = _chunk_logits(hidden[s:s + chunk], weight, temperature)
             lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
             logprobs[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
+            if with_entropy:  # H = lse - E_p[z], a metric here: no gradient (see linear_logprobs)
+                expected = (logits.sub(lse[s:s + chunk, None]).exp_().mul_(logits)).sum(-1)
+                entropy[s:s + chunk] = lse[s:s + chunk] - expected
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
-        return logprobs
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_entropy):
         hidden, weight, targets, lse = ctx.saved_tensors
         T, chunk = ctx.temperature, ctx.chunk
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
@@ -67,11 +72,15 @@ class _LinearLogprobs(torch.autograd.Function):
                 grad_weight.add_(grad_logits.T @ h)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                    temperature: float = 1.0, chunk_tokens: int = 4096) -> torch.Tensor:
+                    temperature: float = 1.0, chunk_tokens: int = 4096, with_entropy: bool = False):
     """hidden ``[N, H]``, weight ``[V, H]`` (the LM head, no bias), targets ``[N]`` int64
-    -> log-probs ``[N]`` float32 (float64 for float64 inputs) of ``targets`` under ``softmax(hidden @ weight.T / temperature)``."""
-    return _LinearLogprobs.apply(hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)))
+    -> log-probs ``[N]`` float32 (float64 for float64 inputs) of ``targets`` under
+    ``softmax(hidden @ weight.T / temperature)``, and the entropy ``[N]`` of that softmax
+    (``with_entropy``; else empty) WITHOUT a gradient: for the entropy as a metric. A loss
+    with an entropy bonus takes the generic path (logprobs.py)."""
+    return _LinearLogprobs.apply(hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)),
+                                 bool(with_entropy))

@@ -108,7 +108,7 @@ def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_pr
 
 
 def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float, chunk_tokens: int,
-          with_entropy: bool):
+          with_entropy: bool, entropy_grad: bool = True):
     """states [N, H], targets [N] -> logprob [N], entropy [N] (or empty). Chunked and checkpointed
     only when the logits of all N rows would be big (a 150k vocabulary); for small ones a single
     plain pass computes the same numbers with fewer ops."""
@@ -116,8 +116,9 @@ def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float,
     vocab = head.weight.shape[0]
     if count * vocab * 4 <= SMALL_LOGITS_BYTES:
         return _head_logprobs(states, head.weight, head.bias, targets, temperature, with_entropy)
-    if not with_entropy and head.bias is None:  # the hand-fused head: no [chunk, V] graph kept
-        return linear_logprobs(states, head.weight, targets, temperature, chunk_tokens).float(), states.new_zeros(0)
+    if head.bias is None and not (with_entropy and entropy_grad):  # the hand-fused head: no [chunk, V] graph kept
+        lp, ent = linear_logprobs(states, head.weight, targets, temperature, chunk_tokens, with_entropy)
+        return lp.float(), ent.float()
     needs_grad = torch.is_grad_enabled() and states.requires_grad
     logprobs, entropies = [], []
     for start in range(0, count, chunk_tokens):
@@ -131,7 +132,7 @@ def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float,
 
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                       temperature: float = 1.0, chunk_tokens: int = 4096, with_entropy: bool = False,
-                      share_prompts: bool = True, pack_bin_tokens: int | None = None):
+                      share_prompts: bool = True, pack_bin_tokens: int | None = None, entropy_grad: bool = True):
     """Log-probs (and entropy) of the response tokens under ``model``.
 
     Args:
@@ -141,6 +142,8 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
       pack_bin_tokens: use the padding-free packed layout (packing.py) when each prompt with its
         rows' responses fits in this many tokens; 0: always the padded layout; None:
         ``PACK_BIN_TOKENS``.
+      entropy_grad: False when the entropy is only reported (no entropy bonus): then it may
+        come without a gradient, which lets a big vocabulary take the fused head.
     Returns:
       logprobs [B, L] (float32) and entropy [B, L] (zeros if ``with_entropy`` is False).
       Positions past a row's response (attention 0) hold 0 in the packed layout and an
@@ -153,7 +156,7 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         if share_prompts and pack_bin_tokens > 0 and _packable(model) else None
     if packed is not None:
         lp, ent = _head(_packed_states(model, base, packed), packed.targets, head, temperature, chunk_tokens,
-                        with_entropy)
+                        with_entropy, entropy_grad)
         logprob = lp.new_zeros(batch * length).index_copy(0, packed.token_index, lp).view(batch, length)
         entropy = (ent.new_zeros(batch * length).index_copy(0, packed.token_index, ent).view(batch, length)
                    if with_entropy else torch.zeros_like(logprob))
@@ -161,7 +164,7 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
     width = states.shape[-1]
     lp, ent = _head(states.reshape(-1, width), input_ids[:, prompt_length:].reshape(-1), head, temperature,
-                    chunk_tokens, with_entropy)
+                    chunk_tokens, with_entropy, entropy_grad)
     logprob = lp.view(batch, length)
     entropy = ent.view(batch, length) if with_entropy else torch.zeros_like(logprob)
     return logprob, entropy

@@ -20,7 +20,7 @@ def test_values_and_gradients_match_float64_autograd(temperature, chunk):
     targets = torch.randint(0, V, (N,), generator=g)
     upstream = torch.randn(N, generator=g, dtype=torch.float64)
 
-    ours = linear_logprobs(hidden, weight, targets, temperature, chunk)
+    ours, entropy = linear_logprobs(hidden, weight, targets, temperature, chunk, with_entropy=True)
     (ours.double() * upstream).sum().backward()
     gh, gw = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -28,6 +28,9 @@ def test_values_and_gradients_match_float64_autograd(temperature, chunk):
     (ref * upstream).sum().backward()
 
     torch.testing.assert_close(ours, ref, atol=1e-10, rtol=0)
+    logp = torch.log_softmax((hidden @ weight.T).detach() / temperature, -1)
+    torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1), atol=1e-10, rtol=0)
+    assert not entropy.requires_grad  # a metric: the entropy bonus takes the generic path
     torch.testing.assert_close(gh, hidden.grad, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(gw, weight.grad, atol=1e-6, rtol=1e-6)
 
@@ -41,7 +44,7 @@ def test_float32_matches_float64_and_weight_tied_to_embedding_accumulates():
     ids = torch.randint(0, 11, (6,), generator=g)
     targets = torch.randint(0, 11, (6,), generator=g)
     hidden = torch.tanh(emb(ids))
-    linear_logprobs(hidden, emb.weight, targets, 1.0, 4).sum().backward()
+    linear_logprobs(hidden, emb.weight, targets, 1.0, 4)[0].sum().backward()
     ours = emb.weight.grad.clone()
     emb.weight.grad = None
     reference(torch.tanh(emb(ids)), emb.weight, targets, 1.0).sum().backward()
@@ -53,7 +56,7 @@ def test_bfloat16_model_gets_float32_logprobs_close_to_float64():
     hidden = torch.randn(10, 32, generator=g).bfloat16()
     weight = torch.randn(50, 32, generator=g).bfloat16()
     targets = torch.randint(0, 50, (10,), generator=g)
-    ours = linear_logprobs(hidden, weight, targets, 1.0, 4)
+    ours, _ = linear_logprobs(hidden, weight, targets, 1.0, 4)
     assert ours.dtype == torch.float32  # log-probs are reported in fp32 whatever the model dtype
     ref = reference(hidden.double(), weight.double(), targets, 1.0)
     torch.testing.assert_close(ours.double(), ref, atol=0.05, rtol=0)  # bf16 matmul output rounding
@@ -62,5 +65,36 @@ def test_bfloat16_model_gets_float32_logprobs_close_to_float64():
 def test_no_grad_for_weight_when_frozen():
     hidden = torch.randn(4, 8, requires_grad=True)
     weight = torch.randn(9, 8)
-    linear_logprobs(hidden, weight, torch.tensor([0, 3, 8, 2]), 1.0, 3).sum().backward()
+    linear_logprobs(hidden, weight, torch.tensor([0, 3, 8, 2]), 1.0, 3)[0].sum().backward()
     assert hidden.grad is not None and weight.grad is None
+
+
+def test_actor_metric_entropy_takes_the_fused_head_with_the_generic_values():
+    """response_logprobs with a reported-only entropy (entropy_grad False) on the chunked path
+    gives the generic path's log-probs, entropy and log-prob gradients."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from asyncrl.training import logprobs as lp_module
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                         tie_word_embeddings=True))
+    ids = torch.randint(1, 97, (4, 9))
+    mask = torch.ones_like(ids)
+    saved = lp_module.SMALL_LOGITS_BYTES
+    lp_module.SMALL_LOGITS_BYTES = -1  # force the big-vocabulary (chunked) path
+    try:
+        results = []
+        for entropy_grad in (True, False):  # generic checkpointed chunks, then the fused head
+            model.zero_grad()
+            lp, ent = lp_module.response_logprobs(model, ids, mask, 5, 0.8, chunk_tokens=5, with_entropy=True,
+                                                  entropy_grad=entropy_grad)
+            lp.sum().backward()
+            results.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
+    finally:
+        lp_module.SMALL_LOGITS_BYTES = saved
+    (lp0, ent0, g0), (lp1, ent1, g1) = results
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g1, g0, atol=1e-5, rtol=1e-5)
