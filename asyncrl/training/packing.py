@@ -82,48 +82,67 @@ def _bins(sizes: list[int], capacity: int) -> list[list[int]]:
     return [sorted(b) for b in bins if b]
 
 
+class _BinWriter:
+    """Fills the bins' token lists and the per-response-token indices, one group at a time."""
+
+    def __init__(self, bins: int, width: int, ids: list[list[int]], lens: list[int], prompt_length: int):
+        self.width, self.ids, self.lens, self.P = width, ids, lens, prompt_length
+        self.L = len(ids[0]) - prompt_length
+        self.tok, self.pos, self.grp, self.row = ([[fill] * width for _ in range(bins)]
+                                                  for fill in (0, 0, PAD_GROUP, PROMPT_ROW))
+        self.state_index: list[int] = []
+        self.token_index: list[int] = []
+        self.targets: list[int] = []
+
+    def add_group(self, b: int, at: int, g: int, prompt: list[int], rows: list[int]) -> int:
+        """Writes group ``g`` (its prompt, then each row's response inputs) into bin ``b`` from
+        slot ``at``; returns the next free slot."""
+        n, base = len(prompt), b * self.width
+        self.tok[b][at:at + n], self.pos[b][at:at + n], self.grp[b][at:at + n] = prompt, range(n), [g] * n
+        last_prompt_state, at = base + at + n - 1, at + n
+        for r in rows:
+            k = max(self.lens[r] - 1, 0)  # response inputs: all tokens but the last
+            self.tok[b][at:at + k] = self.ids[r][self.P:self.P + k]
+            self.pos[b][at:at + k] = range(n, n + k)
+            self.grp[b][at:at + k], self.row[b][at:at + k] = [g] * k, [r] * k
+            for t in range(self.lens[r]):  # token t: predicted by the prompt's last state, then by input t - 1
+                self.state_index.append(last_prompt_state if t == 0 else base + at + t - 1)
+                self.token_index.append(r * self.L + t)
+                self.targets.append(self.ids[r][self.P + t])
+            at += k
+        return at
+
+    def result(self, device, dtype) -> PackedRows:
+        tensor = lambda x, kind=torch.long: torch.tensor(x, device=device, dtype=kind)  # noqa: E731
+        return PackedRows(input_ids=tensor(self.tok, dtype), position_ids=tensor(self.pos),
+                          attention=_attention(tensor(self.grp), tensor(self.row)),
+                          state_index=tensor(self.state_index), token_index=tensor(self.token_index),
+                          targets=tensor(self.targets, dtype))
+
+
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
               max_bin_tokens: int) -> Optional[PackedRows]:
     """The packed layout of a padded batch, or None when it does not apply (a group longer
     than ``max_bin_tokens``, or a response that is not a contiguous prefix)."""
+    if max_bin_tokens <= 0 or int(attention_mask.sum(-1).max()) - 1 > max_bin_tokens:
+        return None  # a row alone (its prompt + response inputs) would not fit: no list building
     lengths = response_lengths(attention_mask, prompt_length)
-    if lengths is None or max_bin_tokens <= 0:
+    if lengths is None:
         return None
+    P = prompt_length
     ids, attn, lens = input_ids.tolist(), attention_mask.tolist(), lengths.tolist()
-    P, L = prompt_length, input_ids.shape[1] - prompt_length
-    prompts = [[t for t, a in zip(ids[r][:P], attn[r][:P]) if a] for r in range(len(ids))]
     groups = _groups([(tuple(ids[r][:P]), tuple(attn[r][:P])) for r in range(len(ids))])
-    sizes = [len(prompts[rows[0]]) + sum(max(lens[r] - 1, 0) for r in rows) for rows in groups]
+    prompts = [[t for t, a in zip(ids[rows[0]][:P], attn[rows[0]][:P]) if a] for rows in groups]
+    sizes = [len(prompt) + sum(max(lens[r] - 1, 0) for r in rows) for prompt, rows in zip(prompts, groups)]
     if max(sizes) > max_bin_tokens:
         return None
     bins = _bins(sizes, max_bin_tokens)
-    width = max(sum(sizes[g] for g in b) for b in bins)
-    tok, pos, grp, row_of = ([[fill] * width for _ in bins] for fill in (0, 0, PAD_GROUP, PROMPT_ROW))
-    state_index, token_index, targets = [], [], []
+    writer = _BinWriter(len(bins), max(sum(sizes[g] for g in b) for b in bins), ids, lens, P)
     for b, members in enumerate(bins):
         at = 0
         for g in members:
-            prompt = prompts[groups[g][0]]
-            n = len(prompt)
-            tok[b][at:at + n], pos[b][at:at + n], grp[b][at:at + n] = prompt, list(range(n)), [g] * n
-            last_prompt_state, at = b * width + at + n - 1, at + n
-            for r in groups[g]:
-                k = max(lens[r] - 1, 0)  # response inputs: all tokens but the last
-                tok[b][at:at + k] = ids[r][P:P + k]
-                pos[b][at:at + k] = range(n, n + k)
-                grp[b][at:at + k], row_of[b][at:at + k] = [g] * k, [r] * k
-                for t in range(lens[r]):  # token t is predicted by the prompt's last state, then input t - 1
-                    state_index.append(last_prompt_state if t == 0 else b * width + at + t - 1)
-                    token_index.append(r * L + t)
-                    targets.append(ids[r][P + t])
-                at += k
-    device = input_ids.device
-    grp_t, row_t = torch.tensor(grp, device=device), torch.tensor(row_of, device=device)
-    return PackedRows(
-        input_ids=torch.tensor(tok, device=device), position_ids=torch.tensor(pos, device=device),
-        attention=_attention(grp_t, row_t), state_index=torch.tensor(state_index, device=device, dtype=torch.long),
-        token_index=torch.tensor(token_index, device=device, dtype=torch.long),
-        targets=torch.tensor(targets, device=device, dtype=input_ids.dtype))
+            at = writer.add_group(b, at, g, prompts[g], groups[g])
+    return writer.result(input_ids.device, input_ids.dtype)
 
 
 def _attention(group: torch.Tensor, row: torch.Tensor) -> torch.Tensor:

@@ -100,3 +100,41 @@ def test_layout_is_refused_for_long_groups_and_holed_responses():
     holed = torch.tensor([[1, 1, 1, 0, 1]])
     assert response_lengths(holed, 2) is None
     assert pack_rows(ids, holed, 2, 64) is None
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.decoupled=false", "algorithm.rollout_correction.level=none"],  # PPO clip, token-mean
+    ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token", "algorithm.entropy_coeff=0.01"],
+    ["actor.micro_batch_size=3", "actor.mini_batches=2"],  # micro-batches split the groups
+])
+def test_actor_update_is_the_same_in_both_layouts(tiny_policy, monkeypatch, overrides):
+    """One optimizer step from the same weights: the same loss, gradients and metrics."""
+    import copy
+
+    from asyncrl.config import load_config
+    from asyncrl.training import logprobs
+    from asyncrl.training.actor import Actor
+    from asyncrl.types import TrainBatch
+    model, tok = tiny_policy
+    ids, attn, mask, plen = _grpo_batch(tok)
+    size, length = mask.shape
+    gen = torch.Generator().manual_seed(0)
+    cfg = load_config(None, overrides)
+    results = []
+    for bin_tokens in (0, 128):
+        monkeypatch.setattr(logprobs, "PACK_BIN_TOKENS", bin_tokens)
+        batch = TrainBatch(input_ids=ids, attention_mask=attn, response_mask=mask, prompt_length=plen,
+                           rollout_logprobs=-torch.rand(size, length, generator=gen) * mask,
+                           token_versions=torch.zeros(size, length, dtype=torch.long),
+                           scores=torch.zeros(size), group_ids=torch.zeros(size, dtype=torch.long),
+                           advantages=torch.randn(size, 1, generator=gen).expand(size, length) * mask)
+        gen.manual_seed(0)  # the same batch both times
+        actor = Actor(copy.deepcopy(model), cfg.actor, cfg.algorithm, temperature=1.0)
+        metrics = actor.update(batch)
+        results.append((metrics, [p.grad.clone() for p in actor.model.parameters()]))
+    (m_a, g_a), (m_b, g_b) = results
+    assert m_a.keys() == m_b.keys()
+    for key in m_a:
+        assert m_a[key] == pytest.approx(m_b[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(g_a, g_b):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
