@@ -162,8 +162,8 @@ def table(result: dict) -> str:
     by: dict[str, list[dict]] = {}
     for run in result["runs"]:
         by.setdefault(run["summary"]["framework"], []).append(run)
-    every = result["args"]["eval_every"] or 1
-    common = min(run["summary"]["steps"] for run in result["runs"]) // every * every
+    # the last step every run evaluated (with --eval-every 0 runs evaluate only at start and end)
+    common = max(set.intersection(*({e["step"] for e in run["evals"]} for run in result["runs"])))
     trl_cps = statistics.mean(r["summary"]["completions_per_s"] for r in by.get("trl", [])) if "trl" in by else None
     rows = [f"| framework | seeds | steps | s/step (median) | completions/s | vs TRL | gen tok/s | "
             f"acc. start (greedy / sampled) | at step {common} | at the end |", "|---|---|---|---|---|---|---|---|---|---|"]
