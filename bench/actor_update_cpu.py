@@ -10,8 +10,10 @@ x 8 responses of at most 6 tokens, the sync loss (PPO clip, token-mean) and the 
 without EOS (10%), so the batch is padded to 6.
 
 ``before`` is the previous code path, selected by the module switches: the padded layout
-(prompt once per group, its KV broadcast to the rows) and the LM head chunked under activation
-checkpointing. ``after`` is the default: the packed layout and one plain head pass. Both run
+(prompt once per group, its KV broadcast to the rows) and the head the code takes for big
+logits (at a154e8e, the RESULTS row: chunked under activation checkpointing; since abfc72a,
+with no entropy bonus, the hand-fused head op). ``after`` is the default: the packed layout
+and one plain head pass. Both run
 in the same process, interleaved, on the same batch; medians of ``--repeats`` after 3
 warm-ups. Before timing, one update each way from the same weights checks that the loss and
 the gradients agree (differences printed).
