@@ -34,6 +34,16 @@ def _reference(model, input_ids, attention_mask, prompt_len, temperature):
     return lp, entropy
 
 
+
+def assert_same_results(first, second, tol: float) -> None:
+    """Two (log-probs, entropies, parameter gradients) results agree: values within ``tol``,
+    gradients within ``tol`` absolute and ``10 * tol`` relative."""
+    (lp_a, ent_a, grads_a), (lp_b, ent_b, grads_b) = first, second
+    torch.testing.assert_close(lp_a, lp_b, atol=tol, rtol=tol)
+    torch.testing.assert_close(ent_a, ent_b, atol=tol, rtol=tol)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=tol, rtol=10 * tol)
+
 @pytest.mark.parametrize("pack", LAYOUTS)
 @pytest.mark.parametrize("chunk", [1, 3, 7, 4096])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -64,11 +74,7 @@ def test_small_logits_skip_chunking_with_the_same_values(tiny_policy, pack):
         finally:
             logprobs_module.SMALL_LOGITS_BYTES = saved
         results.append((lp * mask, ent * mask, [p.grad.clone() for p in model.parameters()]))
-    (lp_a, ent_a, grads_a), (lp_b, ent_b, grads_b) = results
-    torch.testing.assert_close(lp_a, lp_b, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ent_a, ent_b, atol=1e-6, rtol=1e-6)
-    for a, b in zip(grads_a, grads_b):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert_same_results(*results, tol=1e-6)
 
 
 @pytest.mark.parametrize("pack", LAYOUTS)
@@ -120,8 +126,4 @@ def test_shared_prompt_forward_equals_per_row_forward(tiny_policy, pack):
             lp, ent = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
         ((lp + 0.1 * ent) * mask).sum().backward()
         results.append((lp * mask, ent * mask, [p.grad.clone() for p in model.parameters()]))
-    (lp_a, ent_a, grads_a), (lp_b, ent_b, grads_b) = results
-    torch.testing.assert_close(lp_a, lp_b, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent_a, ent_b, atol=1e-5, rtol=1e-5)
-    for a, b in zip(grads_a, grads_b):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert_same_results(*results, tol=1e-5)
