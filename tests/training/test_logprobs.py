@@ -34,7 +34,6 @@ def _reference(model, input_ids, attention_mask, prompt_len, temperature):
     return lp, entropy
 
 
-
 def assert_same_results(first, second, tol: float) -> None:
     """Two (log-probs, entropies, parameter gradients) results agree: values within ``tol``,
     gradients within ``tol`` absolute and ``10 * tol`` relative."""
