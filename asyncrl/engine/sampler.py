@@ -59,9 +59,10 @@ def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     k = torch.where(top_k > 0, top_k, V)
     drop = rank >= k[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(-1)
-    # keep a token if the mass strictly before it is < top_p (the first is always kept)
+    # keep a token if the mass strictly before it is < top_p (the first is always kept); rows
+    # with top_p >= 1 keep everything: their fp32 cumulative sum can reach 1.0 before the tail
     before = probs.cumsum(-1) - probs
-    drop = drop | (before >= top_p[:, None])
+    drop = drop | ((before >= top_p[:, None]) & (top_p[:, None] < 1.0))
     drop_orig = torch.zeros_like(drop).scatter_(1, order, drop)
     return logits.masked_fill(drop_orig, float("-inf"))
 

@@ -37,3 +37,15 @@ def test_race_follows_the_logits_at_the_top_bucket():
 
 def test_cpu_sampler_keeps_the_torch_path():
     assert Sampler(torch.device("cpu"), compile=True, triton=True).fast is None
+
+
+def test_top_p_one_row_keeps_its_tail_in_a_filtered_batch():
+    """A batch with one top-p row filters every row; a row with top_p = 1 must keep all tokens
+    even where the fp32 cumulative mass reaches 1.0 before its tail (one dominant token)."""
+    from asyncrl.engine.sampler import _mask_top_k_top_p
+
+    logits = torch.full((2, 5000), -20.0)
+    logits[:, 0] = 10.0  # the other 4,999 tokens hold ~1e-13 each: the cumsum rounds to 1.0
+    out = _mask_top_k_top_p(logits.clone(), torch.tensor([0, 0]), torch.tensor([1.0, 0.9]))
+    assert torch.isfinite(out[0]).all()  # unfiltered row: nothing dropped
+    assert torch.isinf(out[1]).sum() == 4999  # top_p 0.9: only the dominant token survives
