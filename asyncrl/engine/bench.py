@@ -146,11 +146,8 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
         t0 = time.perf_counter()
         batch = sc.schedule()
         t1 = time.perf_counter()
-        if batch is not None and batch.is_prefill and prefill_steps == 1 and prof is None:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                      torch.profiler.ProfilerActivity.CUDA])
-            prof.__enter__()  # one prefill step (the second: warm)
-        if batch is not None and not batch.is_prefill and decode_steps == 20 and prof is None:
+        if batch is not None and prof is None and (prefill_steps == 1 if batch.is_prefill else decode_steps == 20):
+            # one prefill step (the second: warm), or trace_steps decode steps after 20
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                       torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()

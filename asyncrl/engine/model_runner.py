@@ -99,15 +99,13 @@ class ModelRunner:
             return []
         return [np.array([c[0] for c in copies], dtype=np.int64), np.array([c[1] for c in copies], dtype=np.int64)]
 
-    def copy_blocks(self, copies: list[tuple[int, int, int]], src: torch.Tensor | None = None,
-                    dst: torch.Tensor | None = None) -> None:
+    def copy_blocks(self, copies: list[tuple[int, int, int]], *block_ids: torch.Tensor) -> None:
         """Copy forked partial blocks ``(src, dst, num_tokens)``: only the first
-        max(num_tokens) slots (short GRPO prompts fill a fraction of a block). ``src``/``dst``:
-        the block ids already on the device (``_copy_arrays`` through the step's transfer)."""
+        max(num_tokens) slots (short GRPO prompts fill a fraction of a block). ``block_ids``:
+        (src, dst) already on the device (``_copy_arrays`` through the step's transfer)."""
         if not copies:
             return
-        if src is None:
-            src, dst = (torch.from_numpy(a).to(self.device) for a in self._copy_arrays(copies))
+        src, dst = block_ids
         m = max(c[2] for c in copies)
         for layer in self.model.model.layers:
             attn = layer.self_attn
@@ -318,12 +316,11 @@ class ModelRunner:
         if batch.is_prefill:  # forked siblings repeat their parent's row
             arrays = arrays + [np.asarray(batch.sample_rows, dtype=np.int64)]
         hidden, rest = self.forward(batch, arrays + copies)
-        floats, ints = rest[0], rest[1]
         # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
         # compiled sampler's guards see the same layout every step
-        floats, ints = floats.clone(), ints.clone()
+        floats, ints = rest[0].clone(), rest[1].clone()
         self.copy_blocks(batch.copies, *rest[len(arrays):])
-        if batch.is_prefill:
+        if batch.is_prefill:  # rest[2]: the sample rows
             hidden = hidden[rest[2]]
         tokens, logprobs = self.sample(hidden, floats, ints, use_filter)
         self.last_tokens = tokens
