@@ -356,6 +356,11 @@ class RuntimeConfig:
                                                    "Ignored in sync mode and by executor=ray (a Ray actor)")
     rollout_device: Optional[str] = field_spec(None, help="async + rollout_process: the device the rollout process "
                                                           "generates on, e.g. cuda:1 (null: the trainer's)")
+    weight_transport: str = field_spec("shared", choices=("shared", "collective"),
+                                       help="async + rollout_process: how pushed weights reach the rollout process: "
+                                            "shared (shared CPU memory / CUDA IPC, read by the child) or collective "
+                                            "(a torch.distributed broadcast into the child's own copy: NCCL between "
+                                            "GPUs, gloo on CPU)")
     group_timeout_s: Optional[float] = field_spec(None, gt=0, help="async: budget of a group from admission "
                                                                    "to scored (null: none)")
     straggler_policy: str = field_spec("drop", choices=("drop", "partial"),

@@ -38,8 +38,9 @@ SAME_LOSS = ["algorithm.decoupled=true", "algorithm.rollout_correction.level=tok
 class GpuBusySampler:
     """Samples ``nvidia-smi`` utilization of every GPU (% of the sample period a kernel ran) in a thread."""
 
-    def __init__(self, period_s: float = 0.1):
-        self.period_s, self.samples, self._stop = period_s, [], threading.Event()
+    def __init__(self, period_s: float = 0.1, clock=time.perf_counter):
+        """``clock``: the time base of ``busy_between`` (time.time to compare across processes)."""
+        self.period_s, self.clock, self.samples, self._stop = period_s, clock, [], threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "GpuBusySampler":
@@ -53,8 +54,11 @@ class GpuBusySampler:
     def _run(self) -> None:
         cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"]
         while not self._stop.is_set():
-            out = subprocess.run(cmd, capture_output=True, text=True).stdout
-            now = time.perf_counter()
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            except FileNotFoundError:  # no nvidia-smi (a CPU dry run): no samples
+                return
+            now = self.clock()
             for line in out.strip().splitlines():
                 index, util = (f.strip() for f in line.split(","))
                 if util.isdigit():

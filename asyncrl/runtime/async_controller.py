@@ -44,7 +44,8 @@ def build_rollout_backend(cfg, model, tokenizer):
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
         return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype),
-                                     engine_options=engine_options(cfg.rollout), device=cfg.runtime.rollout_device)
+                                     engine_options=engine_options(cfg.rollout), device=cfg.runtime.rollout_device,
+                                     transport=cfg.runtime.weight_transport)
     if name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 

@@ -83,6 +83,10 @@ RULES: list[Rule] = [
                                                              and c.runtime.executor == "local"),
      lambda c: f"runtime.rollout_device={c.runtime.rollout_device} places the rollout process: it needs "
                "runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
+    (lambda c: c.runtime.weight_transport != "shared" and not (_async(c) and c.runtime.rollout_process
+                                                                 and c.runtime.executor == "local"),
+     lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
+               "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -175,8 +176,9 @@ class WeightSync:
     def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
         if self.deferred:
             metrics = self.wait()  # the previous load and probe read the tensors this push overwrites
+            started = time.perf_counter()
             loaded = self.backend.start_update(model.named_parameters(), version)
-            self._pending = self._pool.submit(self._load_then_probe, loaded, version)
+            self._pending = self._pool.submit(self._load_then_probe, loaded, version, started)
             return metrics
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(model.named_parameters(), version)
@@ -211,13 +213,15 @@ class WeightSync:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
 
-    def _load_then_probe(self, loaded: Callable[[], int], version: int) -> dict[str, float]:
+    def _load_then_probe(self, loaded: Callable[[], int], version: int, started: float) -> dict[str, float]:
         loaded()
+        # push -> the child's ack: copy, transfer, and the wait for an engine step boundary
+        metrics = {"weight_sync/load_latency_s": time.perf_counter() - started}
         self.on_loaded(version)
         if self.probe is None:
-            return {}
+            return metrics
         result = self.backend.run_probe(self.probe, version)
-        return {"weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
+        return {**metrics, "weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
 
     def _probe(self, model, version: int) -> dict[str, float]:
         if self.probe is None:

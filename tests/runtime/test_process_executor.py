@@ -125,12 +125,15 @@ def test_an_explicit_rollout_device_is_where_the_child_generates(cfg_of, tmp_pat
 
 
 @pytest.mark.gpu
-def test_gpu_trainer_shares_weights_with_the_rollout_process_by_cuda_ipc(cfg_of, tmp_path):
-    """The trainer on cuda:0; the child on the last GPU (cuda:1 on a two-GPU host): the shared
-    tensors stay on the trainer's GPU (CUDA IPC) and the probe passes after every push."""
+@pytest.mark.parametrize("transport", ["shared", "collective"])
+def test_gpu_trainer_pushes_weights_to_the_rollout_process(cfg_of, tmp_path, transport):
+    """The trainer on cuda:0; the child on the last GPU (cuda:1 on a two-GPU host). shared: the
+    tensors stay on the trainer's GPU (CUDA IPC); collective: an NCCL broadcast into the child's
+    copy. The probe passes after every push."""
     rollout_device = f"cuda:{torch.cuda.device_count() - 1}"
     summary = run_training(cfg_of(*ASYNC, "trainer.steps=4", "trainer.device=cuda",
-                                  f"runtime.rollout_device={rollout_device}", "rollout.gpu_memory_utilization=0.3"))
+                                  f"runtime.rollout_device={rollout_device}", "rollout.gpu_memory_utilization=0.3",
+                                  f"runtime.weight_transport={transport}"))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 4 and all(r["async/staleness_violations"] == 0 for r in rows)
     assert all(r["weight_sync/probe_gap"] < 1e-3 for r in rows[1:])

@@ -16,6 +16,11 @@ on another GPU (``runtime.rollout_device``), copies them peer to peer). A push c
 trainer's tensors into them and sends only the version: no weight is pickled per step. The child copies them into its engine between two engine steps (in flight, with the
 engine) or between two ``generate`` calls (HF, gated in the trainer process).
 
+``runtime.weight_transport=collective`` replaces the shared tensors by a broadcast
+(executors/weight_channel.py): the child gets the module without its weights, and every push
+(the first one at start) moves them by NCCL (two GPUs) or gloo (CPU) into a copy the child owns
+on its device; the pipe still carries the version and the ack.
+
 Invariants:
   * the trainer writes the shared tensors only inside ``update_weights``, which returns after
     the child acknowledged loading them, so the child never reads a half-written set;
@@ -34,6 +39,8 @@ from typing import Callable, Iterable, Optional
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.runtime.executors.weight_channel import (ChannelAddress, FlatWeights, WeightChannel, attach_weights,
+                                                      channel_backend, host_store, weightless_clone)
 from asyncrl.types import RequestOutput, SamplingParams
 
 START_TIMEOUT_S = 300.0  # spawning imports torch and transformers; a busy machine is slow
@@ -50,28 +57,29 @@ class ProcessRolloutBackend:
 
     def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
                  kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
-                 engine_options: Optional[dict] = None, device: Optional[str] = None):
-        """``device``: where the child generates (null: the trainer's device)."""
-        from asyncrl.runtime.weight_sync import clone_for_rollout
-
-        self.version, self.backend_name = version, backend_name
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared"):
+        """``device``: where the child generates (null: the trainer's device); ``transport``:
+        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc)."""
+        self.version, self.backend_name, self.transport = version, backend_name, transport
         self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
         trainer_device = next(model.parameters()).device
         device = device or str(trainer_device)
-        # a module whose parameters are shared with the child ([name] -> tensor, written by each
-        # push); the child builds its backend from it and keeps it as the probe's reference.
-        # CPU: shared memory. CUDA: stays on the trainer's GPU, handed over by CUDA IPC.
-        reference = clone_for_rollout(model)
-        self._cuda_shared = trainer_device.type == "cuda"
-        if not self._cuda_shared:
-            reference = reference.cpu()
-        self.shared = {n: p.data if self._cuda_shared else p.data.share_memory_()
-                       for n, p in reference.named_parameters()}
+        self._channel: Optional[WeightChannel] = None
+        self._cuda_shared = trainer_device.type == "cuda" and transport == "shared"
+        if transport == "collective":
+            # the trainer's send buffer ([name] -> view); the child gets the module without weights
+            store, address = host_store(channel_backend(trainer_device, torch.device(device)))
+            self._flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
+            self._flat.copy_from(model.named_parameters())
+            self.shared, child_model, child_shared = self._flat.views, weightless_clone(model), None
+        else:
+            child_model = self._shared_reference(model)
+            address, child_shared = None, self.shared
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, reference, tokenizer, self.shared, backend_name, version, kv_on_update, dtype, device,
-            engine_options or {}))
+            child_conn, child_model, tokenizer, child_shared, backend_name, version, kv_on_update, dtype, device,
+            engine_options or {}, address))
         self.process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
         self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
@@ -79,10 +87,29 @@ class ProcessRolloutBackend:
         self._ids = itertools.count()
         self._error: Optional[RolloutProcessError] = None
         self._probes_sent: set[int] = set()
+        self._joining = self._register(-2) if address is not None else None
         self._ready = self._register(-1)
         self._receiver = threading.Thread(target=self._receive, name="asyncrl-rollout-recv", daemon=True)
         self._receiver.start()
+        if address is not None:
+            self._wait(self._joining, START_TIMEOUT_S)  # the child is alive and joining: join too
+            self._channel = WeightChannel(store, address, rank=0)
+            for work in self._channel.broadcast(self._flat, version):  # the initial weights
+                work.wait()
         self.pid = self._wait(self._ready, START_TIMEOUT_S)
+
+    def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A module whose parameters are shared with the child (``self.shared``: [name] ->
+        tensor, written by each push); the child builds its backend from it and keeps it as the
+        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
+        from asyncrl.runtime.weight_sync import clone_for_rollout
+
+        reference = clone_for_rollout(model)
+        if not self._cuda_shared:
+            reference = reference.cpu()
+        self.shared = {n: p.data if self._cuda_shared else p.data.share_memory_()
+                       for n, p in reference.named_parameters()}
+        return reference
 
     # ---- the RolloutBackend protocol ------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
@@ -106,9 +133,14 @@ class ProcessRolloutBackend:
             self._send(call_id, "update", version)
         except (OSError, ValueError) as err:
             raise self._fail(RolloutProcessError(f"the rollout process is gone ({err!r}); {self._exit_note()}"))
+        # collective: queued after the copies (NCCL waits for the current stream); the child
+        # enters the same broadcast when it reads "update"
+        works = self._channel.broadcast(self._flat, version) if self._channel is not None else []
 
         def loaded() -> int:
-            self.version = self._wait(future, None)
+            self.version = self._wait(future, None)  # first: a dead child fails here, not in wait()
+            for work in works:
+                work.wait()
             return self.version
         return loaded
 
@@ -133,6 +165,8 @@ class ProcessRolloutBackend:
             self.process.kill()
             self.process.join(timeout)
         self._conn.close()
+        if self._channel is not None:
+            self._channel.close()
 
     # ---- calls over the pipe ----------------------------------------------------------------
     def _call(self, method: str, *args):
@@ -204,13 +238,15 @@ class ProcessRolloutBackend:
         return f"pid {self.process.pid}, exit code {self.process.exitcode}"
 
 
-def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version: int, kv_on_update: str,
-                dtype, device: str, engine_options: dict) -> None:
+def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: str, version: int,
+                kv_on_update: str, dtype, device: str, engine_options: dict,
+                address: Optional[ChannelAddress]) -> None:
     """The rollout process: build the backend, then serve calls until "stop" or EOF.
 
-    ``model``'s parameters are the shared tensors: it stays here as the probe's reference
-    (always the weights of the last push). Answers are (call id, ok, result | (error type
-    name, traceback)); a failure to start is reported with call id None."""
+    ``model``'s parameters are the shared tensors (or, with a channel ``address``, views into
+    the buffers each broadcast fills): it stays here as the probe's reference (always the
+    weights of the last push). Answers are (call id, ok, result | (error type name,
+    traceback)); a failure to start is reported with call id None."""
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
     if torch.device(device).type == "cuda" and torch.device(device).index is not None:
         # CUDA graphs, streams and Triton launch on the current device: make it the rollout GPU
@@ -228,13 +264,26 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
         except BaseException as err:
             send(call_id, False, (type(err).__name__, traceback.format_exc()))
 
+    channel = flat = None
     try:
+        if address is not None:
+            send(-2, True, None)  # the trainer joins the group once it reads this
+            channel = WeightChannel.join(address)
+            flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
+            channel.receive(flat, version)
+            model, shared = attach_weights(model, flat.views, device), flat.views
         backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device,
                                        engine_options)
         send(-1, True, _os_pid())
     except BaseException:
         send(None, False, traceback.format_exc())
         raise SystemExit(1)
+
+    def load(v: int) -> int:
+        if channel is not None:
+            channel.receive(flat, v)
+        backend.update_weights(shared.items(), v)
+        return backend.version
     probes: dict = {}  # the trainer's probe objects by key (each keeps its last result for delta)
     calls = {"generate": backend.generate,
              "probe": lambda key, probe, v: probes.setdefault(key, probe).check(backend, model, v)}
@@ -247,10 +296,12 @@ def _child_main(conn, model, tokenizer, shared: dict, backend_name: str, version
         if method == "stop":
             break
         if method == "update":  # here, not in a worker: between two engine steps, while generations run
-            answer(call_id, lambda v: (backend.update_weights(shared.items(), v), backend.version)[1], *args)
+            answer(call_id, load, *args)
         else:
             workers.submit(answer, call_id, calls[method], *args)
     workers.shutdown(wait=True)
+    if channel is not None:
+        channel.close()
 
 
 def _child_error(name: str, trace: str) -> Exception:
