@@ -1,4 +1,5 @@
-"""The actor update on the issue-8 CPU setting: padded layout (before) vs packed layout (now).
+"""The actor update on the issue-8 CPU setting: padded layout (before), packed layout without
+prefix sharing (flat) and the packed prefix tree (now, the default).
 
     python bench/actor_update_cpu.py [--threads 1 2] [--repeats 30] [--json out.json]
 
@@ -12,11 +13,14 @@ without EOS (10%), so the batch is padded to 6.
 ``before`` is the previous code path, selected by the module switches: the padded layout
 (prompt once per group, its KV broadcast to the rows) and the head the code takes for big
 logits (at a154e8e, the RESULTS row: chunked under activation checkpointing; since abfc72a,
-with no entropy bonus, the hand-fused head op). ``after`` is the default: the packed layout
-and one plain head pass. Both run
-in the same process, interleaved, on the same batch; medians of ``--repeats`` after 3
-warm-ups. Before timing, one update each way from the same weights checks that the loss and
-the gradients agree (differences printed).
+with no entropy bonus, the hand-fused head op). ``flat`` is the packed layout with one slot per
+row and response input (the default until the prefix tree, ``packing.SHARE_RESPONSE_PREFIXES``
+off). ``after`` is the default: the packed layout where rows with equal response prefixes
+share their states, and one plain head pass. All run in the same process, interleaved, on the
+same batch; medians of ``--repeats`` after 3 warm-ups. Before timing, one update each way from
+the same weights checks that the loss and the gradients agree with ``after`` (differences
+printed). The synthetic batch shares fewer prefixes than the run's batches (~310 packed tokens
+against ~250 in the run, bench/RESULTS.md), so ``after`` is conservative.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from asyncrl.config import TinyModelConfig, load_config  # noqa: E402
 from asyncrl.data.char_tokenizer import build_char_tokenizer  # noqa: E402
-from asyncrl.training import logprobs  # noqa: E402
+from asyncrl.training import logprobs, packing  # noqa: E402
 from asyncrl.training.actor import Actor  # noqa: E402
 from asyncrl.training.batch import pad_prompt_response  # noqa: E402
 from asyncrl.training.model import build_tiny_model  # noqa: E402
@@ -46,16 +50,22 @@ from peer_trl_asyncrl import ASYNC, SETTINGS, SYNC  # noqa: E402
 from peer_trl_setting import CHARSET, MAX_NEW_TOKENS, build_task  # noqa: E402
 
 
+LAYOUTS = ("before", "flat", "after")
+
+
 @contextmanager
 def layout(name: str):
-    """``before``: padded layout + chunked, checkpointed head; ``after``: the defaults."""
-    saved = logprobs.PACK_BIN_TOKENS, logprobs.SMALL_LOGITS_BYTES
+    """``before``: padded layout + the big-logits head; ``flat``: packed, no prefix sharing;
+    ``after``: the defaults."""
+    saved = logprobs.PACK_BIN_TOKENS, logprobs.SMALL_LOGITS_BYTES, packing.SHARE_RESPONSE_PREFIXES
     if name == "before":
         logprobs.PACK_BIN_TOKENS, logprobs.SMALL_LOGITS_BYTES = 0, -1
+    if name == "flat":
+        packing.SHARE_RESPONSE_PREFIXES = False
     try:
         yield
     finally:
-        logprobs.PACK_BIN_TOKENS, logprobs.SMALL_LOGITS_BYTES = saved
+        logprobs.PACK_BIN_TOKENS, logprobs.SMALL_LOGITS_BYTES, packing.SHARE_RESPONSE_PREFIXES = saved
 
 
 def synthetic_batch(tok, seed: int, prompts: int = 16, n: int = 8) -> TrainBatch:
@@ -97,17 +107,18 @@ def build_actor(mode: str, tok, seed: int) -> Actor:
     return Actor(model, cfg.actor, cfg.algorithm, cfg.rollout.temperature)
 
 
-def agreement(actor: Actor, batch: TrainBatch) -> dict[str, float]:
-    """One update each way from the same weights and optimizer state: the loss, the (clipped)
-    gradients the update leaves in ``.grad`` (max abs difference over max abs gradient) and the
-    new weights. The first AdamW step is ~lr·sign(g), so weights whose gradient is ~0 can move
-    by up to lr on rounding alone: the gradient is the honest comparison."""
+def agreement(actor: Actor, batch: TrainBatch, name: str) -> dict[str, float]:
+    """One update with layout ``name`` and one with ``after`` from the same weights and optimizer
+    state: the loss, the (clipped) gradients the update leaves in ``.grad`` (max abs difference
+    over max abs gradient) and the new weights. The first AdamW step is ~lr·sign(g), so weights
+    whose gradient is ~0 can move by up to lr on rounding alone: the gradient is the honest
+    comparison."""
     results = []
     # a deep-copied scheduler no longer sees its optimizer's step wrapper: torch warns, harmlessly
     warnings.filterwarnings("ignore", message="Seems like `optimizer.step\\(\\)` has been overridden")
-    for name in ("before", "after"):
+    for which in (name, "after"):
         twin = copy.deepcopy(actor)
-        with layout(name):
+        with layout(which):
             metrics = twin.update(batch)
         params = list(twin.model.parameters())
         results.append((metrics["actor/pg_loss"], [p.grad.clone() for p in params], [p.detach().clone() for p in params]))
@@ -119,7 +130,7 @@ def agreement(actor: Actor, batch: TrainBatch) -> dict[str, float]:
 
 
 def time_updates(actor: Actor, batch: TrainBatch, repeats: int) -> dict[str, list[float]]:
-    times = {"before": [], "after": []}
+    times = {name: [] for name in LAYOUTS}
     for i in range(repeats + 3):
         for name in times:
             with layout(name):
@@ -143,19 +154,29 @@ def main() -> None:
     lengths = batch.response_mask.sum(-1)
     print(f"batch: {batch.batch_size} rows, prompt {batch.prompt_length}, response padded to "
           f"{batch.response_length}, mean length {float(lengths.mean()):.2f}")
+    for name in LAYOUTS:
+        with layout(name):
+            packed = packing.pack_rows(batch.input_ids, batch.attention_mask, batch.prompt_length,
+                                       logprobs.PACK_BIN_TOKENS) if logprobs.PACK_BIN_TOKENS else None
+        if packed is not None:
+            print(f"{name}: {int(packed.input_ids.numel())} packed token slots in {packed.input_ids.shape[0]} bins")
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         for mode in args.modes:
             actor = build_actor(mode, tok, args.seed)
-            agree = agreement(actor, batch)
+            agree = {name: agreement(actor, batch, name) for name in ("before", "flat")}
             times = time_updates(actor, batch, args.repeats)
-            before, after = (statistics.median(times[k]) for k in ("before", "after"))
-            rows.append(dict(threads=threads, mode=mode, before_ms=1000 * before, after_ms=1000 * after,
-                             speedup=before / after, repeats=args.repeats, **agree))
-            print(f"threads {threads} {mode:5s}: before {1000 * before:6.1f} ms, after {1000 * after:6.1f} ms, "
-                  f"{before / after:.2f}x (median of {args.repeats}); |d loss| {agree['loss_diff']:.1e}, "
-                  f"grads {agree['grad_rel_diff']:.1e} rel, params {agree['param_diff']:.1e}")
+            ms = {name: 1000 * statistics.median(times[name]) for name in LAYOUTS}
+            rows.append(dict(threads=threads, mode=mode, **{f"{k}_ms": v for k, v in ms.items()},
+                             speedup=ms["before"] / ms["after"], speedup_vs_flat=ms["flat"] / ms["after"],
+                             repeats=args.repeats, agreement_with_after=agree))
+            print(f"threads {threads} {mode:5s}: before {ms['before']:6.1f} ms, flat {ms['flat']:6.1f} ms, after "
+                  f"{ms['after']:6.1f} ms: {ms['before'] / ms['after']:.2f}x / {ms['flat'] / ms['after']:.2f}x "
+                  f"(median of {args.repeats})")
+            for name, a in agree.items():
+                print(f"    {name} vs after: |d loss| {a['loss_diff']:.1e}, grads {a['grad_rel_diff']:.1e} rel, "
+                      f"params {a['param_diff']:.1e}")
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows=rows, mean_response_length=float(lengths.mean()),
                                                    padded_length=batch.response_length), indent=2))

@@ -31,8 +31,9 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def _head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor,
                    temperature: float, with_entropy: bool):
-    """hidden [N, H], targets [N] -> (logprob [N], entropy [N] or empty)."""
-    logits = F.linear(hidden, weight, bias).float() / temperature
+    """hidden [N, H], targets [N] -> (logprob [N], entropy [N] or empty); softmax math in fp32
+    (fp64 for an fp64 model: the tests' reference precision)."""
+    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32)) / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
     logprob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not with_entropy:

@@ -5,7 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.training.batch import pad_prompt_response
 from asyncrl.training.logprobs import position_ids_from_mask, response_logprobs
-from asyncrl.training.packing import pack_rows, response_lengths
+from asyncrl.training.packing import pack_rows, prefix_nodes, response_lengths
 
 
 def _grpo_batch(tok):
@@ -13,6 +13,16 @@ def _grpo_batch(tok):
     eos = tok.eos_token_id
     prompts = [tok(p)["input_ids"] for p in ["1+2="] * 3 + ["123+456="] * 3 + ["7+7="]]
     responses = [[5, eos], [6, 7, 8, eos], [eos], [9, 9, 9, 9, 9], [], [5, 6], [8, 8, eos]]
+    return pad_prompt_response(prompts, responses, tok.pad_token_id)
+
+
+def _shared_prefix_batch(tok):
+    """GRPO-like rows whose responses repeat each other: equal answers, a shared first token,
+    an empty response and one that is its sibling's prefix."""
+    eos = tok.eos_token_id
+    prompts = [tok(p)["input_ids"] for p in ["1+2="] * 5 + ["45+6="] * 4]
+    responses = [[5, 6, eos], [5, 6, eos], [5, 7, eos], [8, eos], [5, 6, eos],
+                 [9, 9, 9, 9, 9], [9, 9, eos], [], [9, 9, 9, eos]]
     return pad_prompt_response(prompts, responses, tok.pad_token_id)
 
 
@@ -50,11 +60,46 @@ def test_packed_equals_the_full_forward(tiny_policy, bin_tokens, bins):
     _assert_same(packed, full)
 
 
-def test_packed_equals_the_full_forward_with_eager_attention(tiny_checkpoint, tiny_policy):
+def _rms_norm_in_input_dtype(self, hidden_states):
+    """Qwen3RMSNorm without its float32 round trip, so a float64 model is float64 throughout."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("bin_tokens, bins", [(16, 2), (128, 1)])  # groups of 5 + 4 and 6 + 4 tokens (14, 15 unshared)
+def test_shared_response_prefixes_equal_the_full_forward_in_float64(tiny_checkpoint, tiny_policy, monkeypatch,
+                                                                     share, bin_tokens, bins):
+    """Rows that share a response prefix read one set of states: in float64 (the RMSNorm's float32
+    round trip patched out, which would round each row's gradient apart) the log-probs, entropies
+    and gradients are the full forward's to float64 rounding: the math is the same."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    from asyncrl.training import packing
+    monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", _rms_norm_in_input_dtype)
+    monkeypatch.setattr(packing, "SHARE_RESPONSE_PREFIXES", share)
+    _, tok = tiny_policy
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint)).double()
+    ids, attn, mask, plen = _shared_prefix_batch(tok)
+    packed_rows = pack_rows(ids, attn, plen, bin_tokens)
+    assert packed_rows.input_ids.shape[0] == bins
+    # prompts + tree nodes; one node per row and input without sharing
+    assert (packed_rows.input_ids != tok.pad_token_id).sum() == (5 + 4 + 6 + 4 if share else 5 + 9 + 6 + 9)
+    packed = _values_and_grads(model, lambda: response_logprobs(model, ids, attn, plen, 0.8, with_entropy=True,
+                                                                pack_bin_tokens=bin_tokens), mask)
+    full = _values_and_grads(model, lambda: _full_forward(model, ids, attn, plen, 0.8), mask)
+    torch.testing.assert_close(packed[0], full[0], atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(packed[1], full[1], atol=1e-12, rtol=1e-10)
+    for x, y in zip(packed[2], full[2]):
+        torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-9)
+
+
+@pytest.mark.parametrize("make_batch", [_grpo_batch, _shared_prefix_batch])
+def test_packed_equals_the_full_forward_with_eager_attention(tiny_checkpoint, tiny_policy, make_batch):
     _, tok = tiny_policy
     model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), attn_implementation="eager")
     assert model.config._attn_implementation == "eager"
-    ids, attn, mask, plen = _grpo_batch(tok)
+    ids, attn, mask, plen = make_batch(tok)
     assert pack_rows(ids, attn, plen, 40) is not None
     packed = _values_and_grads(model, lambda: response_logprobs(model, ids, attn, plen, 1.0, with_entropy=True,
                                                                 pack_bin_tokens=40), mask)
@@ -93,6 +138,31 @@ def test_layout_of_one_prompt_with_two_responses():
                        [1, 1, 0, 0, 1]]  # c sees the prompt and itself, not the other response
 
 
+def test_layout_shares_response_prefixes():
+    """Prompt [1, 2], responses [a, b, eos], [a, c, eos], [a, b, eos]: the tree holds a, ab and ac
+    once; c sees the prompt, a and itself (not b); the third row reads the first row's states."""
+    eos, a, b, c = 2, 5, 6, 7
+    ids = torch.tensor([[1, 2, a, b, eos], [1, 2, a, c, eos], [1, 2, a, b, eos]])
+    packed = pack_rows(ids, torch.ones_like(ids), 2, 16)
+    assert packed.input_ids.tolist() == [[1, 2, a, b, c]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 3]]
+    assert packed.state_index.tolist() == [1, 2, 3, 1, 2, 4, 1, 2, 3]
+    assert packed.token_index.tolist() == list(range(9))
+    assert packed.targets.tolist() == [a, b, eos, a, c, eos, a, b, eos]
+    visible = packed.attention[0, 0].int().tolist()
+    assert visible == [[1, 0, 0, 0, 0],
+                       [1, 1, 0, 0, 0],
+                       [1, 1, 1, 0, 0],
+                       [1, 1, 1, 1, 0],
+                       [1, 1, 1, 0, 1]]
+
+
+def test_prefix_nodes_with_and_without_sharing():
+    responses = [[5, 6, 2], [5, 6, 2], [5, 7, 2], [2], []]
+    assert prefix_nodes(responses) == {(0, 5): 0, (0, 5, 6): 1, (0, 5, 7): 2}
+    assert list(prefix_nodes(responses, share=False)) == [(0, 5), (0, 5, 6), (1, 5), (1, 5, 6), (2, 5), (2, 5, 7)]
+
+
 def test_layout_is_refused_for_long_groups_and_holed_responses():
     ids = torch.tensor([[1, 2, 5, 6, 7]])
     assert pack_rows(ids, torch.ones_like(ids), 2, 4) is not None  # 2 prompt + 2 inputs = 4 fits
@@ -102,12 +172,13 @@ def test_layout_is_refused_for_long_groups_and_holed_responses():
     assert pack_rows(ids, holed, 2, 64) is None
 
 
+@pytest.mark.parametrize("make_batch", [_grpo_batch, _shared_prefix_batch])
 @pytest.mark.parametrize("overrides", [
     ["algorithm.decoupled=false", "algorithm.rollout_correction.level=none"],  # PPO clip, token-mean
     ["algorithm.decoupled=true", "algorithm.rollout_correction.level=token", "algorithm.entropy_coeff=0.01"],
     ["actor.micro_batch_size=3", "actor.mini_batches=2"],  # micro-batches split the groups
 ])
-def test_actor_update_is_the_same_in_both_layouts(tiny_policy, monkeypatch, overrides):
+def test_actor_update_is_the_same_in_both_layouts(tiny_policy, monkeypatch, overrides, make_batch):
     """One optimizer step from the same weights: the same loss, gradients and metrics."""
     import copy
 
@@ -116,7 +187,7 @@ def test_actor_update_is_the_same_in_both_layouts(tiny_policy, monkeypatch, over
     from asyncrl.training.actor import Actor
     from asyncrl.types import TrainBatch
     model, tok = tiny_policy
-    ids, attn, mask, plen = _grpo_batch(tok)
+    ids, attn, mask, plen = make_batch(tok)
     size, length = mask.shape
     gen = torch.Generator().manual_seed(0)
     cfg = load_config(None, overrides)
