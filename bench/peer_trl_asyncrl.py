@@ -8,7 +8,9 @@ monitors, progress bar) is left out here, as TRL's logging to files is.
 """
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -51,6 +53,36 @@ def trainer_threads(mode: str, threads: int) -> int:
     return max(1, threads - 1) if mode == "async" else threads
 
 
+def _set_affinity(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cores`` (threads it starts later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+@contextmanager
+def split_cores(rollout_pid):
+    """Async with the rollout in its own process: that process on the last core of this process's
+    CPU set, the trainer's process (its training thread and its helper threads: rollout loop,
+    pipe receiver, reward pool) on the others, restored afterwards. Unpinned, the OS runs the
+    trainer's helper threads on the rollout's core now and then, and the rollout process is the
+    bound of the step since the trainer's prefix tree (packing.py): pinned ran ~4% more steps
+    (seed 0, 20 s runs, two alternating repeats: 3,451 / 3,537 vs 3,348 / 3,347 completions/s).
+    A no-op on one core, without ``sched_setaffinity`` or without a rollout process."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if rollout_pid is None or len(cores) < 2:
+        yield
+        return
+    _set_affinity(rollout_pid, {cores[-1]})
+    _set_affinity(os.getpid(), set(cores[:-1]))
+    try:
+        yield
+    finally:
+        _set_affinity(os.getpid(), set(cores))
+
+
 def asyncrl_config(checkpoint: str, seed: int, mode: str, threads: int, run_dir: str, extra=()):
     overrides = [*SETTINGS, f"model.path={checkpoint}", f"seed={seed}",
                  f"trainer.torch_threads={trainer_threads(mode, threads)}",
@@ -72,7 +104,10 @@ def run_asyncrl(checkpoint: str, seed: int, mode: str, limits: Limits, evaluate,
     backend = build_backend(cfg.rollout.backend, model, tokenizer)
     controller = build_controller(cfg, model, backend, tokenizer, source, source.prompt_encoder(tokenizer))
     record.startup_seconds = time.perf_counter() - start
-    return run_controller(controller, model, record, limits, evaluate, mode, between)
+    rollout_pid = getattr(controller.backend, "pid", None) if mode == "async" else None
+    record.extra["cores_split"] = rollout_pid is not None
+    with split_cores(rollout_pid):
+        return run_controller(controller, model, record, limits, evaluate, mode, between)
 
 
 def run_controller(controller, model, record: RunRecord, limits: Limits, evaluate, mode: str,
