@@ -5,13 +5,14 @@
 
 The workload is issue 8's H200 setting (bench/peer_trl_h200.py: a random-weight Qwen3-0.6B with
 its 151,936-token vocabulary, bf16, 256-token prompts, every completion exactly 256 new
-tokens, a cheap reward) with GRPO groups of 16: 16 prompts x 16 samples = 256 completions and
+tokens (``--new-tokens``), a cheap reward) with GRPO groups of 16: 16 prompts x 16 samples = 256 completions and
 65,536 generated tokens per step. Long responses make rollout and training both GPU work (the
 quickstart's 6-token answers leave the trainer host-bound: bench/gpu_colocated_async.py).
 
 Modes (each in its own process, so no engine or allocator state carries over; the same loss
 everywhere: decoupled PPO with token-level truncated weights, so only the scheduling differs):
-    sync              generate, then train, on cuda:0 (colocated; the engine takes 30% of the card)
+    sync              generate, then train, on cuda:0 (colocated; the engine fills the card up to
+                      --colocated-memory, 30% by default, counting the trainer's memory)
     async-1gpu        the engine in its own process on cuda:0 beside the trainer (staleness <= 1)
     async-2gpu        the engine in its own process on cuda:1; weights by NCCL broadcast
     async-2gpu-ipc    the same, weights by CUDA IPC (the child reads the trainer's GPU tensors)
@@ -47,7 +48,7 @@ def mode_overrides(mode: str, args) -> list[str]:
     runtime_mode, rollout_device, transport = MODES[mode]
     out = [f"trainer.prompts_per_step={args.prompts}", f"rollout.n={args.n}", *SAME_LOSS]
     if runtime_mode == "async":
-        memory = COLOCATED_ENGINE_MEMORY if rollout_device == "cuda:0" else OWN_GPU_ENGINE_MEMORY
+        memory = args.colocated_memory if rollout_device == "cuda:0" else OWN_GPU_ENGINE_MEMORY
         out += ["runtime.rollout_process=true", f"runtime.rollout_device={rollout_device}",
                 f"runtime.weight_transport={transport}", f"rollout.gpu_memory_utilization={memory}",
                 f"runtime.max_staleness={args.max_staleness}"]
@@ -67,8 +68,9 @@ def run_mode(mode: str, args) -> dict:
     checkpoint = str(build_checkpoint(Path(args.work_dir) / "checkpoint"))
     runtime_mode = MODES[mode][0]
     gpu = torch.cuda.is_available()  # without one: a CPU dry run of the code paths (PEER_TRL_TINY=1)
-    extra = ["model.dtype=bfloat16", f"trainer.device={'cuda' if gpu else 'cpu'}", f"rollout.max_tokens={NEW_TOKENS}", "actor.lr=1e-6",
-             f"actor.micro_batch_size={MICRO_BATCH}", "logging.memory=false", *mode_overrides(mode, args)]
+    extra = ["model.dtype=bfloat16", f"trainer.device={'cuda' if gpu else 'cpu'}",
+             f"rollout.max_tokens={args.new_tokens or NEW_TOKENS}", "actor.lr=1e-6",
+             f"actor.micro_batch_size={args.micro_batch or MICRO_BATCH}", "logging.memory=false", *mode_overrides(mode, args)]
     extra += [] if gpu else ["runtime.rollout_device=cpu"] * (runtime_mode == "async")
     cfg = asyncrl_config(checkpoint, 0, runtime_mode, 1, str(Path(args.work_dir) / mode), extra)
     torch.manual_seed(0)
@@ -79,10 +81,10 @@ def run_mode(mode: str, args) -> dict:
                                             encode=source.encode)
     else:
         backend = EngineBackend(model, tokenizer, dtype=torch.bfloat16, device=cfg.trainer.device,
-                                gpu_memory_utilization=COLOCATED_ENGINE_MEMORY)
+                                gpu_memory_utilization=args.colocated_memory)
         controller = build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(),
                                            encode=source.encode)
-    controller.params.ignore_eos = True  # exactly NEW_TOKENS per completion
+    controller.params.ignore_eos = True  # exactly --new-tokens per completion
     rows = []
     try:
         for step in range(1, args.warmup_steps + args.timed_steps + 1):
@@ -119,6 +121,10 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=16, help="GRPO group size")
     parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens per completion (null: 256)")
+    parser.add_argument("--colocated-memory", type=float, default=COLOCATED_ENGINE_MEMORY,
+                        help="engine's gpu_memory_utilization when it shares cuda:0 with the trainer")
+    parser.add_argument("--micro-batch", type=int, default=None, help="trainer micro-batch (null: 64)")
     parser.add_argument("--warmup-steps", type=int, default=3)
     parser.add_argument("--timed-steps", type=int, default=6)
     parser.add_argument("--work-dir", default="/tmp/asyncrl_two_gpu")

@@ -15,6 +15,8 @@ weight version, so K/V computed under old weights is never reused by new request
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import random
 import threading
@@ -33,6 +35,37 @@ from asyncrl.types import Completion, RequestOutput, SamplingParams
 PromptType = Union[str, list[int]]
 
 
+@contextlib.contextmanager
+def _current_device(device: torch.device):
+    """Make ``device`` the calling thread's current CUDA device, then hand back the previous one.
+
+    CUDA graph capture and replay, Triton launches and ``current_stream()`` follow the
+    thread's current device, which is cuda:0 in any new thread: an engine on cuda:1 driven
+    from a worker thread (the rollout process) launched Triton kernels against cuda:0. The
+    switch is forced (``set_device``): ``torch.cuda.device(...)`` defers it while the thread
+    has no context on the target, and Triton then still saw cuda:0 (measured on two H200s).
+    The way back uses ``torch.cuda.device``'s own exit, which creates no context on cuda:0."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    previous = torch.cuda.current_device()
+    if previous == index:
+        yield
+        return
+    torch.cuda.set_device(index)
+    try:
+        yield
+    finally:
+        torch.cuda._exchange_device(previous)
+
+
+def _on_engine_device(method):
+    """Run ``method`` with the engine's device current (:meth:`LLM._on_device`)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._on_device():
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class LLM:
     def __init__(self, model, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
                  tokenizer=None, version: int = 0, **engine_kwargs):
@@ -41,6 +74,11 @@ class LLM:
         ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, ...)."""
         self.config = EngineConfig(**engine_kwargs)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._device = torch.device(device)
+        with self._on_device():
+            self._build(model, dtype, device, tokenizer, version)
+
+    def _build(self, model, dtype, device, tokenizer, version) -> None:
         self.model = load_model(model, dtype=dtype, device=device)
         mc = self.model.config
         self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -70,6 +108,10 @@ class LLM:
                                  else self.config.async_scheduling)
         self._inflight = None
 
+    def _on_device(self):
+        """The engine's GPU made current for the calling thread (see :func:`_current_device`)."""
+        return _current_device(self._device) if self._device.type == "cuda" else contextlib.nullcontext()
+
     # ---- requests --------------------------------------------------------------
     def add_request(self, prompt: PromptType, params: SamplingParams, request_id: Optional[str] = None) -> str:
         """Queue one prompt with ``params.n`` samples; returns its request id."""
@@ -94,6 +136,7 @@ class LLM:
             self._requests[request_id] = parent
         return request_id
 
+    @_on_engine_device
     def step(self) -> list[Sequence]:
         """Run one engine step; returns the sequences whose finish it observed.
 
@@ -164,6 +207,7 @@ class LLM:
                           finish_reason=s.finish_reason or "abort", versions=list(s.versions))
 
     # ---- RL controls -------------------------------------------------------------
+    @_on_engine_device
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                        kv: str = "keep") -> None:
         """Load HF-named tensors in place (between steps) and set the policy version.
@@ -182,6 +226,7 @@ class LLM:
             if kv == "recompute":
                 self.scheduler.drop_kv()
 
+    @_on_engine_device
     def pause(self) -> None:
         """Stop scheduling steps (returns once no step is running); KV stays resident."""
         self._unpaused.clear()
@@ -191,12 +236,14 @@ class LLM:
     def resume(self) -> None:
         self._unpaused.set()
 
+    @_on_engine_device
     def abort(self, request_ids: Iterable[str]) -> None:
         """Finish these requests now with finish_reason "abort" (partial tokens kept)."""
         with self._lock:
             self._drain()
             self.scheduler.abort(set(request_ids))
 
+    @_on_engine_device
     def close(self) -> None:
         """Release device memory (KV pool, CUDA graphs, weights)."""
         with self._lock:

@@ -123,6 +123,30 @@ def test_cuda_graph_engine_greedy_matches_hf(tiny_dirs, gpu_hf):
     assert [o.completions[0].token_ids for o in outs2] == [o.completions[0].token_ids for o in outs]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_an_engine_on_the_second_gpu_driven_from_a_worker_thread_matches_hf(tiny_dirs, gpu_hf):
+    """A new thread's current device is cuda:0: the engine must make its own device current
+    (graph capture and replay, Triton sampler and decode, streams), or an engine on cuda:1
+    driven from a worker thread (the rollout process) samples garbage or fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncrl.engine import LLM
+
+    prompts = prompts_for(20, [3, 17, 40, 9, 25])
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(n=4, temperature=0.8, max_tokens=16, seed=3, ignore_eos=True)  # the Triton sampler
+    with ThreadPoolExecutor(1) as worker:
+        llm = worker.submit(LLM, tiny_dirs["qwen3"], dtype=torch.float32, device="cuda:1", block_size=16,
+                            max_num_seqs=32, max_model_len=256, compile_sampler=False).result()
+        assert llm.runner.graphs
+        outs = worker.submit(llm.generate, prompts, greedy).result()
+        on_1 = worker.submit(llm.generate, prompts, sampled).result()
+    for p, o in zip(prompts, outs):
+        assert o.completions[0].token_ids == hf_greedy_loop(gpu_hf, p, 24)
+    on_0 = _gpu_llm(tiny_dirs["qwen3"]).generate(prompts, sampled)  # per-request seeds: same tokens
+    assert [[c.token_ids for c in o.completions] for o in on_1] == [[c.token_ids for c in o.completions] for o in on_0]
+
+
 def test_cuda_graph_sampling_logprobs_and_sharing(tiny_dirs, gpu_hf):
     T = 0.8
     prompt = prompts_for(21, [37])[0]

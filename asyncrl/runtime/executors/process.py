@@ -248,10 +248,9 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     weights of the last push). Answers are (call id, ok, result | (error type name,
     traceback)); a failure to start is reported with call id None."""
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
-    if torch.device(device).type == "cuda" and torch.device(device).index is not None:
-        # CUDA graphs, streams and Triton launch on the current device: make it the rollout GPU
-        # (an engine on cuda:1 with cuda:0 current failed its graph capture on a two-GPU host)
-        torch.cuda.set_device(torch.device(device))
+    on_gpu = torch.device(device).type == "cuda" and torch.device(device).index is not None
+    if on_gpu:  # CUDA graphs, streams, Triton and NCCL use the current device: the rollout GPU
+        torch.cuda.set_device(torch.device(device))  # (per thread: the workers below set it too)
     send_lock = threading.Lock()
 
     def send(*message):
@@ -287,7 +286,10 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     probes: dict = {}  # the trainer's probe objects by key (each keeps its last result for delta)
     calls = {"generate": backend.generate,
              "probe": lambda key, probe, v: probes.setdefault(key, probe).check(backend, model, v)}
-    workers = ThreadPoolExecutor(4, thread_name_prefix="asyncrl-rollout-gen")  # rollout workers + the probe
+    # rollout workers + the probe; each new thread's current device is cuda:0 unless set
+    workers = ThreadPoolExecutor(4, thread_name_prefix="asyncrl-rollout-gen",
+                                 initializer=torch.cuda.set_device if on_gpu else None,
+                                 initargs=(torch.device(device),) if on_gpu else ())
     while True:
         try:
             call_id, method, *args = conn.recv()
