@@ -135,6 +135,9 @@ def test_an_engine_on_the_second_gpu_driven_from_a_worker_thread_matches_hf(tiny
     prompts = prompts_for(20, [3, 17, 40, 9, 25])
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     sampled = SamplingParams(n=4, temperature=0.8, max_tokens=16, seed=3, ignore_eos=True)  # the Triton sampler
+    # built first: the one run that built it after the cuda:1 engine failed its first Triton
+    # launch on cuda:0 in this thread, unexplained (bench/RESULTS.md, issue 9)
+    on_0 = _gpu_llm(tiny_dirs["qwen3"]).generate(prompts, sampled)  # per-request seeds: same tokens
     with ThreadPoolExecutor(1) as worker:
         llm = worker.submit(LLM, tiny_dirs["qwen3"], dtype=torch.float32, device="cuda:1", block_size=16,
                             max_num_seqs=32, max_model_len=256, compile_sampler=False).result()
@@ -143,7 +146,6 @@ def test_an_engine_on_the_second_gpu_driven_from_a_worker_thread_matches_hf(tiny
         on_1 = worker.submit(llm.generate, prompts, sampled).result()
     for p, o in zip(prompts, outs):
         assert o.completions[0].token_ids == hf_greedy_loop(gpu_hf, p, 24)
-    on_0 = _gpu_llm(tiny_dirs["qwen3"]).generate(prompts, sampled)  # per-request seeds: same tokens
     assert [[c.token_ids for c in o.completions] for o in on_1] == [[c.token_ids for c in o.completions] for o in on_0]
 
 
