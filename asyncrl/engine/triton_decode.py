@@ -61,10 +61,9 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
         kmask = tok < last
         if PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
             blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
-            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
         else:  # per-token block lookup: a tile may span several small blocks
             blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
-            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
         k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
