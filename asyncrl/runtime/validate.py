@@ -79,12 +79,10 @@ RULES: list[Rule] = [
                "runtime.mode=async does not generate: use sync"),
     (lambda c: _async(c) and c.critic.freeze_actor_steps > 0,
      lambda c: "critic.freeze_actor_steps keeps the policy version still, so async admission would stop: use sync"),
-    (lambda c: c.runtime.rollout_device is not None and not (_async(c) and c.runtime.rollout_process
-                                                             and c.runtime.executor == "local"),
+    (lambda c: c.runtime.rollout_device is not None and not _rollout_process(c),
      lambda c: f"runtime.rollout_device={c.runtime.rollout_device} places the rollout process: it needs "
                "runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
-    (lambda c: c.runtime.weight_transport != "shared" and not (_async(c) and c.runtime.rollout_process
-                                                                 and c.runtime.executor == "local"),
+    (lambda c: c.runtime.weight_transport != "shared" and not _rollout_process(c),
      lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
@@ -94,6 +92,11 @@ RULES: list[Rule] = [
 
 def _async(c) -> bool:
     return c.runtime.mode == "async"
+
+
+def _rollout_process(c) -> bool:
+    """The rollout backend runs in its own process (async, local executor)."""
+    return _async(c) and c.runtime.rollout_process and c.runtime.executor == "local"
 
 
 def _corrected(c) -> bool:

@@ -220,11 +220,13 @@ class WeightSync:
         self.on_loaded(version)
         if self.probe is None:
             return metrics
-        result = self.backend.run_probe(self.probe, version)
-        return {**metrics, "weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
+        return {**metrics, **_probe_metrics(self.backend.run_probe(self.probe, version))}
 
     def _probe(self, model, version: int) -> dict[str, float]:
         if self.probe is None:
             return {}
-        result = self.probe.check(self.backend, model, version)
-        return {"weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}
+        return _probe_metrics(self.probe.check(self.backend, model, version))
+
+
+def _probe_metrics(result: ProbeResult) -> dict[str, float]:
+    return {"weight_sync/probe_gap": result.gap, "weight_sync/probe_delta": result.delta}

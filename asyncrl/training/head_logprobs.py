@@ -16,14 +16,14 @@ from __future__ import annotations
 import torch
 
 
-def _acc_dtype(hidden: torch.Tensor) -> torch.dtype:
+def acc_dtype(hidden: torch.Tensor) -> torch.dtype:
     """Softmax math in fp32 (fp64 for fp64 inputs: the tests' reference precision)."""
     return torch.promote_types(hidden.dtype, torch.float32)
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
     """[n, H] x [V, H] -> fp32 logits / T, [n, V] (a fresh tensor: safe to modify in place)."""
-    logits = (hidden @ weight.T).to(_acc_dtype(hidden))
+    logits = (hidden @ weight.T).to(acc_dtype(hidden))
     if temperature != 1.0:
         logits.div_(temperature)
     return logits
@@ -35,9 +35,9 @@ class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, with_entropy: bool):
         n = hidden.shape[0]
-        lse = torch.empty(n, dtype=_acc_dtype(hidden), device=hidden.device)
-        logprobs = torch.empty(n, dtype=_acc_dtype(hidden), device=hidden.device)
-        entropy = torch.empty(n if with_entropy else 0, dtype=_acc_dtype(hidden), device=hidden.device)
+        lse = torch.empty(n, dtype=acc_dtype(hidden), device=hidden.device)
+        logprobs = torch.empty(n, dtype=acc_dtype(hidden), device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=acc_dtype(hidden), device=hidden.device)
         for s in range(0, n, chunk):
             logits = _chunk_logits(hidden[s:s + chunk], weight, temperature)
             lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)

@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from asyncrl.training.head_logprobs import linear_logprobs
-
+from asyncrl.training.head_logprobs import acc_dtype, linear_logprobs
 from asyncrl.training.packing import PackedRows, pack_rows
 
 
@@ -33,7 +32,7 @@ def _head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: to
                    temperature: float, with_entropy: bool):
     """hidden [N, H], targets [N] -> (logprob [N], entropy [N] or empty); softmax math in fp32
     (fp64 for an fp64 model: the tests' reference precision)."""
-    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32)) / temperature
+    logits = F.linear(hidden, weight, bias).to(acc_dtype(hidden)) / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
     logprob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not with_entropy:
@@ -158,10 +157,10 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     if packed is not None:
         lp, ent = _head(_packed_states(model, base, packed), packed.targets, head, temperature, chunk_tokens,
                         with_entropy, entropy_grad)
-        logprob = lp.new_zeros(batch * length).index_copy(0, packed.token_index, lp).view(batch, length)
-        entropy = (ent.new_zeros(batch * length).index_copy(0, packed.token_index, ent).view(batch, length)
-                   if with_entropy else torch.zeros_like(logprob))
-        return logprob, entropy
+        def unpack(values: torch.Tensor) -> torch.Tensor:  # [N] -> [B, L], 0 past each response
+            return values.new_zeros(batch * length).index_copy(0, packed.token_index, values).view(batch, length)
+        logprob = unpack(lp)
+        return logprob, unpack(ent) if with_entropy else torch.zeros_like(logprob)
     states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
     width = states.shape[-1]
     lp, ent = _head(states.reshape(-1, width), input_ids[:, prompt_length:].reshape(-1), head, temperature,

@@ -150,13 +150,13 @@ class WeightChannel:
         """Rank 1: block until every buffer holds the broadcast bytes (visible to any stream);
         raise if the broadcast was stamped with another version than the pipe announced."""
         for work in self.broadcast(flat, -1):
-            work.wait()
-        got = int(self._stamp(flat).item())  # .item() waits for the stream the receive ran on
+            work.wait()  # NCCL: orders the current stream after the receive
+        # .item() waits on the host for the current stream, so for the whole receive: the
+        # buffers are complete for readers on any stream when it returns
+        got = int(self._stamp(flat).item())
         if got != version:
             raise RuntimeError(f"weight broadcast out of step: it carries version {got}, the trainer announced "
                                f"{version}")
-        if self._stamp(flat).is_cuda:  # wait() ordered the current stream only: readers use others
-            torch.cuda.current_stream(self._stamp(flat).device).synchronize()
 
     def _stamp(self, flat: FlatWeights) -> torch.Tensor:
         """A one-element int64 tensor on the buffers' device, kept (filled per sync)."""
