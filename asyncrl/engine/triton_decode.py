@@ -17,6 +17,7 @@ prefix chunks into its online softmax state before normalising (no merge kernel)
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -276,15 +277,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 PREFIX_SPLITS = 1         # chunks of each group's prefix attended in parallel (1 measured best)
 PREFIX_PROGRAMS_PER_SM = 4  # persistent programs per SM
 PREFIX_BLOCK_N, PREFIX_WARPS = 64, 4
-_num_sms: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (8 off CUDA: the Triton interpreter's CPU tests)."""
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _programs(device: torch.device, per_sm: int) -> int:
     if device.type != "cuda":
         return 8  # the Triton interpreter (CPU tests)
-    if device not in _num_sms:
-        _num_sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _num_sms[device] * per_sm
+    return num_sms(device) * per_sm
 
 
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -33,7 +33,6 @@ supported.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -41,6 +40,7 @@ import triton
 import triton.language as tl
 
 from asyncrl.engine.sampler import U_MAX, gumbel_noise
+from asyncrl.engine.triton_decode import num_sms
 
 # An upper bound of the noise: -log(-log(U_MAX)) = 16.64, with margin for fp32 rounding.
 G_BOUND = 17.0
@@ -189,20 +189,13 @@ def _combine_kernel(X, stride_x, TEMP, PART, IPART, TOK, LOGP, n_splits, MAX_SPL
     tl.store(LOGP + row, logp)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8  # interpreter: any fixed number
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def launch_shape(batch: int, vocab: int, device: torch.device, block: int = 2048,
                  programs_per_sm: int = 4) -> tuple[int, int]:
     """(n_splits, n_tiles): split each row until ~programs_per_sm programs per SM are in
     flight, at most one split per tile. A pure function of (batch, vocab, device), so a
     graph captured for a batch size replays the same launch."""
     n_tiles = triton.cdiv(vocab, block)
-    want = programs_per_sm * _num_sms(device)
+    want = programs_per_sm * num_sms(device)
     return max(1, min(n_tiles, triton.cdiv(want, batch))), n_tiles
 
 
