@@ -12,6 +12,7 @@ import sys
 from asyncrl.config import ConfigError, config_to_yaml, load_config
 from asyncrl.data.datasets import DatasetError
 from asyncrl.data.templates import TemplateError
+from asyncrl.distributed.group import check_local_ranks
 from asyncrl.runtime.validate import validate_config
 
 DEFAULT_RECIPE = "quickstart"
@@ -105,6 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
+    if ns.command == "train" and cfg.trainer.gpus > 1:
+        from asyncrl.distributed.launch import launch_local, under_launcher
+
+        if not under_launcher():  # trainer.gpus=N: start the N ranks (each runs this same command)
+            try:
+                check_local_ranks(cfg.trainer, cfg.trainer.gpus)
+            except ConfigError as err:
+                print(f"asyncrl: config error: {err}", file=sys.stderr)
+                return 2
+            return launch_local(cfg.trainer.gpus, main, argv)
     try:
         return COMMANDS[ns.command][0](cfg)
     except (ConfigError, DatasetError, TemplateError, FileNotFoundError) as err:  # found before training starts

@@ -4,20 +4,30 @@ This composes the pieces; each piece lives in its own module.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 from asyncrl.data.sources import build_prompt_source
+from asyncrl.distributed.group import SINGLE, DataParallel, init_distributed, shutdown
+from asyncrl.distributed.lockstep import announce, finish
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.config_schema import to_dict
 from asyncrl.metrics.health import HealthMonitor
 from asyncrl.metrics.profile import StageProfile, headline, profile_table
 from asyncrl.metrics.sinks import MetricSinks
-from asyncrl.rollout.registry import build_backend, engine_options
+from asyncrl.config_schema import ConfigError
+from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
+from asyncrl.runtime.weight_sync import clone_for_rollout
 from asyncrl.runtime.async_controller import build_async_controller
+from asyncrl.runtime.follower import follow_training
+from asyncrl.runtime.rank_log import open_rank_log
+from asyncrl.runtime.rank_memory import RankMemory, rank_memory_metrics
 from asyncrl.runtime.run_dir import start_run
+from asyncrl.runtime.sharded_checkpoint import ShardedCheckpointer
+from asyncrl.runtime.roles import DTYPES
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
@@ -45,27 +55,70 @@ def run_training(cfg) -> dict:
 
     The prompt source (synthetic task, or dataset + reward pool) is built first, so bad
     data or reward names fail before any model loads; its pool is closed at the end.
+    With several ranks (trainer.strategy=fsdp2), rank 0 runs the job and the other ranks
+    serve its sharded calls (runtime/follower.py); they return an empty summary.
     """
-    source = build_prompt_source(cfg)
+    dp = start_ranks(cfg)
     try:
-        return _train(cfg, source)
+        if not dp.is_main:
+            return follow_training(cfg, dp)
+        try:
+            source = build_prompt_source(cfg)
+            try:
+                return _train(cfg, source, dp)
+            finally:
+                source.close()
+        finally:
+            finish(dp)  # releases the followers, also when rank 0 failed
     finally:
-        source.close()
+        shutdown(dp)
 
 
-def _train(cfg, source) -> dict:
+def start_ranks(cfg) -> DataParallel:
+    """This process's place in the trainer (distributed/group.py); the multi-rank job runs in
+    lockstep (rank 0 drives). Sharding runs the sync runtime only."""
+    dp = init_distributed(cfg.trainer)
+    if dp.sharded and cfg.runtime.mode != "sync":
+        shutdown(dp)
+        raise ConfigError(f"trainer.strategy=fsdp2 (world size {dp.world_size}) runs runtime.mode=sync; "
+                          f"runtime.mode={cfg.runtime.mode} with a sharded trainer is not implemented yet")
+    return dataclasses.replace(dp, lockstep=True) if dp.world_size > 1 else dp
+
+
+def rollout_backend(cfg, model, tokenizer, dp: DataParallel):
+    """The rollout backend of ``model`` (rank 0 only). Sharded: the trainer's tensors become
+    shards, so the backend gets its own full copy on rank 0's device (the engine always copies)."""
+    if not dp.sharded:
+        return build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
+    if resolve_backend_name(cfg.rollout.backend, model) == "engine":
+        return build_backend("engine", model, tokenizer, device=str(dp.device), **engine_options(cfg.rollout))
+    from asyncrl.rollout.hf import HFGenerateBackend
+
+    return HFGenerateBackend(clone_for_rollout(model).to(dp.device), tokenizer)
+
+
+def _train(cfg, source, dp: DataParallel = SINGLE) -> dict:
     wall_start = time.perf_counter()
     device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
-    model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
-    backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
+    if dp.world_size > 1:
+        announce(dp, "session", "open_run", str(run_dir))
+        open_rank_log(run_dir, dp.rank)
+    # sharded: the full policy stays in host memory until its shards are cut (it may not fit one GPU)
+    model, tokenizer, model_info = prepare_policy(cfg, source.task, "cpu" if dp.sharded else device)
+    backend = rollout_backend(cfg, model, tokenizer, dp)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
+    announce(dp, "session", "build", model_info["model_path"])  # the followers shard with rank 0 below
+    controller = build_controller(cfg, model, backend, tokenizer, source, encode, dp)
+    rank_memory = RankMemory(dp, controller.memory)
     def evaluate() -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
         trainer's current weights. The sync controller pushes them into ``backend`` after each
         update; the async one generates with a backend of its own, so ``backend`` (an engine
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
-        start. A no-op copy for HF generate sharing the trainer's tensors."""
-        backend.update_weights(model.named_parameters(), backend.version)
+        start. A no-op copy for HF generate sharing the trainer's tensors. (Sharded runs are
+        sync: the backend already holds the current weights.)"""
+        if not dp.sharded:
+            backend.update_weights(model.named_parameters(), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         result = {"accuracy": heldout_accuracy(*common, encode=encode)}
         if cfg.trainer.eval_samples:
@@ -76,7 +129,6 @@ def _train(cfg, source) -> dict:
     before = evaluate()
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
-    controller = build_controller(cfg, model, backend, tokenizer, source, encode)
     actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
     if cfg.logging.wandb:
@@ -91,6 +143,8 @@ def _train(cfg, source) -> dict:
             for step in range(1, cfg.trainer.steps + 1):
                 step_start = time.perf_counter()
                 metrics = {**controller.step(step), **source.step_metrics()}  # + reward/<name>, failures
+                if dp.world_size > 1:
+                    metrics.update(rank_memory_metrics(rank_memory.gather_step()))
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
@@ -127,6 +181,8 @@ def _train(cfg, source) -> dict:
         "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
         "checkpoint": str(checkpoint),
         "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
+        **({"memory_per_rank": rank_memory.gather_run()} if dp.world_size > 1 else {}),
+        **({"world_size": dp.world_size} if dp.sharded else {}),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -143,12 +199,13 @@ def _train(cfg, source) -> dict:
     return summary
 
 
-def build_controller(cfg, model, backend, tokenizer, source, encode):
+def build_controller(cfg, model, backend, tokenizer, source, encode, dp: DataParallel = SINGLE):
     """``runtime.mode``: sync shares ``backend`` (the trainer's model); async builds a rollout
     backend with its own copy of the weights and runs it concurrently (async_controller.py)."""
     if cfg.runtime.mode == "async":
         return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode)
-    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
+    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode,
+                                 dp=dp)
 
 
 def _gains(before: dict, after: dict) -> str:
@@ -166,5 +223,8 @@ def _fmt(result: dict) -> str:
 def _checkpoint(run_dir: Path, step: int, actor: Actor, tokenizer, cfg, source) -> Path:
     """The policy, its optimizer, and where the prompt stream is (``data``: resumable)."""
     state = {"policy_version": actor.version, "seed": cfg.seed, "data": source.state_dict()}
+    if actor.dp.sharded:  # every rank writes its shards (sharded_checkpoint.py)
+        return ShardedCheckpointer(actor, tokenizer, DTYPES[cfg.model.dtype]).save(
+            run_dir, step, state, cfg.trainer.keep_checkpoints)
     return save_checkpoint(run_dir, step, actor.model, tokenizer, actor.optimizer, actor.scheduler,
                            state, keep=cfg.trainer.keep_checkpoints)

@@ -22,34 +22,24 @@ from asyncrl.metrics.timer import StageTimer
 from asyncrl.training.model import resolve_device
 from asyncrl.runtime.dynamic_sampling import ScoredGroups, collect_varied_groups
 from asyncrl.runtime.validate import GREEDY_BASELINE_ESTIMATORS, validate_config
-from asyncrl.training.actor import Actor
+from asyncrl.distributed.group import SINGLE, DataParallel
+from asyncrl.runtime.publisher import WeightPublisher
+from asyncrl.runtime.roles import DTYPES, build_roles
 from asyncrl.training.batch import build_train_batch
-from asyncrl.training.critic import Critic, build_value_model
+from asyncrl.training.critic import Critic
 from asyncrl.training.logprob_gap import logprob_gap_metrics
-from asyncrl.training.reference import Reference
 from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
 
 ROUND_SEED_STRIDE = 100_003  # round r of a step samples with seed + r·stride (round 0: today's seed)
 
 
-def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic]]:
-    """The trainer's roles for ``cfg``: the actor always; the frozen reference when a KL (loss
-    term or in the reward) needs it; the critic when ``critic.enable``."""
-    algo = cfg.algorithm
-    actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
-    reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
-                 if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
-    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
-              if cfg.critic.enable else None)
-    return actor, reference, critic
-
-
 def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stream,
-                          encode=None) -> "SyncController":
-    """The controller and its roles for ``cfg``: the actor always; the frozen reference when a
-    KL (loss term or in the reward) needs it; the critic when ``critic.enable``."""
+                          encode=None, dp: DataParallel = SINGLE) -> "SyncController":
+    """The controller and its roles for ``cfg`` (runtime/roles.py), sharded over ``dp`` under
+    fsdp2 (then every rank builds its roles at the same time, and only rank 0 runs the
+    controller: lockstep.py)."""
     validate_config(cfg)
-    actor, reference, critic = build_roles(cfg, model)
+    actor, reference, critic = build_roles(cfg, model, dp)
     return SyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
                           encode=encode)
 
@@ -76,6 +66,7 @@ class SyncController:
         self.greedy_params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
         ctrl = self.algo.kl_ctrl
         self.kl_ctrl = build_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
+        self.publisher = WeightPublisher(actor, backend, cfg.rollout.weight_sync_bucket_mb, DTYPES[cfg.model.dtype])
 
     def step(self, step: int) -> dict[str, float]:
         """Run one step; returns its metrics (see docs/metrics.md)."""
@@ -202,8 +193,9 @@ class SyncController:
         batch.advantages, batch.returns = out.advantages, out.returns
 
     def sync_weights(self) -> None:
-        """Colocated: the backend shares the actor's tensors, so only the version moves."""
-        self.backend.update_weights(self.actor.model.named_parameters(), self.actor.version)
+        """The backend gets the updated weights (HF generate shares the actor's tensors, so only
+        the version moves; the engine copies; sharded: gathered, publisher.py)."""
+        self.publisher.push(self.actor.version)
 
     def _batch_metrics(self, batch: TrainBatch, generated: ScoredGroups) -> dict[str, float]:
         lengths = batch.response_mask.sum(-1)

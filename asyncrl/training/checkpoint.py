@@ -47,6 +47,18 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer=None, 
                         "scheduler": scheduler.state_dict() if scheduler is not None else None},
                        tmp / "optimizer.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **(state or {})}, indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return publish_step_dir(tmp, final, keep)
+
+
+def publish_step_dir(tmp: Path, final: Path, keep: int) -> Path:
+    """Make the complete checkpoint in ``tmp`` the step directory ``final`` (fsync, one
+    rename), point ``latest`` at it and prune old steps; ``tmp`` is removed on failure.
+    Shared by the one-process writer above and the sharded one (runtime/sharded_checkpoint.py)."""
+    root = final.parent
+    try:
         _fsync_tree(tmp)
         if final.exists():  # re-saving the same step: move the old one aside first
             shutil.rmtree(final)

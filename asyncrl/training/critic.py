@@ -17,9 +17,13 @@ import math
 import torch
 from transformers import AutoModelForTokenClassification
 
-from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
+from asyncrl.algorithms import compute_value_loss, global_counts, masked_mean, masked_var
+from asyncrl.distributed.batches import map_rows, micro_batches
+from asyncrl.distributed.grad_norm import clip_grad_norm
+from asyncrl.distributed.group import SINGLE, DataParallel
+from asyncrl.distributed.lockstep import replicated
 from asyncrl.training.logprobs import position_ids_from_mask
-from asyncrl.training.optim import adamw
+from asyncrl.training.optim import build_optimizer
 from asyncrl.types import TrainBatch
 
 
@@ -27,23 +31,24 @@ def build_value_model(policy) -> torch.nn.Module:
     """Policy architecture + scalar head; backbone weights copied from ``policy``."""
     config = copy.deepcopy(policy.config)
     config.num_labels, config.classifier_dropout = 1, 0.0
-    critic = AutoModelForTokenClassification.from_config(config)
+    param = next(policy.parameters())
+    with torch.device("meta" if param.is_meta else "cpu"):  # a meta policy (FSDP2 follower rank): a meta critic
+        critic = AutoModelForTokenClassification.from_config(config)
     backbone = getattr(critic, critic.base_model_prefix)
     backbone.load_state_dict(policy.get_decoder().state_dict())
     torch.nn.init.zeros_(critic.score.weight)
     if critic.score.bias is not None:
         torch.nn.init.zeros_(critic.score.bias)
-    param = next(policy.parameters())
     return critic.to(device=param.device, dtype=param.dtype)
 
 
-def response_values(model, batch: TrainBatch) -> torch.Tensor:
+def response_values(model, batch: TrainBatch, device=None) -> torch.Tensor:
     """V[i, t] ``[b, L]``: the value of the state *before* response token t.
 
     Same alignment as the log-probs: the hidden state at position P + t − 1 predicts
     token t, so it is the state token t is chosen from (verl's ``[-L-1:-1]`` slice).
     """
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
     out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False)
     return out.logits[:, batch.prompt_length - 1:-1, 0].float()
@@ -66,21 +71,25 @@ class Critic:
     global token / sequence counts, so they sum to exactly the mini-batch loss.
     """
 
-    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int):
+    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int, *, dp: DataParallel = SINGLE):
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
-        self.optimizer = adamw(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
+        self.dp = dp
+        self.device = dp.device if dp.sharded else next(model.parameters()).device
+        self.optimizer = build_optimizer(model.parameters(), critic_cfg)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
 
+    @replicated("critic")
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L] values under the current critic, zero on masked tokens."""
         self.model.eval()
-        parts = [response_values(self.model, batch.select(idx))
-                 for idx in torch.arange(batch.batch_size).split(self.micro_batch_size)]
-        return torch.cat(parts).cpu() * batch.response_mask
+        values = map_rows(batch, self.dp, self.micro_batch_size,
+                          lambda micro: response_values(self.model, micro, self.device))
+        return values.cpu() * batch.response_mask
 
+    @replicated("critic")
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """Fit V to ``batch.returns`` with the clipped loss around ``batch.values`` (V_old)."""
         if batch.values is None or batch.returns is None:
@@ -97,13 +106,11 @@ class Critic:
         return metrics
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
-        mask = mini.response_mask
-        global_tokens, global_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        global_tokens, global_seqs = global_counts(mini.response_mask)  # every rank holds the whole mini-batch
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for idx in torch.arange(mini.batch_size).split(self.micro_batch_size):
-            micro = mini.select(idx)
-            values = response_values(self.model, micro)
+        for micro, rows in micro_batches(mini, self.dp, self.micro_batch_size):
+            values = response_values(self.model, micro, self.device)
             device = values.device
             loss, stats = compute_value_loss(
                 values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
@@ -113,13 +120,17 @@ class Critic:
             # micro losses sum to the mini-batch loss; per-micro stats are averaged by rows
             sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
             for key, value in stats.items():
-                sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * len(idx) / mini.batch_size
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        if math.isfinite(float(grad_norm)):
+                sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * rows / mini.batch_size
+        sums = self.dp.sum_metrics(sums)
+        if self.dp.sharded:
+            grad_norm = float(clip_grad_norm(self.model.parameters(), self.cfg.grad_clip, self.dp))
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        if math.isfinite(grad_norm):  # the norm is global: every rank takes the same branch
             self.optimizer.step()
         else:  # a NaN/Inf gradient would poison the weights: skip the step
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        sums["critic/grad_norm"] = float(grad_norm)
+        sums["critic/grad_norm"] = grad_norm
         sums["critic/lr"] = self.scheduler.get_last_lr()[0]
         return sums
