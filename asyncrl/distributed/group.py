@@ -203,8 +203,7 @@ def init_distributed(trainer_cfg) -> DataParallel:
         backend = comm_backend(trainer_cfg.dist_backend, device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        _default_rendezvous()
-        dist.init_process_group(backend, rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=_rendezvous(world), rank=rank, world_size=world,
                                 timeout=timedelta(seconds=trainer_cfg.dist_timeout_s))
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -222,13 +221,12 @@ def shutdown(dp: DataParallel) -> None:
         dist.destroy_process_group()
 
 
-def _default_rendezvous() -> None:
-    """A one-rank fsdp2 run started without torchrun: a local address and a free port."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(free_port())
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+def _rendezvous(world: int) -> str:
+    """torchrun's ``env://`` contract; a one-rank fsdp2 run started without a launcher gets a
+    local address and a free port instead (the environment is left as it is)."""
+    if "MASTER_ADDR" in os.environ or world > 1:
+        return "env://"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def free_port() -> int:

@@ -85,6 +85,10 @@ RULES: list[Rule] = [
     (lambda c: c.runtime.weight_transport != "shared" and not _rollout_process(c),
      lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
+    # -- the sharded trainer (docs/distributed.md) --
+    (lambda c: _sharded(c) and _async(c),
+     lambda c: "trainer.strategy=fsdp2 / trainer.gpus > 1 (the sharded trainer) runs runtime.mode=sync; the async "
+               "runtime with a sharded trainer is not implemented yet: set runtime.mode=sync, or trainer.gpus=1"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]
@@ -92,6 +96,10 @@ RULES: list[Rule] = [
 
 def _async(c) -> bool:
     return c.runtime.mode == "async"
+
+
+def _sharded(c) -> bool:
+    return c.trainer.strategy == "fsdp2" or c.trainer.gpus > 1
 
 
 def _rollout_process(c) -> bool:

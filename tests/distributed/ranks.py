@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import traceback
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,6 +33,6 @@ def _rank_main(rank: int, world: int, store: str, fn, args) -> None:
 
 def run_ranks(world: int, tmp_path: Path, fn, *args) -> None:
     """``fn(rank, world, *args)`` on ``world`` forked gloo ranks; a failure in any rank fails the test."""
-    store = tmp_path / f"store-{world}-{os.getpid()}-{id(fn)}"
+    store = tmp_path / f"store-{world}-{uuid.uuid4().hex}"  # a fresh rendezvous file per run
     mp.start_processes(_rank_main, args=(world, str(store), fn, args), nprocs=world, join=True,
                        start_method="fork")
