@@ -11,6 +11,7 @@ from typing import Callable
 
 from asyncrl.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from asyncrl.config_schema import ConfigError, closest_key
+from asyncrl.distributed.group import env_world_size
 
 # What an advantage estimator reads besides scores (the controller fills these).
 VALUE_ESTIMATORS = frozenset({"gae"})               # critic values [B, L]
@@ -89,6 +90,9 @@ RULES: list[Rule] = [
     (lambda c: _sharded(c) and _async(c),
      lambda c: "trainer.strategy=fsdp2 / trainer.gpus > 1 (the sharded trainer) runs runtime.mode=sync; the async "
                "runtime with a sharded trainer is not implemented yet: set runtime.mode=sync, or trainer.gpus=1"),
+    (lambda c: c.actor.offload == "full" and not _sharded(c) and env_world_size() == 1,
+     lambda c: "actor.offload=full keeps FSDP2's shards in host memory: it needs trainer.strategy=fsdp2 (any "
+               "number of ranks, 1 included); with one process use actor.offload=optimizer"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]

@@ -58,19 +58,25 @@ class HostAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        devices = set()
         for group in self.param_groups:
             chunk, size = [], 0
             for param in (p for p in group["params"] if p.grad is not None):
                 chunk.append(param)
                 size += 2 * _local(param).numel() * _local(param).element_size()
                 if size >= self.chunk_bytes:
-                    self._step_chunk(group, chunk)
+                    devices.add(self._step_chunk(group, chunk))
                     chunk, size = [], 0
             if chunk:
-                self._step_chunk(group, chunk)
+                devices.add(self._step_chunk(group, chunk))
+        for device in devices:  # the moments' copies back to the host are complete when step returns
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()
         return loss
 
-    def _step_chunk(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _step_chunk(self, group: dict, params: list[torch.Tensor]) -> torch.device:
+        """One chunk on its device; copies, kernel and copies back are queued on one stream,
+        so a chunk's device buffers are reused only after its moments went back."""
         states = [self._state(p) for p in params]
         device = _local(params[0]).device
         exp_avgs = [_local(s["exp_avg"]).to(device, non_blocking=True) for s in states]
@@ -84,8 +90,7 @@ class HostAdamW(torch.optim.AdamW):
         for state, avg, avg_sq in zip(states, exp_avgs, exp_avg_sqs):
             _local(state["exp_avg"]).copy_(avg, non_blocking=True)
             _local(state["exp_avg_sq"]).copy_(avg_sq, non_blocking=True)
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()  # host copies done before the buffers are reused
+        return device
 
     def _state(self, param: torch.Tensor) -> dict:
         state = self.state[param]

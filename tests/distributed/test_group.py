@@ -54,3 +54,9 @@ def test_a_dead_rank_is_named_with_its_signal():
     line = describe_failure(1, -9, 4)
     assert line.startswith("rank 1 of 4 killed by SIGKILL; the other ranks were stopped")
     assert "exited with code 3" in describe_failure(0, 3, 2)
+
+
+def test_full_offload_needs_the_sharded_trainer():
+    cfg = load_config(None, ["actor.offload=full", "trainer.strategy=single"])
+    with pytest.raises(ConfigError, match="actor.offload=full .* needs trainer.strategy=fsdp2"):
+        validate_config(cfg)
