@@ -78,6 +78,26 @@ def _run_bench(argv: list[str]) -> int:
     return BENCHMARKS[argv[0]](argv[1:])
 
 
+def _launch_ranks(cfg, argv: list[str]) -> int:
+    """``trainer.gpus=N``: N local processes, or N Ray actors with ``runtime.executor=ray``."""
+    ray = cfg.runtime.executor == "ray"
+    try:
+        check_local_ranks(cfg.trainer, cfg.trainer.gpus, local=not ray)
+    except ConfigError as err:
+        print(f"asyncrl: config error: {err}", file=sys.stderr)
+        return 2
+    if ray:
+        import torch
+
+        from asyncrl.distributed.ray_launch import launch_ray
+
+        gpus = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+        return launch_ray(cfg.trainer.gpus, main, argv, gpus=gpus, num_cpus=cfg.runtime.ray_num_cpus)
+    from asyncrl.distributed.launch import launch_local
+
+    return launch_local(cfg.trainer.gpus, main, argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description="Fast, transparent RL post-training for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -107,15 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
     if ns.command == "train" and cfg.trainer.gpus > 1:
-        from asyncrl.distributed.launch import launch_local, under_launcher
+        from asyncrl.distributed.launch import under_launcher
 
         if not under_launcher():  # trainer.gpus=N: start the N ranks (each runs this same command)
-            try:
-                check_local_ranks(cfg.trainer, cfg.trainer.gpus)
-            except ConfigError as err:
-                print(f"asyncrl: config error: {err}", file=sys.stderr)
-                return 2
-            return launch_local(cfg.trainer.gpus, main, argv)
+            return _launch_ranks(cfg, argv)
     try:
         return COMMANDS[ns.command][0](cfg)
     except (ConfigError, DatasetError, TemplateError, FileNotFoundError) as err:  # found before training starts

@@ -169,12 +169,12 @@ def rank_device(device_name: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def check_local_ranks(trainer_cfg, nproc: int) -> None:
-    """Before launching ``nproc`` ranks on this machine: a GPU for each (named error), the
-    strategy able to use them, a backend this machine has."""
+def check_local_ranks(trainer_cfg, nproc: int, local: bool = True) -> None:
+    """Before launching ``nproc`` ranks: a strategy able to use them; on this machine
+    (``local``), a GPU for each and a backend this machine has (named errors)."""
     resolve_strategy(trainer_cfg.strategy, nproc)
-    device = rank_device(trainer_cfg.device, nproc - 1)
-    comm_backend(trainer_cfg.dist_backend, device)
+    if local:
+        comm_backend(trainer_cfg.dist_backend, rank_device(trainer_cfg.device, nproc - 1))
 
 
 def comm_backend(name: str, device: torch.device) -> str:

@@ -93,8 +93,9 @@ RULES: list[Rule] = [
     (lambda c: c.actor.offload == "full" and not _sharded(c) and env_world_size() == 1,
      lambda c: "actor.offload=full keeps FSDP2's shards in host memory: it needs trainer.strategy=fsdp2 (any "
                "number of ranks, 1 included); with one process use actor.offload=optimizer"),
-    (lambda c: c.runtime.executor == "ray" and not _async(c),
-     lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
+    (lambda c: c.runtime.executor == "ray" and not _async(c) and c.trainer.gpus == 1,
+     lambda c: "runtime.executor=ray runs the async rollout side in Ray actors (set runtime.mode=async), or the "
+               "trainer's ranks as Ray actors (set trainer.gpus=N)"),
 ]
 
 
