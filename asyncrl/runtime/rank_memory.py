@@ -33,9 +33,11 @@ class RankMemory:
         return self.tracker.stage(CALL_STAGES.get(f"{role}.{method}", f"{role}.{method}"))
 
     @replicated("memory")
-    def gather_step(self) -> list[dict[str, float]]:
-        """Every rank's peaks since its last ``gather_step``, in rank order (on every rank)."""
-        peaks = {name: peak / MIB for name, peak in self.tracker.step_peak.items()}
+    def gather_step(self) -> list[dict[str, dict[str, float]]]:
+        """Every rank's ``{"allocated": {stage: MiB}, "reserved": {stage: MiB}}`` since its last
+        ``gather_step``, in rank order (on every rank; reserved is empty off CUDA)."""
+        peaks = {"allocated": {name: peak / MIB for name, peak in self.tracker.step_peak.items()},
+                 "reserved": {name: peak / MIB for name, peak in self.tracker.step_reserved.items()}}
         if not self.dp.is_main:
             self.tracker.start_step()  # rank 0's controller starts its own steps
         return self.dp.gather_objects(peaks)
@@ -46,6 +48,12 @@ class RankMemory:
         return self.dp.gather_objects(self.tracker.summary())
 
 
-def rank_memory_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """``memory/rank<r>_peak_mib``: each rank's largest stage peak of the step."""
-    return {f"memory/rank{r}_peak_mib": max(peaks.values()) for r, peaks in enumerate(per_rank) if peaks}
+def rank_memory_metrics(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, float]:
+    """``memory/rank<r>_peak_mib`` (and ``_reserved_mib`` on CUDA): each rank's largest stage
+    peak of the step."""
+    metrics = {}
+    for rank, peaks in enumerate(per_rank):
+        for kind, suffix in (("allocated", "peak_mib"), ("reserved", "reserved_mib")):
+            if peaks[kind]:
+                metrics[f"memory/rank{rank}_{suffix}"] = max(peaks[kind].values())
+    return metrics

@@ -32,6 +32,15 @@ def master_dtype(cfg) -> torch.dtype:
     return torch.float32 if name in (None, "auto", "float32") else DTYPES[name]
 
 
+def enable_activation_checkpointing(model) -> None:
+    """HF's per-layer activation checkpointing, non-reentrant (the form FSDP2 supports);
+    transformers renamed it ``activation_checkpointing_enable`` in 5.2x."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def needs_reference(algo) -> bool:
     return algo.kl_coef > 0 or algo.use_kl_in_reward
 
@@ -42,7 +51,7 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
     ``dp.sharded`` (a collective: every rank builds its roles together)."""
     algo, temperature, micro = cfg.algorithm, cfg.rollout.temperature, cfg.actor.micro_batch_size
     if cfg.actor.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     if not dp.sharded:
         actor = Actor(model, cfg.actor, algo, temperature)
         reference = (Reference(model, temperature, micro, cfg.actor.logprob_chunk_tokens)

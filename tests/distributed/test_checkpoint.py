@@ -18,8 +18,7 @@ TOL = 1e-6
 def _same_next_step(resumed: dict, uninterrupted: dict):
     assert resumed["metrics"]["actor/pg_loss"] == pytest.approx(uninterrupted["metrics"]["actor/pg_loss"], abs=TOL)
     assert resumed["metrics"]["actor/grad_norm"] == pytest.approx(uninterrupted["metrics"]["actor/grad_norm"], rel=TOL)
-    for name, weight in uninterrupted["weights"].items():
-        assert (resumed["weights"][name] - weight).abs().max() <= TOL, name
+    cases.assert_weights_close(resumed["weights"], uninterrupted["weights"], uninterrupted["grads"], "resumed weight")
 
 
 def test_written_by_two_ranks_resumes_on_four(world2, world4):

@@ -1,10 +1,10 @@
 """FSDP2 data parallelism computes exactly the one-process step (SCALE.md §5): at 2 and 4 gloo
 ranks, for every loss aggregation mode (with KL and entropy terms), groups of unequal length
 split unevenly, a mini-batch boundary inside a group, a rank whose rows hold no valid token, a
-rank with no row at all, activation checkpointing, both offload modes, and the critic (the
-options at 2 ranks), the loss,
-every gradient (gathered), the updated weights and the log-probs equal the single-process run's
-to 1e-6 (fp32)."""
+rank with no row at all, and at 2 ranks activation checkpointing, both offload modes and the
+critic, the loss, every gradient (gathered), the log-probs and the updated weights equal the
+single-process run's to 1e-6 (fp32; the weights wherever the gradient is outside Adam's noise
+amplification range, see cases.assert_weights_close)."""
 import pytest
 import torch
 
@@ -29,11 +29,12 @@ def _check(result: dict, reference: dict, case: str):
         if key in reference:
             assert (result[key] - reference[key]).abs().max() <= TOL, f"{case} {key}"
     _assert_close(result["grads"], reference["grads"], f"{case} gradient")
-    _assert_close(result["weights"], reference["weights"], f"{case} weight")
+    cases.assert_weights_close(result["weights"], reference["weights"], reference["grads"], f"{case} weight")
     if "critic" in reference:
         assert (result["values"] - reference["values"]).abs().max() <= TOL
         assert result["critic"]["critic/vf_loss"] == pytest.approx(reference["critic"]["critic/vf_loss"], abs=TOL)
-        _assert_close(result["critic_weights"], reference["critic_weights"], f"{case} critic weight")
+        cases.assert_weights_close(result["critic_weights"], reference["critic_weights"], reference["critic_grads"],
+                                   f"{case} critic weight")
 
 
 @pytest.mark.parametrize("case", list(cases.CASES))
