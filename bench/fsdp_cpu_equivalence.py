@@ -45,6 +45,16 @@ def main() -> int:
                   f"{max_settled_diff(got['weights'], want['weights'], want['grads']):.1e} | "
                   f"{max_diff(got['weights'], want['weights']):.1e} | "
                   f"{(got['logprobs'] - want['logprobs']).abs().max().item():.1e} |")
+        if world == 2:
+            written = results["checkpoint"]
+        else:
+            resumed = {"4 ranks": results["resume"], "1 process": cases.resume_checkpoint(out / "ckpt", False)}
+    print("\ncheckpoint written by 2 ranks after step 1; step 2 resumed elsewhere vs step 2 uninterrupted:")
+    want = written["metrics"]["actor/pg_loss"]
+    for where, got in resumed.items():
+        print(f"  {where}: loss {got['metrics']['actor/pg_loss']:.9f} vs {want:.9f} "
+              f"(Δ {abs(got['metrics']['actor/pg_loss'] - want):.1e}), max Δ weight "
+              f"{max_diff(got['weights'], written['weights']):.1e}")
     return 0
 
 

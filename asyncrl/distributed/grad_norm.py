@@ -27,7 +27,7 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, dp: DataPara
     returns the norm before clipping (a 0-d float64 CPU tensor, equal on every rank; inf/nan
     when a gradient is not finite)."""
     grads = [_local(p.grad) for p in params if p.grad is not None]
-    square_sum = torch.zeros((), dtype=torch.float64, device=dp._comm_device)
+    square_sum = torch.zeros((), dtype=torch.float64, device=dp.comm_device)
     for grad in grads:
         square_sum += grad.double().pow(2).sum().to(square_sum.device)
     norm = dp.all_reduce_sum_(square_sum).sqrt()

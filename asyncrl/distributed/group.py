@@ -3,8 +3,8 @@ collectives the roles need (broadcast of the scored batch, row gathers, metric s
 
 Processes join through torchrun's environment contract (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), whoever set it: ``torchrun``, the
-``trainer.gpus=N`` launcher (launch.py, torch's own elastic agent) or a Ray actor. A test (or a
-user's script) that already called ``init_process_group`` is joined as is.
+``trainer.gpus=N`` launcher (launch.py) or a Ray actor (ray_launch.py). A test (or a user's
+script) that already called ``init_process_group`` is joined as is.
 
 Invariant: every collective method is called by every rank in the same order; methods of
 :data:`SINGLE` (one process, no process group) are the identity, so role code has no
@@ -58,6 +58,13 @@ class DataParallel:
     def _collective(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def comm_device(self) -> torch.device:
+        """Where collective buffers live: the GPU for NCCL, the CPU for gloo."""
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return self.device
+        return torch.device("cpu")
+
     # collectives -------------------------------------------------------------------------
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -68,7 +75,7 @@ class DataParallel:
         if self.control is not None:  # CPU pickles over gloo: no device sync, no collective timeout
             dist.broadcast_object_list(box, src=0, group=self.control)
         else:
-            dist.broadcast_object_list(box, src=0, device=self._comm_device)
+            dist.broadcast_object_list(box, src=0, device=self.comm_device)
         return box[0]
 
     def gather_objects(self, obj: Any) -> list[Any]:
@@ -93,7 +100,7 @@ class DataParallel:
         """True on every rank when ``flag`` is True on at least one."""
         if not self._collective:
             return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=self._comm_device)
+        value = torch.tensor([1.0 if flag else 0.0], device=self.comm_device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
@@ -115,8 +122,8 @@ class DataParallel:
         padded = local.new_zeros((widest, *local.shape[1:]))
         padded[:local.shape[0]] = local
         home = local.device
-        parts = [torch.empty_like(padded, device=self._comm_device) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded.to(self._comm_device))
+        parts = [torch.empty_like(padded, device=self.comm_device) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded.to(self.comm_device))
         out = local.new_zeros((total, *local.shape[1:]))
         for rows, part in zip(rows_per_rank, parts):
             out.index_copy_(0, rows.to(home), part[:len(rows)].to(home))
@@ -125,13 +132,6 @@ class DataParallel:
     def barrier(self) -> None:
         if self._collective:
             dist.barrier()
-
-    @property
-    def _comm_device(self) -> torch.device:
-        """Where collective buffers live: the GPU for NCCL, the CPU for gloo."""
-        if dist.is_initialized() and dist.get_backend() == "nccl":
-            return self.device
-        return torch.device("cpu")
 
 
 SINGLE = DataParallel()  # one process, no process group: every collective is the identity

@@ -16,23 +16,13 @@ from typing import Callable
 
 from asyncrl.distributed.group import free_port
 
-ray = None  # imported on first use: Ray is an optional dependency (asyncrl[ray])
-
-
-def _ray():
-    global ray
-    if ray is None:
-        import ray as module
-
-        ray = module
-    return ray
-
-
 class TrainerRank:
     """One rank's process: where it runs, then the job with the rank's environment."""
 
     def address(self) -> tuple[str, int]:
-        return _ray().util.get_node_ip_address(), free_port()
+        import ray  # an optional dependency (asyncrl[ray]): imported where used
+
+        return ray.util.get_node_ip_address(), free_port()
 
     def run(self, env: dict[str, str], entry: Callable[[list[str]], int], argv: list[str]) -> int:
         os.environ.update(env)
@@ -48,7 +38,7 @@ def rank_env(rank: int, world: int, master: tuple[str, int]) -> dict[str, str]:
 def launch_ray(nproc: int, entry: Callable[[list[str]], int], argv: list[str], gpus: bool,
                num_cpus: int | None = None) -> int:
     """Run ``entry(argv)`` on ``nproc`` Ray actors (see module doc); 0 when all succeeded."""
-    r = _ray()
+    import ray as r
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -74,7 +64,9 @@ def launch_ray(nproc: int, entry: Callable[[list[str]], int], argv: list[str], g
 
 def _wait(runs: dict, actors: list, nproc: int) -> int:
     """Wait for every rank; at the first failure, report it (the caller kills the rest)."""
-    r, pending = _ray(), list(runs)
+    import ray as r
+
+    pending = list(runs)
     while pending:
         done, pending = r.wait(pending, num_returns=1)
         rank = runs[done[0]]

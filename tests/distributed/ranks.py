@@ -28,7 +28,8 @@ def _rank_main(rank: int, world: int, store: str, fn, args) -> None:
         traceback.print_exc()
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # the job may have left the group itself
+            dist.destroy_process_group()
 
 
 def run_ranks(world: int, tmp_path: Path, fn, *args) -> None:

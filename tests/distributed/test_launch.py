@@ -1,8 +1,7 @@
-"""``asyncrl train ... trainer.gpus=2`` end to end on CPU (two gloo ranks, fresh interpreters, as
-a user starts them): rank 0 alone writes metrics and the summary, each rank logs to its own file,
-the memory report covers every rank, the sharded checkpoint resumes and its HF export loads; and
-when a rank is killed, the launcher stops the other and names the dead rank, leaving the last
-complete checkpoint intact."""
+"""``asyncrl train ... trainer.gpus=2`` as a user starts it (two gloo ranks in fresh interpreters
+on CPU): it trains and checkpoints, and when a rank is killed with SIGKILL the launcher stops the
+other at once, names the dead rank and its signal, and the last complete checkpoint stays
+intact and loadable. (The job itself on 2 ranks, summary and logs: test_two_rank_job.py.)"""
 import json
 import os
 import re
@@ -37,34 +36,16 @@ def _complete(step_dir: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_two_rank_run_writes_once_and_logs_per_rank(tmp_path):
-    proc = _launch(tmp_path, "trainer.steps=3", "trainer.checkpoint_every=2")
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-    run = tmp_path / "run"
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["steps"] == 3
-    assert len(summary["memory_per_rank"]) == 2 and all(r["peak_mib"] for r in summary["memory_per_rank"])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]  # one writer: no duplicated rows
-    assert all(r["memory/rank0_peak_mib"] > 0 and r["memory/rank1_peak_mib"] > 0 for r in rows)
-    assert all(r["actor/kl_loss"] >= 0 for r in rows)
-    for rank in (0, 1):
-        assert (run / "logs" / f"rank_{rank}.log").read_text().startswith(f"rank {rank} (pid ")
-    assert out.count("asyncrl run summary") == 1  # printed by rank 0 only
-    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    assert latest.name == "step_000003" and _complete(latest)
-    assert AutoModelForCausalLM.from_pretrained(latest).config.model_type == "qwen3"
-
-
-@pytest.mark.slow
 def test_a_killed_rank_stops_the_run_named_and_keeps_the_checkpoint(tmp_path):
     proc = _launch(tmp_path, "trainer.steps=500", "trainer.checkpoint_every=1")
     run = tmp_path / "run"
     deadline = time.monotonic() + 300
-    while not (run / "checkpoints" / "latest").exists():
+    while not (run / "checkpoints" / "step_000002").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.2)
+    text = (run / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()[:text.count("\n")]]  # complete lines only
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))  # written once, by rank 0
     pid = int(re.match(r"rank 1 \(pid (\d+)\)", (run / "logs" / "rank_1.log").read_text()).group(1))
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
