@@ -120,7 +120,9 @@ def run_config(name: str, steps: int, device_name: str) -> dict:
     row = {"config": name, "parameters": params, "overrides": overrides, "build_seconds": build_seconds}
     try:
         timings = [_step(actor, publisher, batch, device) for _ in range(steps + 1)]
-    except torch.cuda.OutOfMemoryError as err:
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as err:
+        if "out of memory" not in str(err).lower():
+            raise
         row.update(oom=True, error=str(err).splitlines()[0],
                    peak_gpu_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30)
         return row

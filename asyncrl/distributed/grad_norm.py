@@ -28,8 +28,8 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, dp: DataPara
     when a gradient is not finite)."""
     grads = [_local(p.grad) for p in params if p.grad is not None]
     square_sum = torch.zeros((), dtype=torch.float64, device=dp.comm_device)
-    for grad in grads:
-        square_sum += grad.double().pow(2).sum().to(square_sum.device)
+    for grad in grads:  # per-tensor norms, their squares summed in fp64 (no fp64 copy of a gradient)
+        square_sum += torch.linalg.vector_norm(grad).double().pow(2).to(square_sum.device)
     norm = dp.all_reduce_sum_(square_sum).sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for grad in grads:
