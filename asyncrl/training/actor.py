@@ -86,7 +86,7 @@ class Actor:
         device = next(self.model.parameters()).device
         return response_logprobs(self.model, batch.input_ids.to(device), batch.attention_mask.to(device),
                                  batch.prompt_length, self.temperature, self.cfg.logprob_chunk_tokens,
-                                 with_entropy=with_entropy, entropy_grad=self.algo.entropy_coeff > 0)
+                                 with_entropy=with_entropy)
 
     def _micro_indices(self, size: int) -> list[torch.Tensor]:
         order = torch.arange(size)
