@@ -100,3 +100,10 @@ def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_b
     setattr(model, _ATTR, plan)
     _log.info("trainer forward: %s", plan.describe())
     return plan
+
+
+def prepare_like(model, plan: ForwardPlan) -> ForwardPlan:
+    """Applies to ``model`` (the critic, built from the policy's config) the choices that
+    produced ``plan`` (the policy's)."""
+    kernels = "liger" if plan.body == "liger" else ("eager" if plan.head == "torch" and plan.body == "eager" else "auto")
+    return prepare_model(model, kernels, plan.layout, plan.body == "compiled")

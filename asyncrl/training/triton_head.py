@@ -27,10 +27,11 @@ import triton
 import triton.language as tl
 
 BLOCK_V = 4096  # vocabulary columns per step of a row's loop (151,936 / 4,096: 38 steps)
+# V is a compile-time constant (one compile per vocabulary size; the interpreter also needs it so)
 
 
 @triton.jit
-def _stats_kernel(x_ptr, x_stride, target_ptr, lse_ptr, logprob_ptr, entropy_ptr, V, temperature,
+def _stats_kernel(x_ptr, x_stride, target_ptr, lse_ptr, logprob_ptr, entropy_ptr, V: tl.constexpr, temperature,
                   WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * x_stride
@@ -58,7 +59,8 @@ def _stats_kernel(x_ptr, x_stride, target_ptr, lse_ptr, logprob_ptr, entropy_ptr
 
 
 @triton.jit
-def _grad_kernel(x_ptr, x_stride, target_ptr, lse_ptr, entropy_ptr, g_logprob_ptr, g_entropy_ptr, V, temperature,
+def _grad_kernel(x_ptr, x_stride, target_ptr, lse_ptr, entropy_ptr, g_logprob_ptr, g_entropy_ptr, V: tl.constexpr,
+                 temperature,
                  HAS_ENTROPY_GRAD: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * x_stride

@@ -105,7 +105,8 @@ class _LayoutWriter:
             if inputs:
                 own = range(first, first + len(inputs))
                 self.sequence(own, [*prompt_slots, *own])
-            self.state_index.append(start + n - 1)  # response token 0: the prompt's last state
+            if response:  # response token 0: the prompt's last state; token t: input t - 1's
+                self.state_index.append(start + n - 1)
             self.state_index.extend(range(first, first + len(inputs)))
             self.token_index.extend(range(row * length, row * length + len(response)))
             self.targets.extend(response)
