@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import importlib
 import importlib.util
 
@@ -79,6 +80,24 @@ def resolve_kernels(choice: str, model) -> str:
     return "eager"
 
 
+def _reduce_as_base(self, protocol):
+    """Pickled (e.g. to the rollout process) as the class it was swapped from: the subclass is
+    made at run time, so another process could not import it, and kernels are the trainer's."""
+    return _new_of, (type(self)._asyncrl_base,), self.__getstate__()
+
+
+def _new_of(cls):
+    return cls.__new__(cls)
+
+
+def _deepcopy_keeping_class(self, memo):
+    """``deepcopy`` (the reference model, the rollout clone) keeps the swapped class."""
+    clone = type(self).__new__(type(self))
+    memo[id(self)] = clone
+    clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+    return clone
+
+
 def _swap_class(module: torch.nn.Module, forward, tag: str) -> None:
     """Gives ``module`` a cached subclass of its class with ``forward`` (FSDP2's own technique)."""
     base = type(module)
@@ -86,7 +105,9 @@ def _swap_class(module: torch.nn.Module, forward, tag: str) -> None:
         return
     key = (base, tag)  # one subclass per class and tag: compiled forwards are shared by all blocks
     if key not in _SWAPPED:
-        _SWAPPED[key] = type(f"{tag}{base.__name__}", (base,), {"forward": forward, "_asyncrl_kernel": tag})
+        _SWAPPED[key] = type(f"{tag}{base.__name__}", (base,), {
+            "forward": forward, "_asyncrl_kernel": tag, "_asyncrl_base": getattr(base, "_asyncrl_base", base),
+            "__reduce_ex__": _reduce_as_base, "__deepcopy__": _deepcopy_keeping_class})
     module.__class__ = _SWAPPED[key]
 
 

@@ -4,6 +4,7 @@ themselves run only on a GPU (the interpreter cannot run them): the gpu-marked t
 with HF's modules there."""
 import copy
 import importlib
+import pickle
 
 import pytest
 import torch
@@ -36,19 +37,30 @@ def test_an_unlisted_architecture_is_never_patched():
     assert "is not one of" in kernels.liger_unsupported_reason(model)
 
 
+def _hook(*args):
+    return None
+
+
 def test_class_swap_keeps_names_hooks_deepcopy_and_the_cpu_numbers():
     """apply_liger on a CPU model: RMSNorms (incl. q/k norms) and MLPs get Liger subclasses; the
     parameter names and a forward hook survive; a deep copy keeps the classes; RoPE on CPU
     tensors still runs HF's function, so the outputs of the attention path are unchanged."""
     model = _model()
     names = [n for n, _ in model.named_parameters()]
-    model.model.layers[0].mlp.register_forward_hook(lambda *args: None)  # e.g. routing replay's hooks
+    model.model.layers[0].mlp.register_forward_hook(_hook)  # e.g. routing replay's hooks
     swapped = kernels.apply_liger(model)
     assert swapped == 2 * (2 + 2 + 1) + 1  # per layer: 2 norms, q/k norms, the MLP; the final norm
     assert [n for n, _ in model.named_parameters()] == names
     layer = model.model.layers[0]
     assert type(layer.mlp).__name__ == "LigerQwen3MLP" and isinstance(layer.mlp, type(_model().model.layers[0].mlp))
-    assert type(copy.deepcopy(model).model.norm).__name__ == "LigerQwen3RMSNorm"
+    clone = copy.deepcopy(model)
+    assert type(clone.model.norm).__name__ == "LigerQwen3RMSNorm"
+    assert clone.model.norm.weight is not model.model.norm.weight
+    torch.testing.assert_close(clone.model.norm.weight, model.model.norm.weight)
+    # pickled to another process (the rollout's) as HF's own classes, weights included
+    restored = pickle.loads(pickle.dumps(model))
+    assert type(restored.model.norm) is type(_model().model.norm)
+    torch.testing.assert_close(restored.lm_head.weight, model.lm_head.weight)
     modeling = importlib.import_module(kernels.LIGER_ARCHITECTURES["qwen3"])
     q, k = torch.randn(2, 1, 4, 3, 8).unbind(0)
     cos, sin = torch.randn(2, 1, 3, 8).unbind(0)
