@@ -210,7 +210,7 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     """HF attention-interface entry: query [1, H, T, D], key/value [1, Hkv, T, D] -> ([1, T, H, D], None)."""
     rows: VarlenRows = kwargs[KWARG]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    q = query[0].transpose(0, 1)
+    q = query[0].transpose(0, 1).contiguous()  # [T, H, D] (HF's layout already: a no-op copy)
     k = key[0].transpose(0, 1).index_select(0, rows.key_index)
     v = value[0].transpose(0, 1).index_select(0, rows.key_index)
     return attend(q, k, v, rows, scale).unsqueeze(0), None
