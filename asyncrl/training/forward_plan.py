@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import torch
+
 from asyncrl.training import kernels as kernel_lib
 from asyncrl.training import varlen
 
@@ -62,8 +64,9 @@ def _resolve_layout(choice: str, model, device, dtype, notes: list[str]) -> str:
     if choice == "auto" and device.type != "cuda":
         return "tree"  # the CPU default: short rows under the 4D mask, long rows padded
     reason = varlen.varlen_supported(model)
-    if reason is None and device.type == "cuda" and dtype.is_floating_point and dtype.itemsize == 2:
-        reason = varlen.probe_flash(device, dtype)
+    if reason is None and device.type == "cuda":
+        reason = varlen.probe_flash(device, dtype) if dtype in (torch.bfloat16, torch.float16) else \
+            f"a {dtype} model (FlashAttention's varlen kernel takes bf16/fp16)"
     if reason is None:
         return "varlen"
     if choice == "varlen" and varlen.varlen_supported(model) is not None:

@@ -216,12 +216,19 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     return attend(q, k, v, rows, scale).unsqueeze(0), None
 
 
+def _no_mask(*args, **kwargs):
+    """The varlen kernel needs no [T, T] mask: HF's mask builder gets None for this implementation."""
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def register() -> str:
-    """Registers ``varlen_attention`` with HF's attention interface (once); returns its name.
-    No mask function is registered, so HF builds no [T, T] mask for it."""
+    """Registers ``varlen_attention`` with HF's attention interface and a mask function that
+    builds nothing (once); returns its name."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(ATTENTION_NAME, varlen_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
     return ATTENTION_NAME
 
 

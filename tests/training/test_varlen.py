@@ -98,3 +98,34 @@ def test_a_deep_copy_keeps_the_plan(tiny_policy):
     model, _ = tiny_policy
     prepare_model(model, "eager", "varlen")
     assert plan_of(copy.deepcopy(model)).layout == "varlen"
+
+
+@pytest.mark.gpu
+def test_flash_varlen_equals_the_padded_layout_on_gpu():
+    """bf16 on CUDA: the probe passes, and FlashAttention's varlen layout gives the padded
+    layout's log-probs and gradients to bf16 rounding (uneven rows, two groups)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from asyncrl.training.varlen import probe_flash
+
+    assert probe_flash(torch.device("cuda"), torch.bfloat16) is None
+    torch.manual_seed(0)
+    base = Qwen3ForCausalLM(Qwen3Config(vocab_size=500, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32)).cuda().bfloat16()
+    ids = torch.randint(1, 500, (6, 60), device="cuda")
+    ids[3:, :20] = ids[3, :20]
+    ids[:3, :20] = ids[0, :20]
+    mask = torch.ones_like(ids)
+    mask[1, 50:] = 0
+    mask[4, 25:] = 0
+    results = []
+    for packing in ("padded", "varlen"):
+        model = copy.deepcopy(base)
+        assert prepare_model(model, "eager", packing).layout == packing
+        lp, ent = response_logprobs(model, ids, mask, 20, 0.9, with_entropy=True)
+        real = mask[:, 20:].bool()
+        ((lp - 0.01 * ent) * real).sum().backward()
+        results.append(((lp * real).float(), [p.grad.float() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=0.05, rtol=0.05)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert float((a - b).norm() / b.norm().clamp(min=1e-6)) < 0.05
