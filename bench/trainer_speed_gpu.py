@@ -208,9 +208,10 @@ def part_head_memory(checkpoint: Path, tokens: int) -> dict:
     return out
 
 
-def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: int) -> list[dict]:
+def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: int, rows: list):
+    """Fills ``rows``, yielding after each run (the caller saves then: a later failure or the
+    device's time limit keeps the earlier rows)."""
     runs = [("sync", "eager"), ("sync", "fused"), ("async", "fused")] + ([("trl", "-")] if with_trl else [])
-    rows = []
     for framework, plan in runs:
         out_json = work / f"peer_{framework}_{plan}.json"
         out_json.unlink(missing_ok=True)
@@ -221,6 +222,7 @@ def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: 
                                str(warmup + timed), str(out_json), str(work / f"{framework}_{plan}")], env=env)
         if proc.returncode != 0 or not out_json.is_file():
             rows.append({"framework": framework, "plan": plan, "error": f"exit {proc.returncode}"})
+            yield
             continue
         run = json.loads(out_json.read_text())
         summary = timed_summary(run, warmup)
@@ -232,11 +234,11 @@ def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: 
                "gpu_peak_gib": summary.get("gpu_peak_gib"), "process_s": time.perf_counter() - t0}
         print(f"[peer] {row}", flush=True)
         rows.append(row)
+        yield
     trl = next((r for r in rows if r["framework"] == "trl" and "error" not in r), None)
     for row in rows:
         if trl and "error" not in row:
             row["vs_trl"] = row["completions_per_s"] / trl["completions_per_s"]
-    return rows
 
 
 def environment() -> dict:
@@ -315,7 +317,9 @@ def main():
         out["head_memory"] = part_head_memory(checkpoint, 16 * response_tokens)
         save()
     if "peer" in parts:
-        out["peer"] = part_peer(checkpoint, work, args.trl, args.peer_warmup, args.peer_timed)
+        out["peer"] = []
+        for _ in part_peer(checkpoint, work, args.trl, args.peer_warmup, args.peer_timed, out["peer"]):
+            save()
     out["seconds"] = time.perf_counter() - start
     save()
     print(table(out), flush=True)
