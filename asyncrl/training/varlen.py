@@ -289,7 +289,7 @@ def _probe_once(device, dtype) -> Optional[str]:
         writer = _LayoutWriter()
         writer.group([1, 2, 3, 4, 5], [(0, [6, 7, 8]), (1, [9, 10])], 3)
         rows = writer.result(device)
-        T, K = rows.tokens, rows.key_index.shape[0]
+        T = rows.tokens
         q = torch.randn(T, 4, 64, generator=g).to(device, dtype).requires_grad_()
         kv = torch.randn(2, T, 2, 64, generator=g).to(device, dtype).requires_grad_()
         outs = []
