@@ -62,6 +62,34 @@ def liger_unsupported_reason(model) -> str | None:
         return "the model is not on a CUDA device (Liger's kernels are Triton GPU kernels)"
     if not liger_available():
         return "liger-kernel is not installed (pip install liger-kernel)"
+    return probe_liger(next(model.parameters()).device)
+
+
+def probe_liger(device) -> str | None:
+    """Runs Liger's three kernels once on ``device`` (bf16, forward and backward) against HF's
+    formulas; returns why they cannot be used (None: they match). Guards against a liger-kernel
+    release that does not run with this torch / triton."""
+    try:
+        from liger_kernel.ops import LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction
+        g = torch.Generator().manual_seed(0)
+        x, a, b = (torch.randn(2, 8, 64, generator=g).to(device, torch.bfloat16).requires_grad_() for _ in range(3))
+        w = torch.rand(64, generator=g).to(device, torch.bfloat16)
+        ref_norm = w * (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+        q = torch.randn(1, 4, 8, 64, generator=g).to(device, torch.bfloat16)
+        k = torch.randn(1, 2, 8, 64, generator=g).to(device, torch.bfloat16)
+        angle = torch.randn(1, 8, 32, generator=g).to(device)
+        cos, sin = (torch.cat([f(angle)] * 2, -1).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+        rotate = lambda t: torch.cat([-t[..., 32:], t[..., :32]], -1)  # noqa: E731
+        ref_swiglu, ref_rope = torch.nn.functional.silu(a) * b, q * cos[:, None] + rotate(q) * sin[:, None]
+        pairs = [(LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", False), ref_norm),  # refs first: the
+                 (LigerSiLUMulFunction.apply(a, b), ref_swiglu),  # kernels may write into their inputs
+                 (LigerRopeFunction.apply(q.clone(), k.clone(), cos, sin, None, 1)[0], ref_rope)]
+        for ours, ref in pairs:
+            if not torch.allclose(ours.float(), ref.float(), atol=5e-2, rtol=5e-2):
+                return f"Liger's kernels differ from HF's formulas by {float((ours.float() - ref.float()).abs().max()):.3g}"
+        torch.autograd.grad(sum(o.float().sum() for o, _ in pairs[:2]), (x, a, b))
+    except Exception as exc:  # noqa: BLE001 -- any failure means: keep HF's modules
+        return f"Liger's kernels failed here: {type(exc).__name__}: {str(exc)[:200]}"
     return None
 
 
