@@ -85,7 +85,7 @@ def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_b
     the cause) for an explicit choice that cannot run here."""
     param = next(model.parameters())
     notes: list[str] = []
-    resolved = kernel_lib.resolve_kernels(kernels, model)
+    resolved = kernel_lib.resolve_kernels(kernels, model, notes)
     layout = _resolve_layout(packing, model, param.device, param.dtype, notes)
     head = "triton" if kernels != "eager" and param.is_cuda and kernel_lib.triton_available() else "torch"
     if compile_blocks:

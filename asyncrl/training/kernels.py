@@ -93,9 +93,9 @@ def probe_liger(device) -> str | None:
     return None
 
 
-def resolve_kernels(choice: str, model) -> str:
-    """``actor.kernels`` -> "liger" or "eager". auto: Liger where it runs, else HF's modules;
-    liger: Liger or a ValueError naming the reason."""
+def resolve_kernels(choice: str, model, notes: list | None = None) -> str:
+    """``actor.kernels`` -> "liger" or "eager". auto: Liger where it runs, else HF's modules (on a
+    GPU the reason goes to ``notes``); liger: Liger or a ValueError naming the reason."""
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"actor.kernels must be one of {KERNEL_CHOICES}, got {choice!r}")
     if choice == "eager":
@@ -105,6 +105,8 @@ def resolve_kernels(choice: str, model) -> str:
         return "liger"
     if choice == "liger":
         raise ValueError(f"actor.kernels=liger: {reason}; use actor.kernels=auto or eager")
+    if notes is not None and next(model.parameters()).is_cuda:
+        notes.append(f"Liger off: {reason}")
     return "eager"
 
 
