@@ -136,7 +136,8 @@ class SandboxRun:
         self._work: Optional[Path] = None  # weak mode's host working directory
         self._stopped = False
         self._cleanup_fds: list[int] = []  # closed once the child holds them
-        self._out, self._err, self._status = (tempfile.TemporaryFile() for _ in range(3))
+        # stdout, stderr, the bootstrap's status line, bwrap's info (the sandbox init's pid)
+        self._out, self._err, self._status, self._info = (tempfile.TemporaryFile() for _ in range(4))
         self._cgroup, why_no_cgroup = RunCgroup.create(
             limits.memory_mb * _MB, limits.max_processes, limits.cpus, limits.cgroup_parent)
         if self._cgroup is None and not _cgroup_warned.is_set():
@@ -149,7 +150,8 @@ class SandboxRun:
             self._start = time.monotonic()
             self.process = subprocess.Popen(
                 argv, cwd=cwd, env=self._environment(env), stdin=subprocess.PIPE, stdout=self._out,
-                stderr=self._err, pass_fds=(*fds, *pass_fds, self._status.fileno()), start_new_session=True)
+                stderr=self._err, pass_fds=(*fds, *pass_fds, self._status.fileno(), self._info.fileno()),
+                start_new_session=True)
         except BaseException:
             self._close_all()
             raise
@@ -191,7 +193,8 @@ class SandboxRun:
             as_root = os.geteuid() == 0
             argv = [walls.bwrap_path(), *walls.namespace_flags(self.limits.network, as_root),
                     *walls.filesystem_flags(self.limits.disk_mb, self.limits.network), *file_flags,
-                    *walls.process_flags(as_root), "--seccomp", str(bwrap_seccomp[0]), "--", *python]
+                    *walls.process_flags(as_root), "--seccomp", str(bwrap_seccomp[0]),
+                    "--info-fd", str(self._info.fileno()), "--", *python]
             cwd = "/"
         if self._cgroup is not None:
             argv = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", *self._cgroup.procs_files, "--", *argv]
@@ -297,12 +300,39 @@ class SandboxRun:
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL the run's process group: bwrap, and with it (die-with-parent, PID
-        namespace) every process of the run; the cgroup, if any, is emptied on close."""
+        """SIGKILL the run. The sandbox's init (pid 1 of its PID namespace) goes first:
+        its death ends every process of the namespace, and bwrap, its parent, reaps it
+        and exits (killing bwrap first would leave the init to the host's pid 1 as a
+        zombie). Then the whole process group, whatever is left."""
+        init = self._sandbox_init()
+        if init is not None and self._launcher_running():  # its child's pid cannot be reused yet
+            try:
+                os.kill(init, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            deadline = time.monotonic() + 1.0
+            while self._launcher_running() and time.monotonic() < deadline:
+                time.sleep(0.002)
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def _sandbox_init(self) -> Optional[int]:
+        """The host pid of the namespace's init, from bwrap's --info-fd JSON."""
+        if self._weak:
+            return None
+        try:
+            info = json.loads(os.pread(self._info.fileno(), 4096, 0) or b"{}")
+            return int(info["child-pid"]) if "child-pid" in info else None
+        except (ValueError, OSError, TypeError):
+            return None
+
+    def _launcher_running(self) -> bool:
+        try:
+            return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        except ChildProcessError:
+            return False
 
     def _result(self, timed_out: bool, wall: float) -> SandboxResult:
         limit = self.limits.max_output_bytes
@@ -343,7 +373,7 @@ class SandboxRun:
             self._cgroup.close()
         elif self._weak and self._uid is not None:
             _kill_by_uid(self._uid)
-        for fh in (self._out, self._err, self._status):
+        for fh in (self._out, self._err, self._status, self._info):
             fh.close()
         if self._work is not None:
             _remove(self._work)

@@ -18,7 +18,7 @@ it. What the run sees:
     seccomp allow-list of ``seccomp_policy``, and death with its parent.
 
 A root caller starts bwrap as root so that the interpreter can switch to a throw-away
-uid (only CAP_SETUID/CAP_SETGID are kept, and the bootstrap drops them with the uid):
+uid (only CAP_SETUID/SETGID/SETPCAP are kept, and the bootstrap drops them with the uid):
 the run then owns no file on the host and shares its uid with nothing. An unprivileged
 caller gets the same walls through an unprivileged user namespace.
 
@@ -112,8 +112,8 @@ def filesystem_flags(disk_mb: int, network: bool = False) -> list[str]:
 def process_flags(as_root: bool) -> list[str]:
     flags = ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--cap-drop", "ALL",
              "--chdir", WORK_DIR, "--remount-ro", "/"]
-    if as_root:  # the bootstrap's setuid/setgid to the run's uid, dropped with it
-        flags += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    if as_root:  # the bootstrap's uid change and bounding-set drop; all gone after it
+        flags += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
     return flags
 
 

@@ -8,8 +8,9 @@ import asyncrl or torch. In order, it:
   1. (weak mode only) enters new PID and network namespaces where the kernel allows
      (``unshare``, via a user namespace for unprivileged callers) and forks under a
      reaping init, as the sandbox did before bubblewrap;
-  2. when the config names a uid (the caller is root): switches to it, which also
-     drops the two capabilities bubblewrap kept for this step;
+  2. when the config names a uid (the caller is root): empties the capability
+     bounding set, switches to the uid, and clears what capabilities are left (the
+     three bubblewrap kept for this step);
   3. sets resource limits, hard = soft so they cannot be raised: CPU seconds, address
      space, processes, file size, no core dumps;
   4. loads the seccomp filters (kernel mode: the no-exec stage, bubblewrap loaded the
@@ -107,6 +108,30 @@ def supervise() -> None:
             os._exit(code if code >= 0 else 128 - code)
 
 
+PR_CAPBSET_DROP = 24
+CAP_LAST = 63
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def clear_capabilities(bounding: bool) -> None:
+    """Empty the bounding set (needs CAP_SETPCAP, so before the uid change) or the
+    effective/permitted/inheritable sets (after it, when nothing is left to lose)."""
+    libc = _libc()
+    if bounding:
+        for cap in range(CAP_LAST + 1):
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the kernel's last cap
+        return
+    header = CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    libc.capset(ctypes.byref(header), ctypes.byref((CapData * 2)()))
+
+
 def drop_privileges(uid: int, keep_paths: bool) -> None:
     """Become ``uid``. With ``keep_paths`` (weak mode, where the Python installation may
     sit under a directory the uid cannot traverse, e.g. /root), sys.path entries become
@@ -123,9 +148,11 @@ def drop_privileges(uid: int, keep_paths: bool) -> None:
             if isinstance(paths, list):
                 paths[:] = [_relocate(p, moved) for p in paths]
         sys.path_importer_cache.clear()
+    clear_capabilities(bounding=True)
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
+    clear_capabilities(bounding=False)
     if keep_paths:  # /proc/self/fd must stay ours after the uid change
         _libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
@@ -253,6 +280,9 @@ def add_site_packages() -> None:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     add_site_packages()
+    # stdout/stderr are files: line buffering keeps what a killed program printed
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if cfg["mode"] == "weak":
         facts = isolate_weak(cfg["network"])
