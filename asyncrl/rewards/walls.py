@@ -85,17 +85,12 @@ def filesystem_flags(disk_mb: int, network: bool = False) -> list[str]:
             flags += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             flags += ["--ro-bind", host, host]
-    made = set()
+    made: set[str] = set()
     for root in python_roots():
-        # bwrap makes missing parents 0700; the run's uid must traverse them (/root, ~/.pyenv ...)
-        for parent in reversed(Path(root).parents[:-1]):
-            if str(parent) not in made:
-                made.add(str(parent))
-                flags += ["--perms", "0755", "--dir", str(parent)]
-        flags += ["--ro-bind", root, root]
+        flags += _traversable_parents(root, made) + ["--ro-bind", root, root]
     for path in _ETC_FILES + (_ETC_NETWORK if network else ()):
         if os.path.exists(path):
-            flags += ["--ro-bind", os.path.realpath(path), path]
+            flags += _traversable_parents(path, made) + ["--ro-bind", os.path.realpath(path), path]
     flags += ["--ro-bind", STANDALONE, BOOT_DIR, "--proc", "/proc",
               "--size", str(64 * 1024), "--perms", "0755", "--tmpfs", "/dev"]
     for device in _DEVICES:
@@ -106,6 +101,17 @@ def filesystem_flags(disk_mb: int, network: bool = False) -> list[str]:
               "--size", str(disk_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp",
               "--perms", "0777", "--dir", WORK_DIR,
               "--perms", "0755", "--dir", "/var", "--symlink", "/tmp", "/var/tmp"]
+    return flags
+
+
+def _traversable_parents(path: str, made: set[str]) -> list[str]:
+    """bwrap makes missing parents of a mount point 0700; the run's uid must traverse
+    them (/root, ~/.pyenv, /etc ...): make them 0755 first."""
+    flags = []
+    for parent in reversed(Path(path).parents[:-1]):
+        if str(parent) not in made:
+            made.add(str(parent))
+            flags += ["--perms", "0755", "--dir", str(parent)]
     return flags
 
 

@@ -302,15 +302,16 @@ class Runner:
             self.setup_error = f"the program failed to load: {error.get('type')}: {error.get('message')}"
             return base
         snippets = [t for t in self.spec["tests"] if isinstance(t, str)]
-        wanted = (used_names(snippets) | stubs | set(filter(None, [self.spec.get("entry_point")])))
-        wanted -= set(dir(builtins))
-        wanted -= set(base) - stubs
+        forced = stubs | set(filter(None, [self.spec.get("entry_point")]))
+        wanted = (used_names(snippets) - set(dir(builtins)) - set(base)) | forced
         reply = self.conn.request("get", names=sorted(wanted))
         if "error" in reply:
             raise_candidate_error(reply["error"])
         values = decode_value(reply.get("value"), self.conn)
         if isinstance(values, dict):
             base.update({k: v for k, v in values.items() if isinstance(k, str) and k in wanted})
+            for name in forced - set(values):
+                base.pop(name, None)  # a stub the candidate did not define: a NameError, not the stub
         if prefix_error:
             base["__prefix_error__"] = prefix_error
         return base
