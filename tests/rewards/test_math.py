@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.eval.answers import last_boxed
 from asyncrl.rewards.math import extract_gsm8k, math_reward
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -15,16 +16,6 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data not pr
 def _rows(relative: str) -> list[dict]:
     with open(DATA / relative, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
-
-
-def _last_boxed(text: str) -> str:
-    """The content of the last \\boxed{...}, braces balanced."""
-    start = text.rindex("\\boxed{") + len("\\boxed{")
-    depth, end = 1, start
-    while depth:
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        end += 1
-    return text[start:end - 1]
 
 
 def _gsm8k_sample() -> list[dict]:
@@ -63,7 +54,7 @@ def test_competition_answers_score_one_and_perturbed_zero(name):
 def test_minerva_solutions_score_one_against_their_boxed_answer():
     rows = _rows("math_eval/minerva_math.jsonl")
     failures = [row["solution"][-120:] for row in rows
-                if math_reward(row["problem"], row["solution"], answer=_last_boxed(row["solution"])) != 1.0]
+                if math_reward(row["problem"], row["solution"], answer=last_boxed(row["solution"])) != 1.0]
     assert failures == []
 
 
