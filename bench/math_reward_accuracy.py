@@ -4,8 +4,9 @@
 
 For each row the reference solution (or the answer written as a model would) must score
 1 against the reference answer, and the answer plus one must score 0 (numeric answers).
-Reports, per file, the accuracy of both checks and the p50 / p99 / max seconds per call
-(parse + compare of the response, one process, main thread: the 0.5 s budget applies)
+Reports, per file, the accuracy of both checks and the p50 / p99 / max seconds per call,
+wall and CPU (parse + compare of the response, one process, main thread: the budget of
+0.5 CPU-seconds applies)
 with the reference already parsed, as for the G samples of a group; the reference's own
 parse (once per prompt, cached, outside the budget: it is trusted data) is reported
 apart. Then the same for adversarial answers that used to take seconds. Exits non-zero
@@ -50,10 +51,11 @@ def cases(name: str):
             yield f"The answer is $\\boxed{{{float(answer) + 1:g}}}$.", answer, 0.0
 
 
-def timed(response: str, gold) -> tuple[float, float]:
-    start = time.perf_counter()
+def timed(response: str, gold) -> tuple[float, float, float]:
+    """(score, wall seconds, CPU seconds) of one call."""
+    start, cpu = time.perf_counter(), time.process_time()
     score = math_reward("", response, answer=gold)
-    return score, time.perf_counter() - start
+    return score, time.perf_counter() - start, time.process_time() - cpu
 
 
 def gold_parse_seconds(gold) -> float:
@@ -80,17 +82,20 @@ def main() -> int:
         triples = list(cases(name))
         gold_seconds = [gold_parse_seconds(gold) for gold in dict.fromkeys(str(g) for _, g, _ in triples)]
         results = [(timed(response, gold), want) for response, gold, want in triples]
-        seconds = [s for (_, s), _ in results]
-        wrong = sum(score != want for (score, _), want in results)
+        seconds = [s for (_, s, _), _ in results]
+        cpu = [c for (_, _, c), _ in results]
+        wrong = sum(score != want for (score, _, _), want in results)
         all_right &= wrong == 0
         report["files"][name] = {"calls": len(results), "wrong": wrong, "p50_s": percentile(seconds, 0.5),
                                  "p99_s": percentile(seconds, 0.99), "max_s": max(seconds),
+                                 "p99_cpu_s": percentile(cpu, 0.99), "max_cpu_s": max(cpu),
                                  "reference_parse_p99_s": percentile(gold_seconds, 0.99),
                                  "reference_parse_max_s": max(gold_seconds)}
         print(name, report["files"][name], flush=True)
     adversarial = [timed(r, "5") for r in PATHOLOGICAL]
-    report["pathological"] = {"answers": PATHOLOGICAL, "scores": [s for s, _ in adversarial],
-                              "seconds": [t for _, t in adversarial], "max_s": max(t for _, t in adversarial)}
+    report["pathological"] = {"answers": [a[:40] for a in PATHOLOGICAL], "scores": [s for s, _, _ in adversarial],
+                              "seconds": [t for _, t, _ in adversarial], "max_s": max(t for _, t, _ in adversarial),
+                              "cpu_seconds": [c for _, _, c in adversarial], "max_cpu_s": max(c for _, _, c in adversarial)}
     report["load_after"] = os.getloadavg()[0]
     print(json.dumps(report, indent=2))
     if args.json:

@@ -20,7 +20,7 @@ What we add around it:
     digits to compare (``(10!)!``, ``10^{10^{10}}``) is refused before sympy evaluates
     it (a C-level bignum loop cannot be interrupted), and in the main thread (a
     process-mode pool worker, a script) a timer stops parse + compare after
-    ``time_limit_s`` (0.5 s): either way the answer scores 0.
+    ``time_limit_s`` (0.5 s of CPU time): either way the answer scores 0.
 """
 from __future__ import annotations
 
@@ -116,8 +116,14 @@ def _compare(gold_parsed: tuple, found: FinalAnswer) -> bool:
 
 @contextmanager
 def _time_budget(seconds: float):
-    """Raise _OutOfTime in this block after ``seconds`` (main thread only: a signal
-    timer; elsewhere the cost screen is the only bound)."""
+    """Raise _OutOfTime in this block once it has used ``seconds`` of CPU time.
+
+    CPU time (ITIMER_PROF), not wall time: the cost of an answer is what it burns, and
+    on a loaded machine a correct answer's wall time stretches while its CPU time does
+    not. A signal timer needs the main thread; elsewhere the cost screen is the bound.
+    The process's CPU time counts all its threads: in a busy multi-threaded process the
+    budget runs out sooner (process-mode pool workers are single-threaded).
+    """
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -125,13 +131,13 @@ def _time_budget(seconds: float):
     def out_of_time(signum, frame):
         raise _OutOfTime()
 
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, out_of_time)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _too_costly(expr) -> bool:

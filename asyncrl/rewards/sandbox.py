@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from asyncrl.rewards import walls
+from asyncrl.rewards import seccomp_policy, walls
 from asyncrl.rewards.cgroup import RunCgroup
 from asyncrl.rewards.walls import SandboxUnavailable
 
@@ -162,49 +162,46 @@ class SandboxRun:
     # -- the command ----------------------------------------------------------------
 
     def _command(self, main: str, files: dict[str, str], boot_main: bool) -> tuple[list[str], str, list[int]]:
+        """(argv, cwd, descriptors the child needs): [cgroup join] [bwrap ...] python boot.py cfg."""
         seccomp = self._seccomp_programs()
-        root = walls.BOOT_DIR if not self._weak else walls.STANDALONE
-        if self._weak:
-            work = self._weak_workdir(files)
-            writable = work
-        else:
-            work, writable = walls.WORK_DIR, "/tmp"
+        root = walls.STANDALONE if self._weak else walls.BOOT_DIR
+        work, writable = (self._weak_workdir(files),) * 2 if self._weak else (walls.WORK_DIR, "/tmp")
         cfg = {
             "mode": self.limits.isolation, "uid": self._uid, "network": self.limits.network,
-            "status_fd": self._status.fileno(), "seccomp_fds": [fd for fd, _ in seccomp if _ == "boot"],
+            "status_fd": self._status.fileno(), "seccomp_fds": [fd for fd, role in seccomp if role == "boot"],
             "cpu_s": max(1, int(self.limits.cpu_time_s)), "memory_bytes": int(self.limits.memory_mb * _MB),
             "nproc": self._nproc_limit(), "fsize_bytes": int(self.limits.max_file_mb * _MB),
             "writable_root": writable, "main": os.path.join(root if boot_main else work, main),
         }
         # -S: site-packages are added by the bootstrap without running their .pth hooks,
         # which cost more than the interpreter's own start on a loaded machine.
-        python = [os.path.realpath(sys.executable), "-I", "-S", os.path.join(root, "boot.py"), json.dumps(cfg)]
-        fds = [fd for fd, _ in seccomp]
-        if self._weak:
-            argv, cwd = python, work
-        else:
-            file_flags = []
-            for name, text in files.items():
-                fd = _memfd(name, text.encode("utf-8"))
-                self._cleanup_fds.append(fd)
-                fds.append(fd)
-                file_flags += ["--perms", "0644", "--file", str(fd), _inside(name)]
-            bwrap_seccomp = [fd for fd, role in seccomp if role == "bwrap"]
-            as_root = os.geteuid() == 0
-            argv = [walls.bwrap_path(), *walls.namespace_flags(self.limits.network, as_root),
-                    *walls.filesystem_flags(self.limits.disk_mb, self.limits.network), *file_flags,
-                    *walls.process_flags(as_root), "--seccomp", str(bwrap_seccomp[0]),
-                    "--info-fd", str(self._info.fileno()), "--", *python]
-            cwd = "/"
+        argv = [os.path.realpath(sys.executable), "-I", "-S", os.path.join(root, "boot.py"), json.dumps(cfg)]
+        fds = [fd for fd, _role in seccomp]
+        cwd = work
+        if not self._weak:
+            bwrap_seccomp = next(fd for fd, role in seccomp if role == "bwrap")
+            argv, cwd = self._bwrap_argv(files, bwrap_seccomp, fds) + ["--"] + argv, "/"
         if self._cgroup is not None:
             argv = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", *self._cgroup.procs_files, "--", *argv]
         return argv, cwd, fds
 
+    def _bwrap_argv(self, files: dict[str, str], seccomp_fd: int, fds: list[int]) -> list[str]:
+        """bwrap and its flags (``walls``), with ``files`` copied into the working
+        directory from in-memory descriptors (appended to ``fds``)."""
+        file_flags = []
+        for name, text in files.items():
+            fd = _memfd(name, text.encode("utf-8"))
+            self._cleanup_fds.append(fd)
+            fds.append(fd)
+            file_flags += ["--perms", "0644", "--file", str(fd), _inside(name)]
+        as_root = os.geteuid() == 0
+        return [walls.bwrap_path(), *walls.namespace_flags(self.limits.network, as_root),
+                *walls.filesystem_flags(self.limits.disk_mb, self.limits.network), *file_flags,
+                *walls.process_flags(as_root), "--seccomp", str(seccomp_fd), "--info-fd", str(self._info.fileno())]
+
     def _seccomp_programs(self) -> list[tuple[int, str]]:
         """(fd, who loads it): bwrap loads the allow-list, the bootstrap the no-exec stage.
         Weak mode: the bootstrap loads both when libseccomp is here, else none."""
-        from asyncrl.rewards import seccomp_policy
-
         try:
             programs = [seccomp_policy.python_allowlist(self.limits.network), seccomp_policy.no_exec()]
         except seccomp_policy.SeccompUnavailable as err:

@@ -122,9 +122,9 @@ def test_last_number_fallback_is_opt_in():
 ])
 def test_pathological_answers_cost_at_most_about_half_a_second(response):
     math_reward("", "\\boxed{5}", answer="5")  # math-verify imported and warm
-    start = time.perf_counter()
+    start = time.process_time()
     assert math_reward("", response, answer="5") == 0.0
-    assert time.perf_counter() - start < 1.5  # 0.5 s budget, slack for a loaded shared machine
+    assert time.process_time() - start < 1.0  # a 0.5 CPU-second budget (plus extraction, screening)
 
 
 def test_pathological_answers_are_screened_off_the_main_thread_too():
