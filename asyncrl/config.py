@@ -383,7 +383,8 @@ class HealthConfig:
     enabled: bool = field_spec(True, help="run the health monitors each step")
     warmup_steps: int = field_spec(5, ge=0, help="steps before trend monitors form their baseline")
     window: int = field_spec(5, ge=1, help="steps per smoothing window (medians, pooled samples)")
-    repeat_every: int = field_spec(20, ge=1, help="re-print a monitor that keeps firing every N steps")
+    repeat_every: int = field_spec(0, ge=0, help="re-print a monitor that keeps firing every N steps "
+                                                 "(0: an episode is printed once when it starts and once when it ends)")
     kl_budget: float = field_spec(0.1, gt=0, help="kl/ref (nats/token) allowed before warning")
     hacking_min_reward_rise: float = field_spec(0.05, ge=0, help="train reward rise since the best eval...")
     hacking_min_accuracy_drop: float = field_spec(0.05, gt=0, help="...while eval/accuracy fell this far below its best")
@@ -404,7 +405,7 @@ class HealthConfig:
 @dataclass
 class LoggingConfig:
     output_dir: str = "runs"
-    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<name>)")
+    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<job>-<name>, job: train/sft/eval/dpo)")
     tensorboard: bool = True
     progress: bool = True
     memory: bool = field_spec(True, help="peak memory per stage (memory/<stage>_peak_mib)")

@@ -90,7 +90,7 @@ def _evaluate(cfg, source, model_path: Path) -> dict:
     examples = source.heldout_examples()
     if not examples:
         raise ConfigError("nothing to evaluate: set data.path, data.preset, data.eval_path or data.eval_preset")
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(cfg, job="eval")
     console.print(f"[bold]asyncrl eval[/] {model_path} on [cyan]{source.name}[/] ({len(examples)} prompts, "
                   f"k={cfg.eval.k}) -> {run_dir}")
     tokenizer, backend = load_backend(cfg, model_path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
@@ -55,25 +56,29 @@ def run_training(cfg) -> dict:
 
 def _train(cfg, source) -> dict:
     wall_start = time.perf_counter()
-    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
+    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]", job="train")
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
-    def evaluate() -> dict:
+    def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
         trainer's current weights. The sync controller pushes them into ``backend`` after each
         update; the async one generates with a backend of its own, so ``backend`` (an engine
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
-        start. A no-op copy for HF generate sharing the trainer's tensors."""
+        start. A no-op copy for HF generate sharing the trainer's tensors. ``samples`` receives
+        a few (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
         backend.update_weights(model.named_parameters(), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
-        result = {"accuracy": heldout_accuracy(*common, encode=encode)}
+        record = samples if samples is not None else {}
+        result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []))}
         if cfg.trainer.eval_samples:
             result["sampled_accuracy"] = heldout_accuracy(*common, encode=encode, temperature=cfg.rollout.temperature,
-                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed)
+                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed,
+                                                          record=record.setdefault("sampled", []))
         return result
 
-    before = evaluate()
+    before_samples: dict = {}
+    before = evaluate(before_samples)
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
     controller = build_controller(cfg, model, backend, tokenizer, source, encode)
@@ -83,7 +88,8 @@ def _train(cfg, source) -> dict:
         from asyncrl.metrics.wandb_sink import WandbSink
         sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),
                                      cfg.logging.wandb_mode, cfg.logging.wandb_entity))
-    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl")
+    _write_samples(sinks, 0, before_samples)
+    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
     try:
@@ -93,11 +99,12 @@ def _train(cfg, source) -> dict:
                 metrics = {**controller.step(step), **source.step_metrics()}  # + reward/<name>, failures
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
-                    metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
-                # async: generation runs beside the trainer, its busy time is async/rollout_seconds
-                rollout_s = metrics.get("async/rollout_seconds", controller.timer.step_seconds["rollout"])
-                metrics.update(profile.observe(controller.timer.step_seconds, rollout_seconds=rollout_s,
-                                               rollout_tokens=metrics["throughput/rollout_tokens_per_s"] * rollout_s))
+                    samples: dict = {}
+                    result = evaluate(samples)
+                    metrics.update({f"eval/{k}": v for k, v in result.items()})
+                    _write_samples(sinks, step, samples)
+                    progress.print(f"step {step}: held-out accuracy {_fmt(result)} (before RL: {_fmt(before)})")
+                metrics.update(profile.observe_row(metrics))  # the same row metrics.jsonl gets
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())
@@ -113,8 +120,11 @@ def _train(cfg, source) -> dict:
         sinks.close()
         if cfg.runtime.mode == "async":
             controller.close()  # stop the rollout side before the final eval and checkpoint
+    if cfg.health.enabled:
+        health.finish(console)  # episodes still open, once, with their counts
     rl_seconds = time.perf_counter() - rl_start
-    after = evaluate()
+    after_samples: dict = {}
+    after = evaluate(after_samples)
     final_accuracy = after["accuracy"]
     checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
     gain = final_accuracy - sft_accuracy if heldout else None
@@ -124,17 +134,22 @@ def _train(cfg, source) -> dict:
         "sft_sampled_accuracy": before.get("sampled_accuracy"), "final_sampled_accuracy": after.get("sampled_accuracy"),
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": time.perf_counter() - wall_start,
-        "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
+        "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),
         "checkpoint": str(checkpoint),
         "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    _write_final_samples(run_dir, steps_done, after_samples, cfg.logging.tensorboard)
     console.print(summary_table(summary))
-    console.print(profile_table(profile))
-    console.print(headline(profile))
+    console.print(profile_table(summary["profile"]))
+    console.print(headline(summary["profile"]))
     if cfg.logging.report:
         from asyncrl.metrics.report import write_report
+        from asyncrl.metrics.report_plots import available
+        if not available():
+            console.print("[yellow]report written without plots: matplotlib is not installed "
+                          "(pip install 'asyncrl[report]')[/]")
         console.print(f"report: {write_report(run_dir)}")
     if heldout:
         console.print(f"held-out accuracy before RL: {_fmt(before)}")
@@ -149,6 +164,22 @@ def build_controller(cfg, model, backend, tokenizer, source, encode):
     if cfg.runtime.mode == "async":
         return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode)
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
+
+
+def _write_samples(sinks: MetricSinks, step: int, samples: dict) -> None:
+    """The eval's recorded completions, one tag per kind (``samples/greedy``, ``samples/sampled``)."""
+    for kind, rows in samples.items():
+        if rows:
+            sinks.write_samples(step, f"samples/{kind}", rows)
+
+
+def _write_final_samples(run_dir: Path, step: int, samples: dict, tensorboard: bool) -> None:
+    """The final eval's completions (the step sinks are closed by then): samples.jsonl, TensorBoard."""
+    sinks = MetricSinks(run_dir, tensorboard)
+    try:
+        _write_samples(sinks, step, samples)
+    finally:
+        sinks.close()
 
 
 def _gains(before: dict, after: dict) -> str:

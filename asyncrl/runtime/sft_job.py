@@ -21,7 +21,7 @@ from asyncrl.training.sft import run_sft
 
 
 def run_sft_job(cfg) -> dict:
-    device, run_dir = start_run(cfg, "[bold]asyncrl sft[/]")
+    device, run_dir = start_run(cfg, "[bold]asyncrl sft[/]", job="sft")
     task = build_task(cfg.task, cfg.seed)
     if cfg.model.path:
         model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
