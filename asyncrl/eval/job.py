@@ -20,7 +20,7 @@ from asyncrl.eval.benchmark import evaluate_examples, result_record, summarize
 from asyncrl.metrics.console import console
 from asyncrl.runtime.run_dir import make_run_dir
 from asyncrl.training.checkpoint import latest_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy, resolve_device
+from asyncrl.training.model import load_policy, quiet_transformers, resolve_device
 from asyncrl.types import SamplingParams
 from asyncrl.rollout.registry import resolve_backend_name_for_path
 
@@ -86,6 +86,7 @@ def run_eval(cfg) -> dict:
 
 def _evaluate(cfg, source, model_path: Path) -> dict:
     start = time.perf_counter()
+    quiet_transformers()
     torch.set_num_threads(cfg.trainer.torch_threads)
     examples = source.heldout_examples()
     if not examples:

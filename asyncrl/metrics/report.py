@@ -91,6 +91,7 @@ def render(run: RunData) -> str:
                  + figure(lambda: plots.heldout_accuracy(rows, run.summary), "held-out accuracy",
                           "no held-out evaluation in this run")
                  + figure(lambda: plots.reward(rows), "train reward")),
+        *([_section("SFT loss", figure(lambda: plots.sft_loss(rows), "SFT loss"))] if plots.has(rows, "sft/loss") else []),
         _section("Stage profile", _profile_html(profile)),
         _section("Health", _health_html(run.events, run.events_replayed)),
         _section("Sampled completions", _samples_html(run.samples)),

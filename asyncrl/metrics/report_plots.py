@@ -150,6 +150,16 @@ def heldout_accuracy(rows: Rows, summary: Mapping) -> Optional[bytes]:
     return _png(fig)
 
 
+def sft_loss(rows: Rows) -> Optional[bytes]:
+    """``asyncrl sft``: the NLL of the response tokens per step, smoothed over the raw values."""
+    if not has(rows, "sft/loss"):
+        return None
+    fig, ax = _figure("SFT loss", "nats / token")
+    _smoothed(ax, *series(rows, "sft/loss"), "sft/loss")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
 def kl(rows: Rows) -> Optional[bytes]:
     return _lines(rows, ("kl/ref", "actor/kl_loss", "actor/ppo_kl"), "KL", "nats / token")
 

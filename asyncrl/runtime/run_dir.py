@@ -9,7 +9,7 @@ import torch
 
 from asyncrl.config import config_to_yaml
 from asyncrl.metrics.console import console
-from asyncrl.training.model import resolve_device
+from asyncrl.training.model import quiet_transformers, resolve_device
 
 
 def make_run_dir(cfg, job: str = "train") -> Path:
@@ -31,6 +31,7 @@ def make_run_dir(cfg, job: str = "train") -> Path:
 def start_run(cfg, header: str, job: str = "train") -> tuple[torch.device, Path]:
     """What every job (train, sft, dpo) does first: torch threads and seed from the config,
     the device, the run directory; prints ``header -> run_dir``. Returns (device, run_dir)."""
+    quiet_transformers()
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.seed)
     run_dir = make_run_dir(cfg, job)

@@ -28,8 +28,19 @@ def build_tiny_model(tiny_cfg, tokenizer, seed: int) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(config)
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' per-file "Loading weights" / "Writing model shards" bars (noise
+    around our own progress bar), keeping the hub's download bars, which show real waiting."""
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # also turns the hub's off...
+    enable_progress_bars()             # ...which a download should keep
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer) from a local HF checkpoint directory."""
+    quiet_transformers()
     path = str(path)
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model path '{path}' is not a directory with config.json and weights")
