@@ -74,12 +74,17 @@ class TaskConfig:
 class DataConfig:
     """Prompts from a dataset file (asyncrl.data.sources) instead of the synthetic ``task``.
 
-    ``preset`` names a reference set in ../shared/data (its field mapping, its evaluation
-    prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
+    ``preset`` names a set that ships with asyncrl (asyncrl/data/sets: its field mapping, its
+    evaluation prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
     """
 
-    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file or HF save_to_disk dir; "
-                                                "null with preset null: the synthetic task")
+    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file, HF save_to_disk dir, or a Hugging "
+                                                "Face Hub dataset id (openai/gsm8k); null with preset null: the "
+                                                "synthetic task")
+    subset: Optional[str] = field_spec(None, help="a Hub dataset's configuration name (openai/gsm8k: main)")
+    split: str = field_spec("train", help="the training split of a dataset dict (Hub id or save_to_disk dir)")
+    eval_split: str = field_spec("test", help="a dataset dict's held-out split, used when eval_path and "
+                                              "eval_preset are null")
     format: Optional[str] = field_spec(None, choices=("jsonl", "json", "parquet", "csv", "hf"),
                                        help="null: from the extension")
     preset: Optional[str] = field_spec(None, choices=("gsm8k", "aime24", "amc23", "math_eval", "minerva_math"))

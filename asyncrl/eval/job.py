@@ -19,23 +19,10 @@ from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.benchmark import evaluate_examples, result_record, summarize
 from asyncrl.metrics.console import console
 from asyncrl.runtime.run_dir import make_run_dir
-from asyncrl.training.checkpoint import latest_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy, quiet_transformers, resolve_device
+from asyncrl.training.checkpoint import write_atomic_text
+from asyncrl.training.model import load_policy, quiet_transformers, resolve_device, resolve_model_path  # noqa: F401
 from asyncrl.types import SamplingParams
 from asyncrl.rollout.registry import resolve_backend_name_for_path
-
-
-def resolve_model_path(path: str) -> Path:
-    """An HF model directory: ``path`` itself, or the latest checkpoint of a run directory."""
-    given = Path(path)
-    if (given / "config.json").is_file():
-        return given
-    for run_dir in (given, given.parent):  # a run dir, or its checkpoints/ dir
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is not None:
-            return checkpoint
-    raise ConfigError(f"model.path={path!r} is neither an HF model directory (config.json) nor a run "
-                      "directory with checkpoints/latest")
 
 
 def load_backend(cfg, model_path: Path):

@@ -22,15 +22,16 @@ from asyncrl.runtime.run_dir import start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy
+from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
 
 
 def prepare_policy(cfg, task, device, announce: bool = True):
     """(model, tokenizer, info): a local checkpoint, or the tiny model warm-started by SFT."""
-    if cfg.model.path:
-        model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-        return model, tokenizer, {"model_path": cfg.model.path}
+    if cfg.model.path:  # a checkpoint dir, a run dir (its latest checkpoint) or a Hub id
+        path = resolve_model_path(cfg.model.path)
+        model, tokenizer = load_policy(path, cfg.model.dtype, device)
+        return model, tokenizer, {"model_path": str(path)}
     if announce:
         console.print(f"[dim]warm start: tiny Qwen3 + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
     path, info = tiny_checkpoint(cfg, task, device)

@@ -3,13 +3,22 @@
 A tiny model is a ``Qwen3ForCausalLM`` built from a config with random weights; it is
 saved with ``save_pretrained`` (safetensors) and loaded back with
 ``AutoModelForCausalLM.from_pretrained`` exactly like a real local checkpoint.
+
+``model.path`` may be an HF checkpoint directory, a run directory or its ``checkpoints/``
+(the latest checkpoint), or a Hugging Face Hub id (``Qwen/Qwen2.5-0.5B-Instruct``), which
+``huggingface_hub.snapshot_download`` brings into the HF cache once (offline afterwards,
+``HF_HUB_OFFLINE=1``) as vLLM does, so everything downstream reads a local directory.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from asyncrl.config_schema import ConfigError
+from asyncrl.training.checkpoint import latest_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,12 +47,42 @@ def quiet_transformers() -> None:
     enable_progress_bars()             # ...which a download should keep
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: What a causal LM checkpoint needs from a Hub repo (not its .bin/.pth/.onnx/.gguf duplicates).
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """A local HF model directory for ``model.path``: the directory itself (config.json), the
+    latest checkpoint of a run directory (or of its checkpoints/), or the cached snapshot of a
+    Hub id. Anything else is a one-line :class:`ConfigError` naming what was looked for."""
+    given = Path(path).expanduser()
+    if (given / "config.json").is_file():
+        return given
+    for run_dir in (given, given.parent):  # a run dir, or its checkpoints/ dir
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is not None:
+            return checkpoint
+    if given.exists() or not _HUB_ID.match(str(path)):
+        raise ConfigError(f"model.path={str(path)!r} is neither an HF model directory (config.json) nor a run "
+                          "directory with checkpoints/latest, nor a Hugging Face Hub id (org/name)")
+    return _hub_snapshot(str(path))
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as err:  # offline without a cache, unknown or gated repo, network down
+        raise ConfigError(f"model.path={repo_id!r}: no such local directory, and the Hugging Face Hub could not "
+                          f"provide it ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) from a local HF checkpoint directory."""
+    """(model, tokenizer) from ``path`` as :func:`resolve_model_path` reads it."""
     quiet_transformers()
-    path = str(path)
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"model path '{path}' is not a directory with config.json and weights")
+    path = str(resolve_model_path(path))
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device)
     if tokenizer.pad_token_id is None:
