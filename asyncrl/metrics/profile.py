@@ -254,12 +254,14 @@ def profile_rows(summary: Mapping) -> list[list[str]]:
 
 PROFILE_HEADER = ("stage", "total s", "share of wall", "s/step", "step speed-up if 2x faster",
                   "if 5x faster", "if free")
+#: The console's narrower header (an 80-column terminal must show every number).
+CONSOLE_HEADER = ("stage", "total s", "share", "s/step", "2x", "5x", "free")
 
 
 def profile_table(summary: Mapping, title: str = "stage profile") -> Table:
     """A rich table of :func:`profile_rows` with :func:`throughput_line` as its caption."""
-    table = Table(title=f"{title} (step speed-up if the stage gets k times faster)", show_header=True)
-    for name in PROFILE_HEADER:
+    table = Table(title=f"{title}: step speed-up if the stage gets 2x, 5x faster or free", show_header=True)
+    for name in CONSOLE_HEADER:
         table.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
     for row in profile_rows(summary):
         table.add_row(*row)
