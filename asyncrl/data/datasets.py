@@ -26,11 +26,11 @@ from __future__ import annotations
 import csv
 import json
 import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+from asyncrl.hub import is_hub_id
 from asyncrl.types import Example
 
 FORMATS = ("jsonl", "json", "parquet", "csv", "hf")
@@ -42,16 +42,6 @@ class DatasetError(ValueError):
 
 class MissingSplitError(DatasetError):
     """A dataset dict has no split of the requested name (e.g. no ``test`` split)."""
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")
-
-
-def is_hub_id(path: Union[str, Path]) -> bool:
-    """True for ``org/name`` that is not a local path nor a data file name: a Hub dataset."""
-    text = str(path)
-    return bool(_HUB_ID.match(text)) and not Path(text).exists() and not text.lower().endswith(_FILE_SUFFIXES)
 
 
 @dataclass

@@ -42,13 +42,14 @@ def prepare_policy(cfg, task, device, announce: bool = True):
     return model, tokenizer, {"model_path": str(path), **info}
 
 
-def run_training(cfg) -> dict:
+def run_training(cfg, source=None) -> dict:
     """Run ``asyncrl train``; returns the summary also written to ``summary.json``.
 
-    The prompt source (synthetic task, or dataset + reward pool) is built first, so bad
-    data or reward names fail before any model loads; its pool is closed at the end.
+    The prompt source (synthetic task, or dataset + reward pool; ``source`` when the Python
+    API built it from Python objects) is built first, so bad data or reward names fail
+    before any model loads; its pool is closed at the end.
     """
-    source = build_prompt_source(cfg)
+    source = source if source is not None else build_prompt_source(cfg)
     try:
         return _train(cfg, source)
     finally:

@@ -11,13 +11,13 @@ saved with ``save_pretrained`` (safetensors) and loaded back with
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from asyncrl.config_schema import ConfigError
+from asyncrl.hub import HubError, is_hub_id, model_snapshot
 from asyncrl.training.checkpoint import latest_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,11 +47,6 @@ def quiet_transformers() -> None:
     enable_progress_bars()             # ...which a download should keep
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-#: What a causal LM checkpoint needs from a Hub repo (not its .bin/.pth/.onnx/.gguf duplicates).
-HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
-
-
 def resolve_model_path(path: str | Path) -> Path:
     """A local HF model directory for ``model.path``: the directory itself (config.json), the
     latest checkpoint of a run directory (or of its checkpoints/), or the cached snapshot of a
@@ -63,20 +58,13 @@ def resolve_model_path(path: str | Path) -> Path:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             return checkpoint
-    if given.exists() or not _HUB_ID.match(str(path)):
+    if not is_hub_id(str(path)):
         raise ConfigError(f"model.path={str(path)!r} is neither an HF model directory (config.json) nor a run "
                           "directory with checkpoints/latest, nor a Hugging Face Hub id (org/name)")
-    return _hub_snapshot(str(path))
-
-
-def _hub_snapshot(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
-    except Exception as err:  # offline without a cache, unknown or gated repo, network down
-        raise ConfigError(f"model.path={repo_id!r}: no such local directory, and the Hugging Face Hub could not "
-                          f"provide it ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        return model_snapshot(str(path))
+    except HubError as err:
+        raise ConfigError(f"model.path={err}") from None
 
 
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
