@@ -44,6 +44,8 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
+    """The policy: a checkpoint (dir, run dir or Hub id), or the tiny model built from ``tiny``."""
+
     path: Optional[str] = field_spec(None, help="local HF checkpoint dir; null builds model.tiny")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = field_spec("float32", choices=("float32", "bfloat16", "float16"))
@@ -172,6 +174,8 @@ class SFTConfig:
 
 @dataclass
 class RolloutConfig:
+    """Generation: the rollout backend, samples per prompt (the group), sampling parameters."""
+
     backend: str = field_spec("auto", choices=("auto", "engine", "hf"),
                               help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate")
     n: int = field_spec(8, ge=1, help="samples per prompt (GRPO group size)")
@@ -307,6 +311,8 @@ class DPOConfig:
 
 @dataclass
 class ActorConfig:
+    """The policy update: optimizer, PPO epochs, mini- and micro-batches."""
+
     lr: float = field_spec(1e-4, gt=0)
     weight_decay: float = field_spec(0.0, ge=0)
     betas: list[float] = field_spec(default_factory=lambda: [0.9, 0.999])
@@ -320,6 +326,8 @@ class ActorConfig:
 
 @dataclass
 class TrainerConfig:
+    """The RL loop: steps, prompts per step, held-out evals, checkpoints, device."""
+
     steps: int = field_spec(100, ge=0, help="RL steps")
     prompts_per_step: int = field_spec(16, ge=1)
     max_wall_seconds: Optional[float] = field_spec(None, gt=0, help="stop RL early past this budget")
@@ -409,6 +417,8 @@ class HealthConfig:
 
 @dataclass
 class LoggingConfig:
+    """Where outputs go: the run directory, TensorBoard, W&B, the progress bar, the report."""
+
     output_dir: str = "runs"
     run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<job>-<name>, job: train/sft/eval/dpo)")
     tensorboard: bool = True
