@@ -56,8 +56,8 @@ def test_a_newcomers_quickstart_reproduces_the_readme_numbers(quickstart_run):
         before = reference[f"sft_{key}"]
         assert abs(summary[f"sft_{key}"] - before) <= readme_numbers.tolerance([r[f"sft_{key}"] for r in sync],
                                                                               before, n[key]), key
-    if summary["steps"] < reference["steps"]:
-        pytest.skip(f"this machine stopped RL at step {summary['steps']} (trainer.max_wall_seconds); the README "
+    if summary["steps"] != reference["steps"]:
+        pytest.skip(f"this run made {summary['steps']} RL steps (trainer.max_wall_seconds on a busy machine), the README "
                     f"quotes {reference['steps']} steps")
     for key in ("accuracy", "sampled_accuracy"):
         after = reference[f"final_{key}"]
