@@ -86,8 +86,26 @@ def score_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequ
 
 def score_completions(reward_fn: RewardFn, example: Example, completions: Sequence[Completion]) -> list[float]:
     """Scores of one prompt's completions; rewards also receive ``finish_reason``."""
+    return grade_completions(reward_fn, example, completions)[0]
+
+
+def grade_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
+                    fields: Sequence[dict]) -> tuple[list[float], list[float]]:
+    """(scores, correct) of many responses. Correct (1.0 / 0.0) means the task's verifier gave
+    full marks: with a reward pool, its first reward (the recipe lists the verifier first)
+    reached 1, so a shaping reward listed after it (format, length) adds to the score but never
+    makes a wrong answer correct; without a pool, the score reached 1."""
+    if hasattr(reward_fn, "grade_batch"):
+        return reward_fn.grade_batch(prompts, responses, fields)
+    scores = score_responses(reward_fn, prompts, responses, fields)
+    return scores, [float(s >= 1.0) for s in scores]
+
+
+def grade_completions(reward_fn: RewardFn, example: Example,
+                      completions: Sequence[Completion]) -> tuple[list[float], list[float]]:
+    """:func:`grade_responses` of one prompt's completions (rewards also receive ``finish_reason``)."""
     fields = [{**example.fields, "finish_reason": c.finish_reason} for c in completions]
-    return score_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
+    return grade_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
 
 
 class PoolReward:
@@ -102,13 +120,19 @@ class PoolReward:
         self._results: list = []
 
     def score_batch(self, prompts: Sequence[str], responses: Sequence[str], fields: Sequence[dict]) -> list[float]:
+        return self.grade_batch(prompts, responses, fields)[0]
+
+    def grade_batch(self, prompts: Sequence[str], responses: Sequence[str],
+                    fields: Sequence[dict]) -> tuple[list[float], list[float]]:
+        """(totals, correct): correct when the pool's first reward (the verifier) reached 1."""
         from asyncrl.rewards import RewardRequest
 
         requests = [RewardRequest(p, r, dict(f)) for p, r, f in zip(prompts, responses, fields)]
         results = self.pool.score(requests)
         if self.record:
             self._results.extend(results)
-        return [r.total for r in results]
+        verifier = self.pool.specs[0].name
+        return [r.total for r in results], [float(r.components.get(verifier, r.total) >= 1.0) for r in results]
 
     def __call__(self, prompt: str, response: str, **fields: Any) -> float:
         return self.score_batch([prompt], [response], [fields])[0]

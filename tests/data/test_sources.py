@@ -10,7 +10,8 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.data.char_tokenizer import build_char_tokenizer
 from asyncrl.data.datasets import PRESETS, DatasetError
 from asyncrl.data.sources import (PRESET_FILES, SHIPPED_DATA, DatasetSource, PoolReward, TaskSource, build_prompt_source,
-                                  field_mapping, heldout_file_and_mapping, score_completions)
+                                  field_mapping, grade_completions, heldout_file_and_mapping,
+                                  score_completions)
 from asyncrl.types import Completion, Example
 
 DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
@@ -203,3 +204,18 @@ def test_a_missing_reward_dependency_is_a_named_error_at_start(tmp_path, monkeyp
     good = _write_jsonl(tmp_path / "good.jsonl", [{"prompt": "1+1", "answer": "2"}])
     with pytest.raises(ConfigError, match=r"^reward 'math' needs math-verify: pip install 'asyncrl\[tasks\]'$"):
         build_prompt_source(load_config("quickstart", [f"data.path={good}", *INLINE]))
+
+
+def test_a_shaping_reward_never_counts_as_accuracy(tmp_path):
+    """math (the verifier, listed first) + format with weight 1: a wrong answer in the right format
+    scores 1.0 in total, and is still wrong."""
+    train = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "1+1", "answer": "2"}])
+    cfg = load_config("quickstart", [f"data.path={train}", "reward.rewards=[math, {fn: regex, weight: 1.0, "
+                                     "kwargs: {pattern: '####'}}]", *INLINE])
+    source = build_prompt_source(cfg)
+    ex = next(source.train_stream())
+    done = [Completion([1], "#### 2", None, "stop"), Completion([1], "#### 3", None, "stop"),
+            Completion([1], "2", None, "stop")]
+    scores, correct = grade_completions(source.reward, ex, done)
+    assert scores == [2.0, 1.0, 1.0] and correct == [1.0, 0.0, 1.0]  # "#### 3" scores 1.0 but is wrong
+    source.close()
