@@ -216,7 +216,8 @@ def headline(summary: Mapping, factor: float = 5.0) -> str:
     amdahl, seconds = summary.get("amdahl") or {}, summary.get("stage_seconds") or {}
     if not amdahl:
         return "no stage time recorded"
-    stage = max(amdahl, key=lambda s: seconds[s])
+    # the bottleneck: the stage whose removal would help most (in async, a stage of the longer lane)
+    stage = max(amdahl, key=lambda s: (round(amdahl[s]["inf"], 6), seconds[s]))
     concurrent = summary.get("mode") == "async"
     share = 100 * summary["stage_share"][stage]
     fast = amdahl_speedup(seconds, stage, factor, concurrent)
