@@ -58,6 +58,7 @@ def statistics_sd(values: list[float]) -> float:
 
 def measure(seeds: list[int], modes: list[str]) -> dict:
     out_dir = Path(tempfile.mkdtemp(prefix="asyncrl-readme-"))
+    load_start = os.getloadavg()[0]  # a busy machine cuts RL short (trainer.max_wall_seconds): said in the block
     runs = {"sync": [], "async": []}
     for mode in modes:
         for seed in seeds if mode == "sync" else seeds[:1]:
@@ -69,7 +70,7 @@ def measure(seeds: list[int], modes: list[str]) -> dict:
                                                        "rl_seconds", "process_seconds")})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     return {"date": date.today().isoformat(), "commit": commit.strip(), "machine": machine(),
-            "runs": {m: r for m, r in runs.items() if r}}
+            "load_average": round(load_start, 1), "runs": {m: r for m, r in runs.items() if r}}
 
 
 def machine() -> str:
@@ -89,6 +90,11 @@ def block(mode: str, numbers: dict) -> str:
              f"commit {numbers['commit']}: held-out accuracy **sampled {_arrow(first, 'sampled_accuracy')}**, "
              f"greedy {_arrow(first, 'accuracy')}; {first['steps']} RL steps in {first['rl_seconds']:.0f} s, the "
              f"whole job {first['process_seconds'] / 60:.1f} minutes."]
+    planned = planned_steps()
+    if first["steps"] < planned:
+        load = f" (1-minute load average {numbers['load_average']} at the start)" if "load_average" in numbers else ""
+        lines.append(f"The machine was busy{load}: RL stopped at step {first['steps']} of {planned} "
+                     "(`trainer.max_wall_seconds`); on two free cores it runs all of them.")
     if len(runs) > 1:
         seeds = ", ".join(str(r["seed"]) for r in runs)
         lines.append(f"Over seeds {seeds}: sampled gain {_points(gains['sampled_accuracy'])}, "
@@ -99,6 +105,14 @@ def block(mode: str, numbers: dict) -> str:
                  "(`tests/test_readme_numbers.py` checks CI's own quickstart run against them).")
     lines.append(END.format(mode=mode))
     return "\n".join(lines)
+
+
+def planned_steps() -> int:
+    """The quickstart recipe's ``trainer.steps``."""
+    sys.path.insert(0, str(ROOT))
+    from asyncrl.config import load_config
+
+    return load_config("quickstart").trainer.steps
 
 
 def _arrow(run: dict, key: str) -> str:
