@@ -94,6 +94,7 @@ def _train(cfg, source) -> dict:
     health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
+    failed: list[float] = []  # reward/failed_fraction per step (a dataset's reward pool)
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
             for step in range(1, cfg.trainer.steps + 1):
@@ -107,6 +108,8 @@ def _train(cfg, source) -> dict:
                     _write_samples(sinks, step, samples)
                     progress.print(f"step {step}: held-out accuracy {_fmt(result)} (before RL: {_fmt(before)})")
                 metrics.update(profile.observe_row(metrics))  # the same row metrics.jsonl gets
+                if "reward/failed_fraction" in metrics:
+                    failed.append(metrics["reward/failed_fraction"])
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())
@@ -138,12 +141,16 @@ def _train(cfg, source) -> dict:
         "wall_seconds": time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),
         "checkpoint": str(checkpoint),
+        "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
         "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     _write_final_samples(run_dir, steps_done, after_samples, cfg.logging.tensorboard)
     console.print(summary_table(summary))
+    if summary["reward_failed_fraction"]:
+        console.print(f"[bold yellow]reward calls failed on {100 * summary['reward_failed_fraction']:.1f}% of the "
+                      "samples (scored reward.default_score): see reward/failed_fraction and the pool's failures[/]")
     console.print(profile_table(summary["profile"]))
     console.print(headline(summary["profile"]))
     if cfg.logging.report:
