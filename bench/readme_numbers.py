@@ -64,7 +64,8 @@ def measure(seeds: list[int], modes: list[str]) -> dict:
         for seed in seeds if mode == "sync" else seeds[:1]:
             start = time.perf_counter()
             summary = run_seed(seed, [f"runtime.mode={mode}", "logging.report=false"], out_dir / mode)
-            print(f"{mode} seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            print(f"{mode} seed {seed}: {time.perf_counter() - start:.0f} s, run dir {summary['run_dir']} "
+                  "(bench/report_screenshots.py takes it)", file=sys.stderr, flush=True)
             runs[mode].append({k: summary[k] for k in ("seed", "steps", "sft_accuracy", "final_accuracy",
                                                        "sft_sampled_accuracy", "final_sampled_accuracy",
                                                        "rl_seconds", "process_seconds")})
