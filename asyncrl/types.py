@@ -51,6 +51,9 @@ class Completion:
     logprobs: Optional[list[float]]
     finish_reason: str  # "stop" (EOS / stop string), "length" (max_tokens), "abort"
     versions: list[int] = field(default_factory=list)
+    # MoE routing replay: expert ids [P + len(token_ids) - 1, L_moe, K] int16 of every token that
+    # went through the engine's forward (prompt, then completion but its last token), or None
+    routed_experts: Optional[Any] = None
 
 
 @dataclass
