@@ -95,7 +95,9 @@ def state_host_arrays(batch, rows: int, scratch: int) -> list[np.ndarray]:
 
 
 def attach_state(meta, arrays: list[torch.Tensor]) -> None:
-    """Set the metadata's state fields from the device copies of ``state_host_arrays``."""
+    """Set the metadata's state fields from the device copies of ``state_host_arrays`` (none: no state)."""
+    if not arrays:
+        return
     meta.state_slots = arrays[0]
     if len(arrays) == 3:
         meta.state_lens, meta.state_init = arrays[1], arrays[2]

@@ -86,7 +86,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
+            intermediate_size=raw.get("intermediate_size", 0),  # all-MoE models (Qwen3.5-MoE) have none
             num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads") or heads,

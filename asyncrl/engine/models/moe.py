@@ -130,17 +130,22 @@ class _MlpShape:
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
 
 
+def num_experts(c: ModelConfig) -> int:
+    """``num_experts`` (config class attribute) or ``num_local_experts`` (as transformers 5 saves it)."""
+    return int(c.extra.get("num_experts") or c.extra.get("num_local_experts") or 0)
+
+
 def is_moe_layer(c: ModelConfig, index: int) -> bool:
     """Qwen3-MoE: sparse unless listed in ``mlp_only_layers`` or off the ``decoder_sparse_step`` grid."""
     x = c.extra
-    return (x.get("num_experts", 0) > 0 and index not in (x.get("mlp_only_layers") or [])
+    return (num_experts(c) > 0 and index not in (x.get("mlp_only_layers") or [])
             and (index + 1) % x.get("decoder_sparse_step", 1) == 0)
 
 
 def moe_block(c: ModelConfig, renormalize: Optional[bool] = None) -> SparseMoeBlock:
     x = c.extra
     norm = bool(x.get("norm_topk_prob", False)) if renormalize is None else renormalize
-    return SparseMoeBlock(c.hidden_size, x["num_experts"], x["num_experts_per_tok"], x["moe_intermediate_size"],
+    return SparseMoeBlock(c.hidden_size, num_experts(c), x["num_experts_per_tok"], x["moe_intermediate_size"],
                           norm, x.get("shared_expert_intermediate_size", 0))
 
 

@@ -30,7 +30,7 @@ from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import MLP, CausalLM, RotaryEmbedding
 from asyncrl.engine.models.gated_delta import causal_conv_step, causal_conv_varlen, gated_delta_decode, \
     gated_delta_prefill
-from asyncrl.engine.models.moe import SparseMoeBlock, expert_units, load_expert_tensor, moe_block
+from asyncrl.engine.models.moe import SparseMoeBlock, expert_units, load_expert_tensor, moe_block, num_experts
 
 
 def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -177,7 +177,7 @@ class HybridDecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(c)
         else:
             self.self_attn = GatedAttention(c)
-        self.mlp = moe_block(c, renormalize=True) if c.extra.get("num_experts") else MLP(c)
+        self.mlp = moe_block(c, renormalize=True) if num_experts(c) else MLP(c)
         self.input_layernorm = ZeroCentredRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = ZeroCentredRMSNorm(c.hidden_size, c.rms_norm_eps)
 
