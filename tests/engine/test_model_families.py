@@ -1,0 +1,91 @@
+"""The engine on Qwen3.5 (hybrid Gated DeltaNet), Qwen3-MoE and Qwen3.5-MoE vs transformers (CPU, fp32).
+
+Each test crosses KV-block boundaries (block 4), prefill-chunk boundaries (a 7-token budget) and,
+for one prompt, transformers' 64-token delta-rule chunk; forks n > 1 from one prefill (the
+children's recurrent state is copied, not recomputed) and forces preemption (a small KV pool:
+the state is dropped and recomputed).
+"""
+import pytest
+import torch
+from conftest import hf_greedy, hf_greedy_loop, make_llm, prompts_for
+from families import FAMILIES, build_family
+
+from asyncrl.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    return {f: build_family(f, tmp_path_factory.mktemp(f)) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def family_hf(family_dirs):
+    from transformers import AutoModelForCausalLM
+
+    return {f: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for f, d in family_dirs.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_forks_and_preemption_matches_hf(family, family_dirs, family_hf):
+    """n = 2 greedy samples per prompt share one prefill (7-token chunks); 12 blocks of 4 tokens
+    for 3 requests growing to ~25 tokens force preemption; every sample equals HF's greedy
+    continuation (full recompute per token)."""
+    prompts = prompts_for(2, [9, 13, 6])
+    llm = make_llm(family_dirs[family], num_kv_blocks=12, max_num_batched_tokens=7)
+    outs = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=10, ignore_eos=True))
+    assert llm.metrics["preemptions"] > 0 and llm.metrics["forked_prompt_tokens"] > 0
+    for p, o in zip(prompts, outs):
+        assert [c.token_ids for c in o.completions] == [hf_greedy_loop(family_hf[family], p, 10)] * 2
+    assert llm.block_manager.num_free_blocks == 12
+    llm.block_manager.check_invariants([])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sampled_logprobs_equal_hf_log_softmax(family, family_dirs, family_hf):
+    """Sampled tokens' log-probs equal log_softmax(HF logits / T) of the full sequence to 1e-4,
+    with forks (n = 3) and preemption under a small pool."""
+    T = 0.7
+    prompts = prompts_for(3, [5, 11])
+    llm = make_llm(family_dirs[family], num_kv_blocks=12, max_num_batched_tokens=7)
+    outs = llm.generate(prompts, SamplingParams(n=3, temperature=T, max_tokens=8, seed=11, ignore_eos=True))
+    assert llm.metrics["preemptions"] > 0
+    for p, o in zip(prompts, outs):
+        assert len({tuple(c.token_ids) for c in o.completions}) > 1  # the samples differ
+        for c in o.completions:
+            with torch.no_grad():
+                logits = family_hf[family](torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1].float()
+            ref = torch.log_softmax(logits / T, -1).gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            assert (torch.tensor(c.logprobs) - ref).abs().max().item() <= 1e-4
+
+
+def test_hybrid_long_prompt_crosses_delta_rule_chunks(family_dirs, family_hf):
+    """A 70-token prompt (transformers runs the delta rule in 64-token chunks) prefilled by the
+    engine in 32-token pieces, each continuing the slot's conv and delta-rule state."""
+    prompt = prompts_for(5, [70])[0]
+    llm = make_llm(family_dirs["qwen3_5"], max_num_batched_tokens=32)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6))[0].completions[0]
+    assert out.token_ids == hf_greedy(family_hf["qwen3_5"], prompt, 6)
+
+
+def test_hybrid_state_slots_and_no_prefix_cache(family_dirs):
+    """Qwen3.5: each live sequence owns the state slot of its table row; the prefix cache is off
+    (a hit would skip tokens whose recurrent state nobody holds); fork copies states."""
+    from asyncrl.engine.state_pool import StateSlotManager
+
+    llm = make_llm(family_dirs["qwen3_5"], max_num_seqs=4)
+    assert isinstance(llm.block_manager, StateSlotManager) and not llm.block_manager.enable_prefix_caching
+    assert llm.runner.state_pool.num_slots == 5 and len(llm.block_manager.free_rows) == 5
+    prompt = prompts_for(4, [9])[0]
+    rid = llm.add_request(prompt, SamplingParams(n=3, temperature=1.0, max_tokens=4, seed=0, ignore_eos=True))
+    llm.step()  # prefill + fork: 3 rows, the children's states copied from the parent's
+    group = llm._requests[rid].group
+    rows = [s.table_row for s in group]
+    assert len(set(rows)) == 3
+    for ssm in llm.runner.state_pool.ssm:
+        assert torch.equal(ssm[rows[1]], ssm[rows[0]]) and torch.equal(ssm[rows[2]], ssm[rows[0]])
+        assert ssm[rows[0]].abs().sum() > 0
+    while llm.has_unfinished():
+        llm.step()
+    assert len(llm.block_manager.free_rows) == 5
+    assert llm.generate([prompt], SamplingParams(max_tokens=2))[0].completions  # reuses freed slots
+    assert llm.metrics["prefix_cache_hit_tokens"] == 0
