@@ -90,6 +90,8 @@ class TrainBatch:
       token_versions  [B, L]      policy version of each response token (-1 on pad)
       scores          [B]         scalar reward per response
       group_ids       [B]         responses with equal id share a prompt (GRPO groups)
+      routed_experts  [B, P + L, L_moe, K] int16, routing_mask [B, P + L] bool: the rollout's
+                      MoE expert ids per token (MoE engine rollouts only; routing replay)
     Filled by the trainer's stages: old_logprobs, ref_logprobs, values, advantages,
     returns (all [B, L]).
     """
@@ -108,6 +110,8 @@ class TrainBatch:
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     token_rewards: Optional[torch.Tensor] = None
+    routed_experts: Optional[torch.Tensor] = None
+    routing_mask: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:

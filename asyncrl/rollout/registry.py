@@ -16,7 +16,8 @@ def _engine(model, tokenizer, **engine_options) -> RolloutBackend:
 
 def engine_options(rollout_cfg) -> dict:
     """``EngineConfig`` fields set from the ``rollout`` config section."""
-    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization}
+    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+            "return_routed_experts": rollout_cfg.return_routed_experts}
 
 
 BACKENDS = {"hf": _hf, "engine": _engine}
