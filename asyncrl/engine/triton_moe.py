@@ -32,7 +32,8 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
     flat = ids.reshape(-1)
     M = flat.numel()
     P = triton.cdiv(M + num_experts * (block_m - 1), block_m) * block_m
-    counts = torch.bincount(flat, minlength=num_experts)
+    # fixed-size count (bincount's output size depends on the data: a host sync, no CUDA graph)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).index_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     seg_end = padded.cumsum(0)
     seg_start = seg_end - padded
