@@ -26,8 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class TinyModelConfig:
-    """A small Qwen3-architecture model built from a config (random init)."""
+    """A small model built from a config (random init): Qwen3, or Qwen3.5's hybrid architecture
+    (Gated DeltaNet layers with gated full attention every 4th layer; docs/models.md)."""
 
+    architecture: str = field_spec("qwen3", choices=("qwen3", "qwen3_5"))
     hidden_size: int = field_spec(128, ge=8)
     num_hidden_layers: int = field_spec(4, ge=1)
     num_attention_heads: int = field_spec(4, ge=1)

@@ -29,7 +29,7 @@ from torch import nn
 
 from asyncrl.engine.attention import AttentionMetadata
 from asyncrl.engine.models.config import ModelConfig
-from asyncrl.engine.models.decoder import MLP, Attention, CausalLM, RMSNorm, RotaryEmbedding
+from asyncrl.engine.models.decoder import MLP, Attention, CausalLM, DecoderModel, RMSNorm, RotaryEmbedding
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,34 +215,27 @@ class MoeDecoderLayer(nn.Module):
         return out, residual
 
 
-class MoeDecoderModel(nn.Module):
+class MoeDecoderModel(DecoderModel):
+    """The dense trunk (same forward) over ``MoeDecoderLayer``s."""
+
     def __init__(self, c: ModelConfig):
-        super().__init__()
+        nn.Module.__init__(self)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList([MoeDecoderLayer(c, i) for i in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(c)
 
-    def forward(self, input_ids, positions, meta):
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary_emb, meta)
-        return self.norm(x, residual)[0]
-
 
 class Qwen3MoeForCausalLM(CausalLM):
     """Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): the dense decoder's attention with MoE MLPs."""
+
+    model_class = MoeDecoderModel
 
     def __init__(self, config: ModelConfig):
         if config.extra.get("use_sliding_window"):
             raise ValueError("Qwen3-MoE with use_sliding_window=true is not supported by the engine "
                              "(rollout.backend=hf runs it)")
-        nn.Module.__init__(self)
-        self.config = config
-        self.model = MoeDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(config)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -27,7 +27,7 @@ from torch import nn
 
 from asyncrl.engine.attention import AttentionMetadata, paged_attention
 from asyncrl.engine.models.config import ModelConfig
-from asyncrl.engine.models.decoder import MLP, CausalLM, RotaryEmbedding
+from asyncrl.engine.models.decoder import MLP, CausalLM, DecoderModel, RotaryEmbedding
 from asyncrl.engine.models.gated_delta import causal_conv_step, causal_conv_varlen, gated_delta_decode, \
     gated_delta_prefill
 from asyncrl.engine.models.moe import SparseMoeBlock, expert_units, load_expert_tensor, moe_block, num_experts
@@ -191,19 +191,15 @@ class HybridDecoderLayer(nn.Module):
         return (self.mlp(x, meta) if isinstance(self.mlp, SparseMoeBlock) else self.mlp(x)), residual
 
 
-class HybridDecoderModel(nn.Module):
+class HybridDecoderModel(DecoderModel):
+    """The dense trunk (same forward) over ``HybridDecoderLayer``s with zero-centred norms."""
+
     def __init__(self, c: ModelConfig):
-        super().__init__()
+        nn.Module.__init__(self)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList([HybridDecoderLayer(c, i) for i in range(c.num_hidden_layers)])
         self.norm = ZeroCentredRMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(c)  # partial: tables over rotary_dim only
-
-    def forward(self, input_ids, positions, meta):
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary_emb, meta)
-        return self.norm(x, residual)[0]
 
 
 class Qwen3_5ForCausalLM(CausalLM):
@@ -211,17 +207,14 @@ class Qwen3_5ForCausalLM(CausalLM):
     ``Qwen3_5ForConditionalGeneration``: ``model.language_model.*``; vision and MTP weights
     are skipped)."""
 
+    model_class = HybridDecoderModel
+
     def __init__(self, config: ModelConfig):
-        nn.Module.__init__(self)
-        if "layer_types" not in config.extra:
+        if "layer_types" not in config.extra:  # transformers' default: full attention every 4th layer
             interval = config.extra.get("full_attention_interval", 4)
             config.extra["layer_types"] = ["linear_attention" if (i + 1) % interval else "full_attention"
                                            for i in range(config.num_hidden_layers)]
-        self.config = config
-        self.model = HybridDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(config)
 
     def linear_layers(self) -> list[GatedDeltaNet]:
         return [layer.linear_attn for layer in self.model.layers if layer.is_linear]
