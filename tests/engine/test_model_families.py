@@ -8,7 +8,7 @@ the state is dropped and recomputed).
 import pytest
 import torch
 from conftest import hf_greedy, hf_greedy_loop, make_llm, prompts_for
-from families import FAMILIES, build_family
+from families import FAMILIES, build_family, family_config
 
 from asyncrl.types import SamplingParams
 
@@ -65,6 +65,29 @@ def test_hybrid_long_prompt_crosses_delta_rule_chunks(family_dirs, family_hf):
     llm = make_llm(family_dirs["qwen3_5"], max_num_batched_tokens=32)
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6))[0].completions[0]
     assert out.token_ids == hf_greedy(family_hf["qwen3_5"], prompt, 6)
+
+
+def test_qwen3_5_multimodal_checkpoint_runs_its_text_model(tmp_path):
+    """Released Qwen3.5 checkpoints are ``Qwen3_5ForConditionalGeneration`` (text under
+    ``model.language_model.*``, a vision tower, the text numbers in ``text_config``): the engine
+    loads the text part, from a directory and from the module, and matches HF's generate."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=64)
+    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=family_config("qwen3_5").to_dict(),
+                                                       vision_config=vision, tie_word_embeddings=True,
+                                                       eos_token_id=3)).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5 if p.shape[0] == 97 else 0.15)
+    hf.save_pretrained(str(tmp_path))
+    prompts = prompts_for(1, [3, 9])
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    for source in (str(tmp_path), hf):
+        outs = make_llm(source).generate(prompts, params)
+        assert [o.completions[0].token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
 
 
 def test_hybrid_state_slots_and_no_prefix_cache(family_dirs):
