@@ -75,7 +75,8 @@ class ModelRunner:
 
     def _block_bytes(self) -> int:
         c = self.model.config
-        return 2 * len(self._attention_layers()) * self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        per_layer = self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        return 2 * len(self._attention_layers()) * per_layer
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
@@ -305,8 +306,8 @@ class ModelRunner:
         """Hidden states of the ``batch.logit_seqs`` rows ``[len(logit_seqs), hidden]``, and
         device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
         extra = list(extra)
-        state = [] if self.state_pool is None else state_host_arrays(batch, 0, self.state_pool.scratch)
         if batch.is_prefill or not self.is_cuda:
+            state = [] if self.state_pool is None else state_host_arrays(batch, 0, self.state_pool.scratch)
             input_ids, positions, meta, rest = self._prepare(batch, state + extra + [self._logit_ends(batch)])
             attach_state(meta, rest[:len(state)])
             *rest, ends = rest[len(state):]

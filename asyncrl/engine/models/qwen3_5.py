@@ -145,8 +145,8 @@ class GatedDeltaNet(nn.Module):
         """[..., C] -> q, k [..., Hk, K], v [..., HV, V]."""
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         lead = qkv.shape[:-1]
-        return (q.reshape(*lead, self.num_k_heads, self.head_k_dim), k.reshape(*lead, self.num_k_heads, self.head_k_dim),
-                v.reshape(*lead, self.num_v_heads, self.head_v_dim))
+        qk_shape = (*lead, self.num_k_heads, self.head_k_dim)
+        return q.reshape(qk_shape), k.reshape(qk_shape), v.reshape(*lead, self.num_v_heads, self.head_v_dim)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
