@@ -88,3 +88,33 @@ def test_conv_step_matches_conv1d_reference():
     out = causal_conv_step(x[:, -1], pool, torch.tensor([0, 1]), w)
     ref = F.silu(F.conv1d(x.transpose(1, 2), w[:, None], groups=C))[..., -1]
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_fla_varlen_packing_against_the_padded_path(monkeypatch):
+    """The GPU prefill packs the valid tokens into one row with ``cu_seqlens`` for FLA's
+    ``chunk_gated_delta_rule``. With FLA's contract played by transformers' torch function per
+    segment, packing, initial states and the scatter back equal the padded CPU path."""
+    from asyncrl.engine.models import gated_delta
+
+    def fake_fla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+        assert q.shape[0] == 1 and initial_state.shape[0] == len(cu_seqlens) - 1 and scale == q.shape[-1] ** -0.5
+        outs, finals = [], []
+        for i in range(len(cu_seqlens) - 1):
+            s = slice(int(cu_seqlens[i]), int(cu_seqlens[i + 1]))
+            o, f = hf.torch_chunk_gated_delta_rule(q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s],
+                                                   initial_state=initial_state[i:i + 1], output_final_state=True,
+                                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+            outs.append(o)
+            finals.append(f)
+        return torch.cat(outs, 1), torch.cat(finals)
+
+    monkeypatch.setattr(gated_delta, "_fla", lambda: fake_fla)
+    q, k, v, g, beta = (t.float() for t in _inputs(12, 3))
+    valid = torch.arange(12)[None, :] < torch.tensor([12, 4, 9])[:, None]
+    slots, init = torch.tensor([2, 0, 1]), torch.tensor([0, 1, 1])
+    pool_a = torch.randn(3, HV, K, V)
+    pool_b = pool_a.clone()
+    packed = gated_delta._prefill_fla(q, k, v, g, beta, valid, pool_a, slots, init)
+    padded = gated_delta_prefill(q, k, v, g, beta, valid, pool_b, slots, init)
+    torch.testing.assert_close(packed[valid], padded[valid], rtol=0, atol=2e-5)
+    torch.testing.assert_close(pool_a, pool_b, rtol=0, atol=2e-5)
