@@ -27,27 +27,27 @@ def family_hf(family_dirs):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_with_forks_and_preemption_matches_hf(family, family_dirs, family_hf):
-    """n = 2 greedy samples per prompt share one prefill (7-token chunks); 12 blocks of 4 tokens
-    for 3 requests growing to ~25 tokens force preemption; every sample equals HF's greedy
-    continuation (full recompute per token)."""
-    prompts = prompts_for(2, [9, 13, 6])
-    llm = make_llm(family_dirs[family], num_kv_blocks=12, max_num_batched_tokens=7)
-    outs = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=10, ignore_eos=True))
+    """n = 2 greedy samples per prompt share one prefill (7-token chunks); 8 blocks of 4 tokens
+    for 4 sequences growing to 14-17 tokens (4-5 blocks each) force preemption; every sample
+    equals HF's greedy continuation (full recompute per token)."""
+    prompts = prompts_for(2, [9, 6])
+    llm = make_llm(family_dirs[family], num_kv_blocks=8, max_num_batched_tokens=7)
+    outs = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=8, ignore_eos=True))
     assert llm.metrics["preemptions"] > 0 and llm.metrics["forked_prompt_tokens"] > 0
     for p, o in zip(prompts, outs):
-        assert [c.token_ids for c in o.completions] == [hf_greedy_loop(family_hf[family], p, 10)] * 2
-    assert llm.block_manager.num_free_blocks == 12
+        assert [c.token_ids for c in o.completions] == [hf_greedy_loop(family_hf[family], p, 8)] * 2
+    assert llm.block_manager.num_free_blocks == 8
     llm.block_manager.check_invariants([])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sampled_logprobs_equal_hf_log_softmax(family, family_dirs, family_hf):
     """Sampled tokens' log-probs equal log_softmax(HF logits / T) of the full sequence to 1e-4,
-    with forks (n = 3) and preemption under a small pool."""
+    with forks (n = 3) and preemption under a small pool (8 blocks for 6 sequences of 3-5 blocks)."""
     T = 0.7
     prompts = prompts_for(3, [5, 11])
-    llm = make_llm(family_dirs[family], num_kv_blocks=12, max_num_batched_tokens=7)
-    outs = llm.generate(prompts, SamplingParams(n=3, temperature=T, max_tokens=8, seed=11, ignore_eos=True))
+    llm = make_llm(family_dirs[family], num_kv_blocks=8, max_num_batched_tokens=7)
+    outs = llm.generate(prompts, SamplingParams(n=3, temperature=T, max_tokens=6, seed=11, ignore_eos=True))
     assert llm.metrics["preemptions"] > 0
     for p, o in zip(prompts, outs):
         assert len({tuple(c.token_ids) for c in o.completions}) > 1  # the samples differ
