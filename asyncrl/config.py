@@ -26,8 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class TinyModelConfig:
-    """A small Qwen3-architecture model built from a config (random init)."""
+    """A small model built from a config (random init): Qwen3, or Qwen3.5's hybrid architecture
+    (Gated DeltaNet layers with gated full attention every 4th layer; docs/models.md)."""
 
+    architecture: str = field_spec("qwen3", choices=("qwen3", "qwen3_5"))
     hidden_size: int = field_spec(128, ge=8)
     num_hidden_layers: int = field_spec(4, ge=1)
     num_attention_heads: int = field_spec(4, ge=1)
@@ -186,6 +188,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = field_spec(
         0.85, gt=0, le=1, help="engine on a GPU: fill the card up to this fraction of its memory (everything on it "
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
+    return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
+                                                        "(actor.routing_replay and the routing-mismatch metric)")
 
 
 @dataclass
@@ -322,6 +326,8 @@ class ActorConfig:
     mini_batches: int = field_spec(1, ge=1, help="optimizer steps per rollout batch (per epoch)")
     micro_batch_size: int = field_spec(256, ge=1, help="rows per forward/backward")
     logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
+    routing_replay: bool = field_spec(False, help="MoE: the trainer's forward uses the experts the engine chose "
+                                                  "for each token (R3); the mismatch rate is reported either way")
 
 
 @dataclass

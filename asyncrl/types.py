@@ -51,6 +51,9 @@ class Completion:
     logprobs: Optional[list[float]]
     finish_reason: str  # "stop" (EOS / stop string), "length" (max_tokens), "abort"
     versions: list[int] = field(default_factory=list)
+    # MoE routing replay: expert ids [P + len(token_ids) - 1, L_moe, K] int16 of every token that
+    # went through the engine's forward (prompt, then completion but its last token), or None
+    routed_experts: Optional[Any] = None
 
 
 #: vLLM's name for one sampled continuation.
@@ -101,6 +104,8 @@ class TrainBatch:
       token_versions  [B, L]      policy version of each response token (-1 on pad)
       scores          [B]         scalar reward per response
       group_ids       [B]         responses with equal id share a prompt (GRPO groups)
+      routed_experts  [B, P + L, L_moe, K] int16, routing_mask [B, P + L] bool: the rollout's
+                      MoE expert ids per token (MoE engine rollouts only; routing replay)
     Filled by the trainer's stages: old_logprobs, ref_logprobs, values, advantages,
     returns (all [B, L]).
     """
@@ -119,6 +124,8 @@ class TrainBatch:
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     token_rewards: Optional[torch.Tensor] = None
+    routed_experts: Optional[torch.Tensor] = None
+    routing_mask: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:

@@ -30,6 +30,7 @@ from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.models import load_model
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.state_pool import StateSlotManager
 from asyncrl.hub import is_hub_id, model_snapshot
 from asyncrl.types import Completion, RequestOutput, SamplingParams
 
@@ -91,11 +92,17 @@ class LLM:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
             self.eos_token_ids = [self.tokenizer.eos_token_id]
         self.runner = ModelRunner(self.model, self.config, self.max_model_len)
-        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching,
-                                          max_blocks_per_seq=self.runner._bt_width())
+        if self.runner.state_pool is not None:  # hybrid: block-table rows are state slots, no prefix cache
+            self.block_manager = StateSlotManager(self.runner.num_blocks, self.config.block_size,
+                                                  self.runner._bt_width(), self.runner.num_state_slots)
+        else:
+            self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                              self.config.enable_prefix_caching,
+                                              max_blocks_per_seq=self.runner._bt_width())
         self.scheduler = Scheduler(self.config, self.block_manager, self.max_model_len, self.eos_token_ids,
                                    self._hit_stop_string)
+        if self.runner.routing is not None:
+            self.scheduler.on_finish = self.runner.routing.gather
         self.version = version
         self.block_manager.set_namespace(version)
         self._rng = random.Random(self.config.seed)
@@ -207,8 +214,9 @@ class LLM:
     def _completion(self, s: Sequence) -> Completion:
         ids = s.completion_token_ids
         text = s.text or self._decode(ids)
+        routed = None if s.routed_experts is None else s.routed_experts.cpu()
         return Completion(token_ids=ids, text=text, logprobs=list(s.logprobs) if s.params.logprobs else None,
-                          finish_reason=s.finish_reason or "abort", versions=list(s.versions))
+                          finish_reason=s.finish_reason or "abort", versions=list(s.versions), routed_experts=routed)
 
     # ---- RL controls -------------------------------------------------------------
     @_on_engine_device

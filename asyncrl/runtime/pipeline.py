@@ -33,7 +33,7 @@ def prepare_policy(cfg, task, device, announce: bool = True):
         model, tokenizer = load_policy(path, cfg.model.dtype, device)
         return model, tokenizer, {"model_path": str(path)}
     if announce:
-        console.print(f"[dim]warm start: tiny Qwen3 + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
+        console.print(f"[dim]warm start: tiny {cfg.model.tiny.architecture} + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
     path, info = tiny_checkpoint(cfg, task, device)
     if announce:
         state = "cached" if info.get("sft/cached") else f"trained in {info.get('sft/seconds', 0):.1f}s"

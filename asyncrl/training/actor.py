@@ -10,6 +10,7 @@ from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, com
 from asyncrl.training.logprob_gap import LogprobGap
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.training.optim import adamw
+from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
 
 
@@ -63,6 +64,8 @@ class Actor:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
         self.version = 0  # policy version: incremented per rollout batch consumed
         self._gap = LogprobGap()
+        # MoE: hooks on the routers (replay the rollout's experts, or only count the mismatch)
+        self.routing = RoutingReplay(model, replay=actor_cfg.routing_replay) if find_routers(model) else None
 
     @property
     def on_policy_shortcut(self) -> bool:
@@ -84,9 +87,13 @@ class Actor:
 
     def _forward(self, batch: TrainBatch, with_entropy: bool):
         device = next(self.model.parameters()).device
-        return response_logprobs(self.model, batch.input_ids.to(device), batch.attention_mask.to(device),
-                                 batch.prompt_length, self.temperature, self.cfg.logprob_chunk_tokens,
-                                 with_entropy=with_entropy, entropy_grad=self.algo.entropy_coeff > 0)
+        args = (self.model, batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length,
+                self.temperature, self.cfg.logprob_chunk_tokens)
+        kwargs = dict(with_entropy=with_entropy, entropy_grad=self.algo.entropy_coeff > 0)
+        if self.routing is None or batch.routed_experts is None:
+            return response_logprobs(*args, **kwargs)
+        with self.routing.use(batch.routed_experts, batch.routing_mask):  # routes align with the padded layout
+            return response_logprobs(*args, share_prompts=False, pack_bin_tokens=0, **kwargs)
 
     def _micro_indices(self, size: int) -> list[torch.Tensor]:
         order = torch.arange(size)
@@ -101,7 +108,11 @@ class Actor:
             for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
                 history.append(self._optimizer_step(batch.select(mini)))
         self.version += 1
-        return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap.metrics()}
+        metrics = {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap.metrics()}
+        mismatch = self.routing.mismatch_rate() if self.routing is not None else None
+        if mismatch is not None:
+            metrics["actor/routing_mismatch"] = mismatch
+        return metrics
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
         device = next(self.model.parameters()).device
