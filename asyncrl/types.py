@@ -51,6 +51,13 @@ class Completion:
     logprobs: Optional[list[float]]
     finish_reason: str  # "stop" (EOS / stop string), "length" (max_tokens), "abort"
     versions: list[int] = field(default_factory=list)
+    # Multi-turn trajectories (asyncrl.workflows): ``token_ids`` holds every token after the
+    # first prompt, the policy's and the tools'/environment's; ``loss_mask[t]`` is 1 on tokens
+    # the policy sampled and 0 on the others (their logprob is 0, their version −1).
+    # None: every token was sampled (single turn).
+    loss_mask: Optional[list[int]] = None
+    reward: Optional[float] = None  # set by a workflow: the episode's reward (no reward fn then)
+    info: dict[str, Any] = field(default_factory=dict)  # workflow counters (turns, tool_calls ...)
 
 
 @dataclass
