@@ -78,7 +78,10 @@ def score_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequ
 
 
 def score_completions(reward_fn: RewardFn, example: Example, completions: Sequence[Completion]) -> list[float]:
-    """Scores of one prompt's completions; rewards also receive ``finish_reason``."""
+    """Scores of one prompt's completions; rewards also receive ``finish_reason``. Episodes of a
+    workflow (asyncrl.workflows) come scored: their own reward is used as is."""
+    if completions and all(c.reward is not None for c in completions):
+        return [float(c.reward) for c in completions]
     fields = [{**example.fields, "finish_reason": c.finish_reason} for c in completions]
     return score_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
 
@@ -115,6 +118,15 @@ class PoolReward:
 
 
 # -- prompt encoding ---------------------------------------------------------------
+
+def generate_for_examples(backend, encode: Callable[[Example], list[int]], examples: Sequence[Example],
+                          params) -> list:
+    """One ``RequestOutput`` per example: a backend that runs whole episodes (a workflow:
+    ``generate_examples``) takes the examples themselves, any other their prompt ids."""
+    if hasattr(backend, "generate_examples"):
+        return backend.generate_examples(list(examples), params)
+    return backend.generate(encode_batch(encode, examples), params)
+
 
 def encode_batch(encode: Callable[[Example], list[int]], examples: Sequence[Example]) -> list[list[int]]:
     """Prompt ids of ``examples``: ``encode.batch`` when it has one (:class:`PromptEncoder`)."""

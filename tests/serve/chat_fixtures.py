@@ -114,9 +114,10 @@ def tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, max_
     return Qwen3ForCausalLM(config)
 
 
-def fit_reply(model, tokenizer, messages, tools, reply: str, steps: int = 300, lr: float = 3e-3) -> float:
-    """Train ``model`` until greedy decoding of the conversation gives ``reply`` + EOS; returns
-    the final loss (a one-example overfit, seconds on CPU)."""
+def fit_reply(model, tokenizer, messages, tools, reply: str, steps: int = 400, lr: float = 1e-2) -> float:
+    """Train ``model`` until greedy decoding of the conversation gives ``reply`` + EOS (every
+    target token above probability 0.7, so it is the argmax); returns the smallest target
+    log-prob (a one-example overfit, seconds on CPU)."""
     prompt = render_ids(tokenizer, messages, tools)
     answer = tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id]
     ids = torch.tensor([prompt + answer])
@@ -125,14 +126,13 @@ def fit_reply(model, tokenizer, messages, tools, reply: str, steps: int = 300, l
     model.train()
     for _ in range(steps):
         lp, _ = response_logprobs(model, ids, mask, len(prompt))
-        loss = -lp.mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 1e-3:
+        if lp.min().item() > -0.35:
             break
+        opt.zero_grad()
+        (-lp.mean()).backward()
+        opt.step()
     model.eval()
-    return loss.item()
+    return lp.min().item()
 
 
 def save_checkpoint(model, tokenizer, directory: Path) -> Path:
