@@ -7,13 +7,16 @@ request run one after another. After each step the thread hands every caller its
 tokens (streaming) or its finished output, through the caller's own event loop
 (``call_soon_threadsafe``).
 
-Invariant: only the engine thread calls ``LLM.step``; ``add_request``, ``abort`` and
-``update_weights`` are the LLM's thread-safe calls (its lock), so a weight update lands
-between two steps and tokens after it carry the new version.
+Invariant: only the engine thread calls ``LLM.step``, ``add_request`` and ``abort``: callers
+queue them (``_pending``) and the thread applies them between two steps, so a caller never
+waits for the engine's lock (which a running step holds). ``update_weights`` is the LLM's
+thread-safe call (its lock): a weight update lands between two steps and tokens after it carry
+the new version.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import threading
 from dataclasses import dataclass, field
@@ -57,6 +60,7 @@ class AsyncEngine:
         self._ids = itertools.count()
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
+        self._pending: collections.deque = collections.deque()  # ("add", id, ids, params) | ("abort", id)
 
     @property
     def version(self) -> int:
@@ -103,12 +107,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already running")
             self._streams[request_id] = stream
-        try:
-            self.llm.add_request(list(prompt_ids), params, request_id)  # ValueError: too long for the engine
-        except BaseException:
-            with self._lock:
-                self._streams.pop(request_id, None)
-            raise
+        self._pending.append(("add", request_id, list(prompt_ids), params))
         self._wake.set()
         finished = False
         try:
@@ -116,6 +115,9 @@ class AsyncEngine:
                 item = await stream.queue.get()
                 if item is _DONE:
                     raise RuntimeError(f"engine stopped: {self._error!r}")
+                if isinstance(item, BaseException):  # refused by the engine (e.g. too long for the KV pool)
+                    finished = True
+                    raise item
                 finished = isinstance(item, RequestOutput)
                 yield item
                 if finished:
@@ -125,15 +127,11 @@ class AsyncEngine:
                 self._discard(request_id)
 
     def _discard(self, request_id: str) -> None:
-        """Abort a request nobody waits for and drop its output (the engine keeps no trace)."""
+        """A request nobody waits for any more: the engine thread aborts it and drops its output."""
         with self._lock:
             self._streams.pop(request_id, None)
-        self.llm.abort([request_id])
-        try:
-            if self.llm.request_finished(request_id):
-                self.llm.pop_output(request_id)
-        except KeyError:
-            pass  # the engine thread collected it first
+        self._pending.append(("abort", request_id))
+        self._wake.set()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                              kv: str = "keep") -> None:
@@ -145,8 +143,10 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                self._apply_pending()
                 if not self.llm.has_unfinished():
-                    self._wake.wait(0.5)
+                    if not self._pending:
+                        self._wake.wait(0.5)
                     self._wake.clear()
                     continue
                 self.llm.step()
@@ -157,6 +157,29 @@ class AsyncEngine:
                 streams, self._streams = list(self._streams.values()), {}
             for s in streams:
                 s.loop.call_soon_threadsafe(s.queue.put_nowait, _DONE)
+
+    def _apply_pending(self) -> None:
+        """Queued additions and aborts, in order (engine thread)."""
+        while self._pending:
+            op, request_id, *args = self._pending.popleft()
+            if op == "abort":
+                self.llm.abort([request_id])
+                try:
+                    if self.llm.request_finished(request_id):
+                        self.llm.pop_output(request_id)
+                except KeyError:
+                    pass  # never added, or already collected
+                continue
+            with self._lock:
+                stream = self._streams.get(request_id)
+            if stream is None:
+                continue  # its caller left before it was added
+            try:
+                self.llm.add_request(*args, request_id)
+            except ValueError as err:
+                with self._lock:
+                    self._streams.pop(request_id, None)
+                self._put(stream, err)
 
     def _deliver(self) -> None:
         with self._lock:

@@ -59,13 +59,17 @@ class WorkflowBackend:
         getattr(self.base, "close", lambda: None)()
 
     # ---- generation ------------------------------------------------------------------------
+    def _engine_started(self):
+        """The AsyncEngine over the wrapped backend's in-process engine (one thread steps it)."""
+        if self._engine is None:
+            from asyncrl.serve.async_engine import AsyncEngine
+            self._engine = AsyncEngine(self.base.llm).start()
+        return self._engine
+
     def _generator(self):
-        """Turns go to the in-process engine (one AsyncEngine thread steps it) or over HTTP."""
+        """Turns go to the in-process engine or over HTTP."""
         if hasattr(self.base, "llm"):
-            if self._engine is None:
-                from asyncrl.serve.async_engine import AsyncEngine
-                self._engine = AsyncEngine(self.base.llm).start()
-            return EngineGenerator(self._engine)
+            return EngineGenerator(self._engine_started())
         if hasattr(self.base, "async_client"):
             return HTTPGenerator(self.base.async_client(), self.base.model, version=self.base.version)
         raise ValueError(f"workflows need rollout.backend=engine or openai, not {type(self.base).__name__}")

@@ -63,7 +63,7 @@ class PolicyClient:
             raise ValueError("the workflow made no model call: nothing to train on")
         traj = self.trajectory_so_far
         traj.reward = reward if reward is not None else traj.reward
-        traj.info.update({"turns": self.turns, "tool_calls": self.tool_calls, **info})
+        traj.info.update({"turns": self.turns, "tool_calls": self.tool_calls, "session_id": self.session_id, **info})
         return traj
 
     async def _sample(self, max_tokens: Optional[int], temperature: Optional[float], n: int):
