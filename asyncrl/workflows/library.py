@@ -25,8 +25,9 @@ async def tool_loop(client, messages: list, max_turns: int = MAX_TURNS):
 
 
 async def calculator_agent(client, example) -> float:
-    """``task.name=calculator``: the final message must be exactly the product."""
-    response = await tool_loop(client, [{"role": "user", "content": example.prompt}])
+    """``task.name=calculator``: the final message must be exactly the product. Two replies at
+    most (a call, then the answer): a second call never helps on this task."""
+    response = await tool_loop(client, [{"role": "user", "content": example.prompt}], max_turns=2)
     choice = response.choices[0]
     if choice.message.tool_calls or choice.finish_reason != "stop":
         return 0.0
