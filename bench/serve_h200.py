@@ -34,15 +34,24 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def save_checkpoint(directory: Path, max_pos: int) -> Path:
+CUDA = torch.cuda.is_available()
+DTYPE = "bfloat16" if CUDA else "float32"  # a CPU run (--shape tiny) only checks the script
+
+
+def _sync() -> None:
+    if CUDA:
+        _sync()
+
+
+def save_checkpoint(directory: Path, max_pos: int, shape: str) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from asyncrl.engine.bench import SHAPES, build_random_hf
 
-    model = build_random_hf("qwen3-0.6b", torch.bfloat16, "cpu", max_pos)
+    model = build_random_hf(shape, getattr(torch, DTYPE), "cpu", max_pos)
     model.save_pretrained(str(directory), safe_serialization=True)
-    vocab = {f"t{i}": i for i in range(SHAPES["qwen3-0.6b"]["vocab_size"])}
+    vocab = {f"t{i}": i for i in range(SHAPES[shape]["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t1"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t0", pad_token="t0", unk_token="t1").save_pretrained(
@@ -50,28 +59,32 @@ def save_checkpoint(directory: Path, max_pos: int) -> Path:
     return directory
 
 
-def prompts(count: int, length: int, seed: int) -> list[list[int]]:
+VOCAB = {"qwen3-0.6b": 151936, "tiny": 512}
+
+
+def prompts(count: int, length: int, seed: int, vocab: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(2, 151936) for _ in range(length)] for _ in range(count)]
+    return [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(count)]
 
 
 def bench_llm(path: Path, args) -> float:
     from asyncrl.engine import LLM
     from asyncrl.types import SamplingParams
 
-    llm = LLM(str(path), dtype=torch.bfloat16, max_model_len=args.prompt + args.response + 16)
+    llm = LLM(str(path), dtype=getattr(torch, DTYPE), max_model_len=args.prompt + args.response + 16)
     params = SamplingParams(n=1, temperature=1.0, max_tokens=args.response, ignore_eos=True, logprobs=True, seed=0)
-    llm.generate(prompts(args.concurrency, args.prompt, 1), params)  # warm-up at full size
-    torch.cuda.synchronize()
+    llm.generate(prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]), params)  # warm-up at full size
+    _sync()
     t0 = time.perf_counter()
-    outs = llm.generate(prompts(args.concurrency, args.prompt, 2), params)
-    torch.cuda.synchronize()
+    outs = llm.generate(prompts(args.concurrency, args.prompt, 2, VOCAB[args.shape]), params)
+    _sync()
     wall = time.perf_counter() - t0
     tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
     llm.close()
     del llm
     gc.collect()
-    torch.cuda.empty_cache()
+    if CUDA:
+        torch.cuda.empty_cache()
     return tokens / wall
 
 
@@ -91,7 +104,7 @@ def bench_http(path: Path, args) -> float:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "serve", str(path), "--port", str(port),
-                               "--dtype", "bfloat16", "--served-model-name", "m", "--max-concurrent", "4096",
+                               "--dtype", DTYPE, "--served-model-name", "m", "--max-concurrent", "4096",
                                "--max-tokens", str(args.response), "--max-model-len",
                                str(args.prompt + args.response + 16), "--max-body-bytes", str(16 << 20)],
                               env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -104,9 +117,9 @@ def bench_http(path: Path, args) -> float:
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        asyncio.run(_burst(url, prompts(args.concurrency, args.prompt, 1), args.response))  # warm-up
+        asyncio.run(_burst(url, prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]), args.response))  # warm-up
         t0 = time.perf_counter()
-        tokens = asyncio.run(_burst(url, prompts(args.concurrency, args.prompt, 2), args.response))
+        tokens = asyncio.run(_burst(url, prompts(args.concurrency, args.prompt, 2, VOCAB[args.shape]), args.response))
         return tokens / (time.perf_counter() - t0)
     finally:
         server.terminate()
@@ -118,13 +131,14 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=256)
     p.add_argument("--prompt", type=int, default=256)
     p.add_argument("--response", type=int, default=256)
+    p.add_argument("--shape", default="qwen3-0.6b", choices=sorted(VOCAB))
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "serve_h200.jsonl"))
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        path = save_checkpoint(Path(tmp), args.prompt + args.response + 16)
+        path = save_checkpoint(Path(tmp), args.prompt + args.response + 16, args.shape)
         llm_tps = bench_llm(path, args)
         http_tps = bench_http(path, args)
-    row = {"device": torch.cuda.get_device_name(0), "concurrency": args.concurrency, "prompt": args.prompt,
+    row = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu", "shape": args.shape, "concurrency": args.concurrency, "prompt": args.prompt,
            "response": args.response, "llm_generate_tokens_per_s": round(llm_tps), "http_tokens_per_s": round(http_tps),
            "http_over_llm": round(http_tps / llm_tps, 3), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(json.dumps(row, indent=2))

@@ -44,10 +44,17 @@ async def python_math_agent(client, example) -> float:
     when the number after ``####`` in the final message equals the reference answer."""
     messages = [{"role": "system", "content": PYTHON_MATH_SYSTEM}, {"role": "user", "content": example.prompt}]
     response = await tool_loop(client, messages)
-    text = response.choices[0].message.content or ""
-    tail = text.rsplit("####", 1)[-1] if "####" in text else ""
-    found = _NUMBER.findall(tail)
-    return float(bool(found) and _same_number(found[0], str(example.answer)))
+    given = final_number(response.choices[0].message.content or "")
+    reference = final_number(str(example.answer)) or str(example.answer)  # GSM8K's answer ends "#### 72"
+    return float(given is not None and _same_number(given, reference))
+
+
+def final_number(text: str):
+    """The first number after the last ``####``, or None."""
+    if "####" not in text:
+        return None
+    found = _NUMBER.findall(text.rsplit("####", 1)[-1])
+    return found[0] if found else None
 
 
 def _same_number(given: str, reference: str) -> bool:
