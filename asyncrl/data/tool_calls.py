@@ -103,9 +103,10 @@ class Llama3JsonParser:
         return ParsedMessage(None, calls)
 
     def may_start_call(self, text: str) -> int:
-        stripped = text.lstrip()
-        starts = stripped[:1] == "{" or self.tag.startswith(stripped[:len(self.tag)]) and stripped
-        return 0 if starts else len(text)
+        """0 while the message may still turn out to be a call (it opens with ``{`` or the tag)."""
+        head = text.lstrip()[:len(self.tag)]
+        starts = head.startswith("{") or (bool(head) and self.tag.startswith(head)) or head == self.tag
+        return 0 if starts or not head else len(text)
 
 
 def _split_objects(body: str) -> list[str]:

@@ -210,17 +210,22 @@ def _prompt_ids_field(body: CompletionRequest, prompts: list[list[int]]):
     return prompts[0] if len(prompts) == 1 else prompts
 
 
+def _admit(state: ServerState) -> None:
+    """Count a generation request in ``in_flight``; 429 when the server is full."""
+    if state.in_flight >= state.limits.max_concurrent:
+        raise APIError(429, f"server busy: {state.limits.max_concurrent} requests in flight (--max-concurrent); "
+                            "retry later", type_="rate_limit_error")
+    state.in_flight += 1
+
+
 class _admitted:
-    """Counts a generation request in ``in_flight``; 429 when the server is full."""
+    """``_admit`` for the duration of a non-streamed request."""
 
     def __init__(self, state: ServerState):
         self.state = state
 
     async def __aenter__(self):
-        if self.state.in_flight >= self.state.limits.max_concurrent:
-            raise APIError(429, f"server busy: {self.state.limits.max_concurrent} requests in flight "
-                                "(--max-concurrent); retry later", type_="rate_limit_error")
-        self.state.in_flight += 1
+        _admit(self.state)
 
     async def __aexit__(self, *exc):
         self.state.in_flight -= 1
@@ -269,10 +274,7 @@ def _tensors_from_path(path: str):
 # ---- streaming -----------------------------------------------------------------------------
 
 def _stream_response(state: ServerState, chunks: AsyncIterator[str]) -> StreamingResponse:
-    if state.in_flight >= state.limits.max_concurrent:  # refuse before the 200 status is sent
-        raise APIError(429, f"server busy: {state.limits.max_concurrent} requests in flight (--max-concurrent)",
-                       type_="rate_limit_error")
-    state.in_flight += 1
+    _admit(state)  # refused before the 200 status is sent
 
     async def body():
         try:
