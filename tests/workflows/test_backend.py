@@ -13,9 +13,9 @@ from asyncrl.runtime.validate import validate_config
 
 
 def _cfg(tmp_path: Path, *extra: str):
-    return load_config("calculator_tool", ["sft.steps=3", f"sft.cache_dir={tmp_path / 'cache'}", "trainer.steps=2",
-                                           "task.num_eval=4", "trainer.eval_samples=2", "trainer.prompts_per_step=2",
-                                           "rollout.n=4", "logging.report=false", "logging.tensorboard=false",
+    return load_config("calculator_tool", ["sft.steps=1", f"sft.cache_dir={tmp_path / 'cache'}", "trainer.steps=2",
+                                           "task.num_eval=2", "trainer.eval_samples=1", "trainer.prompts_per_step=2",
+                                           "rollout.n=2", "logging.report=false", "logging.tensorboard=false",
                                            "logging.progress=false", f"logging.output_dir={tmp_path}", *extra])
 
 

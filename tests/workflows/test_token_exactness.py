@@ -17,10 +17,10 @@ from tests.serve.chat_fixtures import chat_tokenizer, tiny_model
 EPISODES_PER_EXAMPLE, EXAMPLES = 8, 125  # 1,000 episodes
 
 
-async def three_turns(client, example):
-    """user -> reply -> user -> reply -> user -> reply; the reward depends on what was said."""
+async def two_turns(client, example):
+    """user -> reply -> user -> reply; the reward depends on what was said."""
     messages = [{"role": "user", "content": example.prompt}]
-    for follow_up in ("go on", "and then?", None):
+    for follow_up in ("go on", None):
         response = await client.chat.completions.create(model="policy", messages=messages)
         messages = messages + [response.choices[0].message]
         if follow_up:
@@ -46,16 +46,16 @@ def test_multi_turn_tokens_and_logprobs_are_exact(tmp_path):
     tok = chat_tokenizer("qwen3", tmp_path)
     model = tiny_model(tok, seed=1, max_len=512).eval()
     engine = EngineBackend(model, tok, dtype=torch.float32, device="cpu", num_kv_blocks=2048, block_size=16)
-    backend = WorkflowBackend(engine, three_turns, tok, max_total_tokens=400)
+    backend = WorkflowBackend(engine, two_turns, tok, max_total_tokens=400)
     log: dict = {}
     backend._generator = lambda: RecordingGenerator(backend._engine_started(), log)
     rng = random.Random(0)
     examples = [Example(prompt=f"say {rng.randint(0, 999)}", answer="", uid=f"e{i}") for i in range(EXAMPLES)]
     outputs = backend.generate_examples(examples, SamplingParams(n=EPISODES_PER_EXAMPLE, temperature=1.0,
-                                                                 max_tokens=6, seed=7))
+                                                                 max_tokens=5, seed=7))
     backend.close()
     completions = [c for out in outputs for c in out.completions]
-    assert len(completions) == 1000 and all(c.info["turns"] == 3 for c in completions)
+    assert len(completions) == 1000 and all(c.info["turns"] == 2 for c in completions)
     batch = build_train_batch(outputs, [c.reward for c in completions], tok.pad_token_id)
     P = batch.prompt_length
     for row, c in enumerate(completions):
@@ -71,4 +71,4 @@ def test_multi_turn_tokens_and_logprobs_are_exact(tmp_path):
                                                   P, temperature=1.0)[0] for i in range(0, 1000, 100)])
     mask = batch.response_mask.bool()
     gap = (recomputed - batch.rollout_logprobs).abs()[mask]
-    assert mask.sum() > 10_000 and gap.max().item() <= 1e-4, gap.max().item()
+    assert mask.sum() > 5_000 and gap.max().item() <= 1e-4, gap.max().item()
