@@ -36,6 +36,8 @@ def request_body(model: str, prompt_ids: list[int], params: SamplingParams, sess
         extra["session_id"] = session_id
     body = {"model": model, "prompt": list(prompt_ids), "n": params.n, "max_tokens": params.max_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "logprobs": 1, "extra_body": extra}
+    if session_id:  # also as a header: a router need not parse the body to keep a session on one replica
+        body["extra_headers"] = {"X-Session-Id": session_id}
     if params.seed is not None:
         body["seed"] = params.seed
     if params.stop:
