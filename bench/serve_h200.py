@@ -138,8 +138,8 @@ def main() -> None:
         path = save_checkpoint(Path(tmp), args.prompt + args.response + 16, args.shape)
         llm_tps = bench_llm(path, args)
         http_tps = bench_http(path, args)
-    row = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu", "shape": args.shape, "concurrency": args.concurrency, "prompt": args.prompt,
-           "response": args.response, "llm_generate_tokens_per_s": round(llm_tps), "http_tokens_per_s": round(http_tps),
+    row = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu", "shape": args.shape,
+           "concurrency": args.concurrency, "prompt": args.prompt, "response": args.response, "llm_generate_tokens_per_s": round(llm_tps), "http_tokens_per_s": round(http_tps),
            "http_over_llm": round(http_tps / llm_tps, 3), "date": time.strftime("%Y-%m-%d %H:%M")}
     print(json.dumps(row, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

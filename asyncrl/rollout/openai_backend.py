@@ -6,14 +6,15 @@ text) with their log-probs. Servers:
 
 * ``asyncrl serve`` — returns ``token_ids`` and ``token_versions`` per choice, and takes new
   weights at ``POST /v1/update_weights`` (a safetensors body): ``weight_sync: http``.
-* vLLM (>= 0.10.2) returns ``token_ids`` when asked with ``return_token_ids``. Its weight-update routes (``VLLM_SERVER_DEV_MODE=1``,
-  ``--weight-transfer-config``) are ``/init_weight_transfer_engine``, ``/start_weight_update``,
-  ``/update_weights``, ``/finish_weight_update`` around an NCCL or CUDA-IPC transfer, plus
-  ``/pause`` and ``/resume``; SGLang's are ``/update_weights_from_disk`` (a checkpoint path),
+* vLLM (>= 0.10.2) returns ``token_ids`` when asked with ``return_token_ids``. Its
+  weight-update routes (``VLLM_SERVER_DEV_MODE=1``, ``--weight-transfer-config``) are
+  ``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
+  ``/finish_weight_update`` around an NCCL or CUDA-IPC transfer, plus ``/pause`` and
+  ``/resume``; SGLang's are ``/update_weights_from_disk`` (a checkpoint path),
   ``/init_weights_update_group`` + ``/update_weights_from_distributed`` (NCCL), and
   ``/pause_generation`` / ``/continue_generation``. asyncrl does not drive those transfers yet:
-  use ``weight_sync: none`` and sync them yourself, or ``weight_sync: disk`` with a shared
-  directory (asyncrl writes a checkpoint and posts its path).
+  use ``weight_sync: none`` and sync them yourself. ``weight_sync: disk`` writes the weights to
+  a directory the server shares and posts the path (asyncrl serve's JSON form).
 
 Per-token versions come from the server when it sends them, else the version last pushed.
 """
@@ -111,7 +112,8 @@ class OpenAIBackend:
         else:
             response = self._post_file(tensors, version, headers)
         if response.status_code != 200:
-            raise RuntimeError(f"weight update to {self.base_url} failed ({response.status_code}): {response.text[:500]}")
+            raise RuntimeError(f"weight update to {self.base_url} failed ({response.status_code}): "
+                               f"{response.text[:500]}")
         self.version = version
 
     def _post_file(self, tensors: dict, version: int, headers: dict):

@@ -68,7 +68,8 @@ class ChatStreamer(TextStreamer):
         if self.parser is not None:
             parsed = self.parser.parse(final_text)
             if parsed.tool_calls:
-                delta: dict = {"tool_calls": [{"index": k, **call.to_openai()} for k, call in enumerate(parsed.tool_calls)]}
+                calls = [{"index": k, **call.to_openai()} for k, call in enumerate(parsed.tool_calls)]
+                delta: dict = {"tool_calls": calls}
                 rest = self._advance(index, parsed.content or "", len(parsed.content or ""))
                 if rest:
                     delta["content"] = rest

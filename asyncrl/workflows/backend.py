@@ -78,9 +78,13 @@ class WorkflowBackend:
         """Single-turn generation on the same engine (no workflow)."""
         async def run():
             gen = self._generator()
-            outs = await asyncio.gather(*(gen.generate(ids, turn_params(params, params.max_tokens, _seed(params, i)),
-                                                       f"single-{uuid.uuid4().hex[:8]}")
-                                          for i, ids in enumerate(prompt_token_ids) for _ in range(params.n)))
+            try:
+                outs = await asyncio.gather(*(
+                    gen.generate(ids, turn_params(params, params.max_tokens, _seed(params, i)),
+                                 f"single-{uuid.uuid4().hex[:8]}")
+                    for i, ids in enumerate(prompt_token_ids) for _ in range(params.n)))
+            finally:
+                await _close(gen)
             return [RequestOutput(list(ids), None, outs[i * params.n:(i + 1) * params.n])
                     for i, ids in enumerate(prompt_token_ids)]
         return asyncio.run(run())
@@ -95,8 +99,11 @@ class WorkflowBackend:
         async def episode(example: Example, index: int) -> Trajectory:
             async with gate:
                 return await self._episode(generator, example, params, index)
-        trajectories = await asyncio.gather(*(episode(ex, i * params.n + j) for i, ex in enumerate(examples)
-                                              for j in range(params.n)))
+        try:
+            trajectories = await asyncio.gather(*(episode(ex, i * params.n + j) for i, ex in enumerate(examples)
+                                                  for j in range(params.n)))
+        finally:
+            await _close(generator)
         return [self._group(ex, trajectories[i * params.n:(i + 1) * params.n]) for i, ex in enumerate(examples)]
 
     async def _episode(self, generator, example: Example, params: SamplingParams, index: int) -> Trajectory:
@@ -123,6 +130,13 @@ class WorkflowBackend:
             raise ValueError("the episodes of one example share no prompt token; GRPO groups need a common prompt")
         prompt = trajectories[0].prompt_ids[:cut]
         return RequestOutput(prompt, example.prompt, [t.to_completion(self.tokenizer, cut) for t in trajectories])
+
+
+async def _close(generator) -> None:
+    """An HTTP generator's client (its connection pool belongs to this call's event loop)."""
+    client = getattr(generator, "client", None)
+    if client is not None:
+        await client.close()
 
 
 def _seed(params: SamplingParams, index: int) -> Optional[int]:

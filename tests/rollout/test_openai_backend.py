@@ -14,9 +14,33 @@ from asyncrl.rollout.openai_backend import OpenAIBackend
 from asyncrl.runtime.pipeline import run_training
 from asyncrl.serve.server import BackgroundServer, build_state
 from asyncrl.training.warm_start import tiny_checkpoint
-from asyncrl.types import SamplingParams
+from asyncrl.types import Example, SamplingParams
+from asyncrl.workflows.backend import WorkflowBackend
 
 KEY = "k"
+
+
+async def two_completions(client, example):
+    """A base-model agent loop: a completion, then the prompt extended by it and "+1="."""
+    first = await client.completions.create(model="policy", prompt=example.prompt, max_tokens=4)
+    await client.completions.create(model="policy", prompt=example.prompt + first.choices[0].text + "+1=",
+                                    max_tokens=4)
+    return 1.0
+
+
+def _check_workflow_over_http(backend, tokenizer):
+    """Episodes through the server (HTTPGenerator): sampled ids with the server's versions, the
+    inserted text as its own tokens without loss."""
+    outs = WorkflowBackend(backend, two_completions, tokenizer).generate_examples(
+        [Example(prompt="12+3=", answer="15", uid="a"), Example(prompt="7+8=", answer="15", uid="b")],
+        SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=3))
+    inserted = tokenizer.encode("+1=", add_special_tokens=False)
+    for out in outs:
+        for c in out.completions:
+            assert c.info["turns"] == 2 and c.reward == 1.0
+            masked = [t for t, m in zip(c.token_ids, c.loss_mask) if not m]
+            assert masked == inserted
+            assert {v for v, m in zip(c.versions, c.loss_mask) if m} == {0}
 
 
 def _config(tmp_path: Path, url: str, mode: str):
@@ -47,6 +71,7 @@ def test_openai_backend_generates_and_trains_through_asyncrl_serve(tmp_path):
             for rc, lc in zip(r.completions, l.completions):
                 assert max(abs(a - b) for a, b in zip(rc.logprobs, lc.logprobs)) < 1e-6
                 assert rc.versions == [0] * len(rc.token_ids)
+        _check_workflow_over_http(backend, state.tokenizer)
         for mode in ("sync", "async"):
             cfg = _config(tmp_path, url, mode)
             if mode == "async":

@@ -58,7 +58,8 @@ def test_tokens_are_recorded_as_sampled_and_match_the_whole_rendering(fmt, tmp_p
     client.tools = {"calculator": CALCULATOR}
     conversation = asyncio.run(_episode(client))
     traj = client.trajectory(reward=1.0)
-    assert gen.prompts[1] == traj.context[:len(gen.prompts[1])] and gen.prompts[1][:len(gen.prompts[0])] == gen.prompts[0]
+    assert gen.prompts[1] == traj.context[:len(gen.prompts[1])]
+    assert gen.prompts[1][:len(gen.prompts[0])] == gen.prompts[0]
     whole = render_ids(tok, conversation, TOOLS, add_generation_prompt=False)
     assert whole[:len(traj.context)] == traj.context  # the whole rendering adds only the closing newline
     assert tok.decode(whole[len(traj.context):]).strip() == ""

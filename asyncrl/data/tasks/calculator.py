@@ -42,7 +42,8 @@ class CalculatorTask(SyntheticTask):
     def __init__(self, seed: int = 0, num_eval: int = 200, min_digits: int = 2, max_digits: int = 3,
                  tool_share: float = 0.2):
         self.min_digits, self.max_digits, self.tool_share = min_digits, max_digits, tool_share
-        self.charset = "0123456789*=" + f"|calculator-chat-v1|tools{tool_share}"  # (the suffix keys the warm-start cache)
+        # the suffix keys the warm-start cache (the tokenizer and template are this task's own)
+        self.charset = "0123456789*=" + f"|calculator-chat-v1|tools{tool_share}"
         super().__init__(seed, num_eval)
 
     def _operand(self, rng: random.Random) -> int:
