@@ -15,6 +15,7 @@ from asyncrl.training.logprobs import response_logprobs
 from asyncrl.training.mfu import peak_flops, update_flops
 from asyncrl.training.micro_batches import balanced_micro_batches
 from asyncrl.training.optim import adamw
+from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
 
 
@@ -68,6 +69,8 @@ class Actor:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
         self.version = 0  # policy version: incremented per rollout batch consumed
         self._gap = LogprobGap()
+        # MoE: hooks on the routers (replay the rollout's experts, or only count the mismatch)
+        self.routing = RoutingReplay(model, replay=actor_cfg.routing_replay) if find_routers(model) else None
         # kernels, layout, compile of the forward (forward_plan.py); the reference's copy inherits it
         self.plan = prepare_model(model, actor_cfg.kernels, actor_cfg.packing, actor_cfg.compile)
 
@@ -93,9 +96,13 @@ class Actor:
 
     def _forward(self, batch: TrainBatch, with_entropy: bool):
         device = next(self.model.parameters()).device
-        return response_logprobs(self.model, batch.input_ids.to(device), batch.attention_mask.to(device),
-                                 batch.prompt_length, self.temperature, self.cfg.logprob_chunk_tokens,
-                                 with_entropy=with_entropy)
+        args = (self.model, batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length,
+                self.temperature, self.cfg.logprob_chunk_tokens)
+        kwargs = dict(with_entropy=with_entropy)
+        if self.routing is None or batch.routed_experts is None:
+            return response_logprobs(*args, **kwargs)
+        with self.routing.use(batch.routed_experts, batch.routing_mask):  # routes align with the padded layout
+            return response_logprobs(*args, share_prompts=False, pack_bin_tokens=0, **kwargs)
 
     def _micro_indices(self, batch: TrainBatch) -> list[torch.Tensor]:
         """Row indices per micro-batch: groups kept whole, balanced by tokens (micro_batches.py)."""
@@ -112,8 +119,11 @@ class Actor:
             for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
                 history.append(self._optimizer_step(batch.select(mini)))
         self.version += 1
-        metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
-        return {**metrics, **self._gap.metrics(), **self._throughput(batch, time.perf_counter() - start)}
+        metrics = {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap.metrics()}
+        mismatch = self.routing.mismatch_rate() if self.routing is not None else None
+        if mismatch is not None:
+            metrics["actor/routing_mismatch"] = mismatch
+        return {**metrics, **self._throughput(batch, time.perf_counter() - start)}
 
     def _throughput(self, batch: TrainBatch, seconds: float) -> dict[str, float]:
         """actor/tflops (model FLOPs of the update per second, mfu.py) and actor/mfu (over the

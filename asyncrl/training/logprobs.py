@@ -77,13 +77,18 @@ PACK_BIN_TOKENS = 128  # packed layout when every prompt + its rows' responses f
 SMALL_LOGITS_BYTES = 64 << 20  # logits of a whole micro-batch under this: no chunking, no checkpoint
 
 
+def _all_full_attention(model) -> bool:
+    """No sliding-window or recurrent (linear-attention, Qwen3.5) layers: the prompt's KV cache is
+    all a continuation needs, and a 4D mask alone keeps packed sequences apart. (A recurrent layer
+    would need ``cu_seqlens`` in its conv and delta rule: SCALE.md §3.2, the packing pitfall.)"""
+    layer_types = getattr(model.config, "layer_types", None) or ["full_attention"]
+    return all(kind == "full_attention" for kind in layer_types)
+
+
 def _packable(model) -> bool:
     """The packed layout needs a model that honours a custom 4D mask and position ids on every
-    layer: sdpa or eager attention, no sliding-window layers."""
-    config = model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return (getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
-            and all(kind == "full_attention" for kind in layer_types))
+    layer: sdpa or eager attention, no sliding-window or recurrent layers."""
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager") and _all_full_attention(model)
 
 
 def _mask_for(model, attention: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -150,6 +155,7 @@ def response_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     [B * L]); without one, N = B * L (the padded layout, padding included)."""
     plan = plan_of(model)
     base = model.get_decoder()
+    share_prompts = share_prompts and _all_full_attention(model)  # hybrid models: one plain padded forward
     if share_prompts and plan.layout == "varlen":
         rows = varlen_rows(input_ids, attention_mask, prompt_length, plan.pad_multiple)
         if rows is not None:
