@@ -26,8 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class TinyModelConfig:
-    """A small Qwen3-architecture model built from a config (random init)."""
+    """A small model built from a config (random init): Qwen3, or Qwen3.5's hybrid architecture
+    (Gated DeltaNet layers with gated full attention every 4th layer; docs/models.md)."""
 
+    architecture: str = field_spec("qwen3", choices=("qwen3", "qwen3_5"))
     hidden_size: int = field_spec(128, ge=8)
     num_hidden_layers: int = field_spec(4, ge=1)
     num_attention_heads: int = field_spec(4, ge=1)
@@ -44,6 +46,8 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
+    """The policy: a checkpoint (dir, run dir or Hub id), or the tiny model built from ``tiny``."""
+
     path: Optional[str] = field_spec(None, help="local HF checkpoint dir; null builds model.tiny")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = field_spec("float32", choices=("float32", "bfloat16", "float16"))
@@ -53,7 +57,8 @@ class ModelConfig:
 class TaskConfig:
     """A synthetic verifiable task (asyncrl.data.tasks)."""
 
-    name: str = field_spec("arithmetic", choices=("arithmetic", "countdown"))
+    name: str = field_spec("arithmetic", choices=("arithmetic", "countdown", "calculator"),
+                           help="calculator: multiplication solvable by calling the calculator tool (a workflow)")
     min_digits: int = field_spec(1, ge=1, le=9, help="arithmetic: operand digit counts")
     max_digits: int = field_spec(3, ge=1, le=9)
     operations: list[str] = field_spec(default_factory=lambda: ["+"], help="arithmetic: subset of + - *")
@@ -74,12 +79,17 @@ class TaskConfig:
 class DataConfig:
     """Prompts from a dataset file (asyncrl.data.sources) instead of the synthetic ``task``.
 
-    ``preset`` names a reference set in ../shared/data (its field mapping, its evaluation
-    prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
+    ``preset`` names a set that ships with asyncrl (asyncrl/data/sets: its field mapping, its
+    evaluation prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
     """
 
-    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file or HF save_to_disk dir; "
-                                                "null with preset null: the synthetic task")
+    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file, HF save_to_disk dir, or a Hugging "
+                                                "Face Hub dataset id (openai/gsm8k); null with preset null: the "
+                                                "synthetic task")
+    subset: Optional[str] = field_spec(None, help="a Hub dataset's configuration name (openai/gsm8k: main)")
+    split: str = field_spec("train", help="the training split of a dataset dict (Hub id or save_to_disk dir)")
+    eval_split: str = field_spec("test", help="a dataset dict's held-out split, used when eval_path and "
+                                              "eval_preset are null")
     format: Optional[str] = field_spec(None, choices=("jsonl", "json", "parquet", "csv", "hf"),
                                        help="null: from the extension")
     preset: Optional[str] = field_spec(None, choices=("gsm8k", "aime24", "amc23", "math_eval", "minerva_math"))
@@ -166,9 +176,29 @@ class SFTConfig:
 
 
 @dataclass
+class OpenAIServerConfig:
+    """``rollout.backend=openai``: generate on an OpenAI-compatible server (asyncrl serve, vLLM,
+    SGLang) with token-id prompts and logprobs (asyncrl/rollout/openai_backend.py)."""
+
+    base_url: Optional[str] = field_spec(None, help="the server, e.g. http://127.0.0.1:8000 (no /v1)")
+    model: Optional[str] = field_spec(None, help="served model name (null: the server's first model)")
+    api_key: Optional[str] = field_spec(None, help="null: $OPENAI_API_KEY")
+    weight_sync: str = field_spec("http", choices=("http", "disk", "none"),
+                                  help="http: safetensors body to POST /v1/update_weights (asyncrl serve); disk: a "
+                                       "file in shared_dir, its path posted; none: weights synced by other means")
+    shared_dir: Optional[str] = field_spec(None, help="weight_sync=disk: a directory trainer and server both see")
+    timeout_s: float = field_spec(600.0, gt=0)
+    max_connections: int = field_spec(256, ge=1)
+
+
+@dataclass
 class RolloutConfig:
-    backend: str = field_spec("auto", choices=("auto", "engine", "hf"),
-                              help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate")
+    """Generation: the rollout backend, samples per prompt (the group), sampling parameters."""
+
+    backend: str = field_spec("auto", choices=("auto", "engine", "hf", "openai"),
+                              help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate; "
+                                   "openai: an OpenAI-compatible server (rollout.openai)")
+    openai: OpenAIServerConfig = field(default_factory=OpenAIServerConfig)
     n: int = field_spec(8, ge=1, help="samples per prompt (GRPO group size)")
     temperature: float = field_spec(1.0, gt=0)
     top_p: float = field_spec(1.0, gt=0, le=1)
@@ -179,6 +209,29 @@ class RolloutConfig:
     gpu_memory_utilization: float = field_spec(
         0.85, gt=0, le=1, help="engine on a GPU: fill the card up to this fraction of its memory (everything on it "
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
+    return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
+                                                        "(actor.routing_replay and the routing-mismatch metric)")
+
+
+@dataclass
+class WorkflowConfig:
+    """Multi-turn episodes (asyncrl/workflows, docs/workflows.md): ``async def rollout(client,
+    example) -> Trajectory | float`` runs ``rollout.n`` times per prompt against a client bound
+    to the current policy; ``rollout.max_tokens`` bounds each turn."""
+
+    fn: Optional[str] = field_spec(None, help="module:function, or a built-in: calculator, python_math "
+                                              "(null: single-turn prompt -> completion)")
+    tools: list[Any] = field_spec(default_factory=list, help="built-in names (calculator, python) or "
+                                                             "{fn: module:function, schema: {...}}")
+    tool_parser: str = field_spec("auto", choices=("auto", "hermes", "llama3_json", "none"),
+                                  help="tool-call format (auto: from the chat template)")
+    max_total_tokens: int = field_spec(1024, ge=2, help="an episode's prompt + all turns at most")
+    max_concurrent: int = field_spec(256, ge=1, help="episodes in flight at once per generate call")
+    chat_template_kwargs: dict[str, Any] = field_spec(default_factory=dict, help="e.g. {enable_thinking: false}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.fn is not None
 
 
 @dataclass
@@ -304,6 +357,8 @@ class DPOConfig:
 
 @dataclass
 class ActorConfig:
+    """The policy update: optimizer, PPO epochs, mini- and micro-batches."""
+
     lr: float = field_spec(1e-4, gt=0)
     weight_decay: float = field_spec(0.0, ge=0)
     betas: list[float] = field_spec(default_factory=lambda: [0.9, 0.999])
@@ -313,6 +368,19 @@ class ActorConfig:
     mini_batches: int = field_spec(1, ge=1, help="optimizer steps per rollout batch (per epoch)")
     micro_batch_size: int = field_spec(256, ge=1, help="rows per forward/backward")
     logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
+    routing_replay: bool = field_spec(False, help="MoE: the trainer's forward uses the experts the engine chose "
+                                                  "for each token (R3); the mismatch rate is reported either way")
+    # The trainer's forward (issue 20; asyncrl/training/forward_plan.py); also the reference's and critic's.
+    kernels: str = field_spec("auto", choices=("auto", "liger", "eager"),
+                              help="liger: Liger Kernel's RMSNorm/RoPE/SwiGLU + the Triton fused LM head (CUDA); "
+                                   "eager: HF's modules + the torch fused head; auto: the fastest that runs here")
+    packing: str = field_spec("auto", choices=("auto", "varlen", "tree", "padded"),
+                              help="varlen: rows concatenated, attention by cumulative lengths (GPU default); "
+                                   "tree: short rows as prefix trees under a 4D mask (CPU default); padded")
+    compile: bool = field_spec(False, help="torch.compile the decoder blocks (dynamic shapes; recompiles in the "
+                                           "metrics); Inductor then fuses what Liger's block kernels would")
+    peak_tflops: Optional[float] = field_spec(None, gt=0, help="the device's peak for actor/mfu (null: known "
+                                                               "GPUs' dense bf16 peak; none on CPU)")
     gradient_checkpointing: bool = field_spec(False, help="recompute each decoder layer's activations in backward "
                                                           "(HF activation checkpointing): less memory, ~1/3 more compute")
     offload: str = field_spec("none", choices=("none", "optimizer", "full"),
@@ -323,6 +391,8 @@ class ActorConfig:
 
 @dataclass
 class TrainerConfig:
+    """The RL loop: steps, prompts per step, held-out evals, checkpoints, device."""
+
     steps: int = field_spec(100, ge=0, help="RL steps")
     prompts_per_step: int = field_spec(16, ge=1)
     max_wall_seconds: Optional[float] = field_spec(None, gt=0, help="stop RL early past this budget")
@@ -401,7 +471,8 @@ class HealthConfig:
     enabled: bool = field_spec(True, help="run the health monitors each step")
     warmup_steps: int = field_spec(5, ge=0, help="steps before trend monitors form their baseline")
     window: int = field_spec(5, ge=1, help="steps per smoothing window (medians, pooled samples)")
-    repeat_every: int = field_spec(20, ge=1, help="re-print a monitor that keeps firing every N steps")
+    repeat_every: int = field_spec(0, ge=0, help="re-print a monitor that keeps firing every N steps "
+                                                 "(0: an episode is printed once when it starts and once when it ends)")
     kl_budget: float = field_spec(0.1, gt=0, help="kl/ref (nats/token) allowed before warning")
     hacking_min_reward_rise: float = field_spec(0.05, ge=0, help="train reward rise since the best eval...")
     hacking_min_accuracy_drop: float = field_spec(0.05, gt=0, help="...while eval/accuracy fell this far below its best")
@@ -421,8 +492,10 @@ class HealthConfig:
 
 @dataclass
 class LoggingConfig:
+    """Where outputs go: the run directory, TensorBoard, W&B, the progress bar, the report."""
+
     output_dir: str = "runs"
-    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<name>)")
+    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<job>-<name>, job: train/sft/eval/dpo)")
     tensorboard: bool = True
     progress: bool = True
     memory: bool = field_spec(True, help="peak memory per stage (memory/<stage>_peak_mib)")
@@ -445,6 +518,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)

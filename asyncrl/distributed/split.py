@@ -17,7 +17,6 @@ Rules:
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -53,9 +52,9 @@ def split_rows(rows: torch.Tensor, group_ids: torch.Tensor, cost: torch.Tensor, 
     return [rows[torch.tensor(share, dtype=torch.long)] for share in shares]
 
 
-def micro_plan(shares: list[torch.Tensor], rank: int, micro_size: int) -> list[Optional[torch.Tensor]]:
-    """This rank's micro-batches (index tensors into the batch the shares index), padded with
-    ``None`` to the largest rank's count so every rank runs the same number of forwards."""
-    steps = max(1, max(math.ceil(len(s) / micro_size) for s in shares))
-    mine = list(shares[rank].split(micro_size)) if len(shares[rank]) else []
-    return mine + [None] * (steps - len(mine))
+def pad_plan(plans: list[list[torch.Tensor]], rank: int) -> list[Optional[torch.Tensor]]:
+    """Rank ``rank``'s micro-batches (``plans``: every rank's, computed alike on every rank),
+    padded with ``None`` to the largest rank's count (at least 1) so every rank runs the same
+    number of forwards."""
+    steps = max(1, max(len(plan) for plan in plans))
+    return list(plans[rank]) + [None] * (steps - len(plans[rank]))

@@ -8,10 +8,11 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.distributed.group import SINGLE, DataParallel, init_distributed, shutdown
-from asyncrl.distributed.lockstep import announce, finish
+from asyncrl.distributed import lockstep
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.config_schema import to_dict
@@ -31,17 +32,19 @@ from asyncrl.runtime.roles import DTYPES
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy
+from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
+from asyncrl.workflows.build import wrap_backend
 
 
 def prepare_policy(cfg, task, device, announce: bool = True):
     """(model, tokenizer, info): a local checkpoint, or the tiny model warm-started by SFT."""
-    if cfg.model.path:
-        model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-        return model, tokenizer, {"model_path": cfg.model.path}
+    if cfg.model.path:  # a checkpoint dir, a run dir (its latest checkpoint) or a Hub id
+        path = resolve_model_path(cfg.model.path)
+        model, tokenizer = load_policy(path, cfg.model.dtype, device)
+        return model, tokenizer, {"model_path": str(path)}
     if announce:
-        console.print(f"[dim]warm start: tiny Qwen3 + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
+        console.print(f"[dim]warm start: tiny {cfg.model.tiny.architecture} + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
     path, info = tiny_checkpoint(cfg, task, device)
     if announce:
         state = "cached" if info.get("sft/cached") else f"trained in {info.get('sft/seconds', 0):.1f}s"
@@ -50,26 +53,27 @@ def prepare_policy(cfg, task, device, announce: bool = True):
     return model, tokenizer, {"model_path": str(path), **info}
 
 
-def run_training(cfg) -> dict:
+def run_training(cfg, source=None) -> dict:
     """Run ``asyncrl train``; returns the summary also written to ``summary.json``.
 
-    The prompt source (synthetic task, or dataset + reward pool) is built first, so bad
-    data or reward names fail before any model loads; its pool is closed at the end.
-    With several ranks (trainer.strategy=fsdp2), rank 0 runs the job and the other ranks
-    serve its sharded calls (runtime/follower.py); they return an empty summary.
+    The prompt source (synthetic task, or dataset + reward pool; ``source`` when the Python
+    API built it from Python objects) is built first, so bad data or reward names fail
+    before any model loads; its pool is closed at the end. With several ranks
+    (trainer.strategy=fsdp2), rank 0 runs the job and the other ranks serve its sharded calls
+    (runtime/follower.py); they return an empty summary.
     """
     dp = start_ranks(cfg)
     try:
         if not dp.is_main:
             return follow_training(cfg, dp)
         try:
-            source = build_prompt_source(cfg)
+            source = source if source is not None else build_prompt_source(cfg)
             try:
                 return _train(cfg, source, dp)
             finally:
                 source.close()
         finally:
-            finish(dp)  # releases the followers, also when rank 0 failed
+            lockstep.finish(dp)  # releases the followers, also when rank 0 failed
     finally:
         shutdown(dp)
 
@@ -99,34 +103,44 @@ def rollout_backend(cfg, model, tokenizer, dp: DataParallel):
 
 def _train(cfg, source, dp: DataParallel = SINGLE) -> dict:
     wall_start = time.perf_counter()
-    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
+    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]", job="train")
     if dp.world_size > 1:
-        announce(dp, "session", "open_run", str(run_dir))
+        lockstep.announce(dp, "session", "open_run", str(run_dir))
         open_rank_log(run_dir, dp.rank)
     # sharded: the full policy stays in host memory until its shards are cut (it may not fit one GPU)
     model, tokenizer, model_info = prepare_policy(cfg, source.task, "cpu" if dp.sharded else device)
-    backend = rollout_backend(cfg, model, tokenizer, dp)
+    backend = wrap_backend(cfg, rollout_backend(cfg, model, tokenizer, dp),
+                           tokenizer)  # a workflow runs whole episodes on it (asyncrl.workflows)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
-    announce(dp, "session", "build", model_info["model_path"])  # the followers shard with rank 0 below
+    lockstep.announce(dp, "session", "build", model_info["model_path"])  # the followers shard with rank 0 below
     controller = build_controller(cfg, model, backend, tokenizer, source, encode, dp)
     rank_memory = RankMemory(dp, controller.memory)
-    def evaluate() -> dict:
+    def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
         trainer's current weights. The sync controller pushes them into ``backend`` after each
         update; the async one generates with a backend of its own, so ``backend`` (an engine
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
         start. A no-op copy for HF generate sharing the trainer's tensors. (Sharded runs are
-        sync: the backend already holds the current weights.)"""
+        sync: the backend already holds the current weights.) ``samples`` receives a few
+        (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
         if not dp.sharded:
             backend.update_weights(model.named_parameters(), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
-        result = {"accuracy": heldout_accuracy(*common, encode=encode)}
+        record = samples if samples is not None else {}
+        greedy, sampled = {}, {}
+        result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []),
+                                               details=greedy)}
         if cfg.trainer.eval_samples:
             result["sampled_accuracy"] = heldout_accuracy(*common, encode=encode, temperature=cfg.rollout.temperature,
-                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed)
+                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed,
+                                                          record=record.setdefault("sampled", []), details=sampled)
+        if "tool_call_rate" in greedy:  # workflows: how often the policy calls a tool
+            result["tool_call_rate"] = greedy["tool_call_rate"]
+            result["sampled_tool_call_rate"] = sampled.get("tool_call_rate")
         return result
 
-    before = evaluate()
+    before_samples: dict = {}
+    before = evaluate(before_samples)
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
     actor = controller.actor
@@ -135,9 +149,11 @@ def _train(cfg, source, dp: DataParallel = SINGLE) -> dict:
         from asyncrl.metrics.wandb_sink import WandbSink
         sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),
                                      cfg.logging.wandb_mode, cfg.logging.wandb_entity))
-    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl")
+    _write_samples(sinks, 0, before_samples)
+    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
+    failed: list[float] = []  # reward/failed_fraction per step (a dataset's reward pool)
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
             for step in range(1, cfg.trainer.steps + 1):
@@ -147,11 +163,14 @@ def _train(cfg, source, dp: DataParallel = SINGLE) -> dict:
                     metrics.update(rank_memory_metrics(rank_memory.gather_step()))
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
-                    metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
-                # async: generation runs beside the trainer, its busy time is async/rollout_seconds
-                rollout_s = metrics.get("async/rollout_seconds", controller.timer.step_seconds["rollout"])
-                metrics.update(profile.observe(controller.timer.step_seconds, rollout_seconds=rollout_s,
-                                               rollout_tokens=metrics["throughput/rollout_tokens_per_s"] * rollout_s))
+                    samples: dict = {}
+                    result = evaluate(samples)
+                    metrics.update({f"eval/{k}": v for k, v in result.items()})
+                    _write_samples(sinks, step, samples)
+                    progress.print(f"step {step}: held-out accuracy {_fmt(result)} (before RL: {_fmt(before)})")
+                metrics.update(profile.observe_row(metrics))  # the same row metrics.jsonl gets
+                if "reward/failed_fraction" in metrics:
+                    failed.append(metrics["reward/failed_fraction"])
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())
@@ -167,30 +186,45 @@ def _train(cfg, source, dp: DataParallel = SINGLE) -> dict:
         sinks.close()
         if cfg.runtime.mode == "async":
             controller.close()  # stop the rollout side before the final eval and checkpoint
+    if cfg.health.enabled:
+        health.finish(console)  # episodes still open, once, with their counts
     rl_seconds = time.perf_counter() - rl_start
-    after = evaluate()
+    after_samples: dict = {}
+    after = evaluate(after_samples)
     final_accuracy = after["accuracy"]
     checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
+    getattr(backend, "close", lambda: None)()  # a workflow's engine thread
     gain = final_accuracy - sft_accuracy if heldout else None
     summary = {
         "name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "steps": steps_done,
         "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
         "sft_sampled_accuracy": before.get("sampled_accuracy"), "final_sampled_accuracy": after.get("sampled_accuracy"),
+        **{f"{when}_{k}": r[k] for when, r in (("sft", before), ("final", after)) for k in
+           ("tool_call_rate", "sampled_tool_call_rate") if r.get(k) is not None},
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": time.perf_counter() - wall_start,
-        "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
+        "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),
         "checkpoint": str(checkpoint),
+        "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
         "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
         **({"memory_per_rank": rank_memory.gather_run()} if dp.world_size > 1 else {}),
         **({"world_size": dp.world_size} if dp.sharded else {}),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    _write_final_samples(run_dir, steps_done, after_samples, cfg.logging.tensorboard)
     console.print(summary_table(summary))
-    console.print(profile_table(profile))
-    console.print(headline(profile))
+    if summary["reward_failed_fraction"]:
+        console.print(f"[bold yellow]reward calls failed on {100 * summary['reward_failed_fraction']:.1f}% of the "
+                      "samples (scored reward.default_score): see reward/failed_fraction and the pool's failures[/]")
+    console.print(profile_table(summary["profile"]))
+    console.print(headline(summary["profile"]))
     if cfg.logging.report:
         from asyncrl.metrics.report import write_report
+        from asyncrl.metrics.report_plots import available
+        if not available():
+            console.print("[yellow]report written without plots: matplotlib is not installed "
+                          "(pip install 'asyncrl[report]')[/]")
         console.print(f"report: {write_report(run_dir)}")
     if heldout:
         console.print(f"held-out accuracy before RL: {_fmt(before)}")
@@ -206,6 +240,22 @@ def build_controller(cfg, model, backend, tokenizer, source, encode, dp: DataPar
         return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode)
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode,
                                  dp=dp)
+
+
+def _write_samples(sinks: MetricSinks, step: int, samples: dict) -> None:
+    """The eval's recorded completions, one tag per kind (``samples/greedy``, ``samples/sampled``)."""
+    for kind, rows in samples.items():
+        if rows:
+            sinks.write_samples(step, f"samples/{kind}", rows)
+
+
+def _write_final_samples(run_dir: Path, step: int, samples: dict, tensorboard: bool) -> None:
+    """The final eval's completions (the step sinks are closed by then): samples.jsonl, TensorBoard."""
+    sinks = MetricSinks(run_dir, tensorboard)
+    try:
+        _write_samples(sinks, step, samples)
+    finally:
+        sinks.close()
 
 
 def _gains(before: dict, after: dict) -> str:

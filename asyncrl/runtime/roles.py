@@ -18,8 +18,9 @@ import torch
 from asyncrl.distributed.fsdp import shard_model
 from asyncrl.distributed.group import SINGLE, DataParallel
 from asyncrl.training.actor import Actor
-from asyncrl.training.critic import Critic, build_value_model
+from asyncrl.training.critic import Critic, CriticValues, build_value_model
 from asyncrl.training.forward import PolicyLogprobs
+from asyncrl.training.forward_plan import prepare_model
 from asyncrl.training.reference import Reference, frozen_copy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,16 +62,21 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
         return actor, reference, critic
     compute, master = DTYPES[cfg.model.dtype], master_dtype(cfg)
     offload = cfg.actor.offload == "full"
+    # the forward plan for the device and dtype the shards will compute in (forward_plan.py); the
+    # copies below inherit it, and FSDP2 keeps the swapped classes and compiled blocks
+    plan = prepare_model(model, cfg.actor.kernels, cfg.actor.packing, cfg.actor.compile, device=dp.device,
+                         dtype=compute)
     ref_policy = frozen_copy(model) if needs_reference(algo) else None  # copies first: rank 0's are the real ones
-    value_model = build_value_model(model) if cfg.critic.enable else None
+    value_model = build_value_model(model, dp.device, compute) if cfg.critic.enable else None
     forward = shard_model(PolicyLogprobs(model), dp, compute_dtype=compute, master_dtype=master, offload_params=offload)
-    actor = Actor(model, cfg.actor, algo, temperature, forward=forward, dp=dp)
+    actor = Actor(model, cfg.actor, algo, temperature, forward=forward, dp=dp, plan=plan, compute_dtype=compute)
     reference = critic = None
     if ref_policy is not None:
         ref_forward = shard_model(PolicyLogprobs(ref_policy), dp, compute_dtype=compute, master_dtype=compute,
                                   offload_params=offload)
         reference = Reference(None, temperature, micro, cfg.actor.logprob_chunk_tokens, forward=ref_forward, dp=dp)
     if value_model is not None:
-        value_model = shard_model(value_model, dp, compute_dtype=compute, master_dtype=master, offload_params=offload)
-        critic = Critic(value_model, cfg.critic, algo.loss_agg_mode, micro, dp=dp)
+        values = shard_model(CriticValues(value_model), dp, compute_dtype=compute, master_dtype=master,
+                             offload_params=offload)
+        critic = Critic(value_model, cfg.critic, algo.loss_agg_mode, micro, forward=values, dp=dp)
     return actor, reference, critic

@@ -15,7 +15,7 @@ import torch
 
 from asyncrl.algorithms import (AdvantageInput, build_kl_controller, compute_advantages, kl_in_reward,
                                 overlong_penalty)
-from asyncrl.data.sources import PromptEncoder, encode_batch, score_completions
+from asyncrl.data.sources import PromptEncoder, generate_for_examples, grade_completions
 from asyncrl.metrics.health import SampleStats
 from asyncrl.metrics.memory import MemoryTracker
 from asyncrl.metrics.timer import StageTimer
@@ -29,6 +29,7 @@ from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic
 from asyncrl.training.logprob_gap import logprob_gap_metrics
 from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
+from asyncrl.workflows.metrics import workflow_metrics
 
 ROUND_SEED_STRIDE = 100_003  # round r of a step samples with seed + r·stride (round 0: today's seed)
 
@@ -119,20 +120,17 @@ class SyncController:
     def rollout(self, step: int, round_index: int = 0) -> tuple[list[Example], list[RequestOutput]]:
         examples = [next(self.prompts) for _ in range(self.cfg.trainer.prompts_per_step)]
         self.params.seed = self.cfg.seed * 1_000_003 + step + ROUND_SEED_STRIDE * round_index
-        return examples, self.backend.generate(self._prompt_ids(examples), self.params)
+        return examples, generate_for_examples(self.backend, self.encode, examples, self.params)
 
     def greedy_rollout(self, examples: list[Example]) -> list[RequestOutput]:
         """ReMax's baseline: one temperature-0 response per prompt from the same backend."""
-        return self.backend.generate(self._prompt_ids(examples), self.greedy_params)
-
-    def _prompt_ids(self, examples: list[Example]) -> list[list[int]]:
-        return encode_batch(self.encode, examples)
+        return generate_for_examples(self.backend, self.encode, examples, self.greedy_params)
 
     def score(self, example: Example, output: RequestOutput) -> tuple[list[float], list[float]]:
         """(shaped scores, correctness) of one prompt's completions. The shaped score is the
         task reward plus DAPO's overlong penalty when ``algorithm.overlong_buffer.enable``."""
-        raw = score_completions(self.reward_fn, example, output.completions)  # one pool submission per group
-        correct = [float(r >= 1.0) for r in raw]
+        # one pool submission per group; correct = the verifier's full marks (not a shaping reward's)
+        raw, correct = grade_completions(self.reward_fn, example, output.completions)
         buffer = self.algo.overlong_buffer
         if buffer.enable:
             lengths = torch.tensor([len(c.token_ids) for c in output.completions])
@@ -207,6 +205,7 @@ class SyncController:
                    "throughput/rollout_tokens_per_s": generated_tokens / rollout_s,
                    "throughput/step_tokens_per_s": float(lengths.sum()) / step_s,
                    "throughput/samples_per_s": batch.batch_size / step_s}
+        metrics.update(workflow_metrics(generated.outputs))
         mask = batch.response_mask
         if batch.ref_logprobs is not None and batch.old_logprobs is not None:
             metrics["kl/ref"] = float(((batch.old_logprobs - batch.ref_logprobs) * mask).sum() / mask.sum())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Optional
 
 import torch
@@ -12,9 +13,13 @@ from asyncrl.distributed.batches import map_rows, micro_batches
 from asyncrl.distributed.grad_norm import clip_grad_norm
 from asyncrl.distributed.group import SINGLE, DataParallel
 from asyncrl.distributed.lockstep import replicated
+from asyncrl.training.compile import compile_stats
 from asyncrl.training.forward import PolicyLogprobs
+from asyncrl.training.forward_plan import ForwardPlan, prepare_model
 from asyncrl.training.logprob_gap import LogprobGap
+from asyncrl.training.mfu import peak_flops, update_flops
 from asyncrl.training.optim import build_optimizer
+from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
 
 # metrics that are each micro-batch's share of the mini-batch loss: they add up to it
@@ -63,15 +68,19 @@ class Actor:
     batch, computes its share of whole groups, FSDP2 sums the gradients).
 
     ``model`` is the HF policy; ``forward`` the module the trainer calls (the FSDP2 root when
-    sharded, see forward.py), by default a plain :class:`PolicyLogprobs` around ``model``.
+    sharded, see forward.py), by default a plain :class:`PolicyLogprobs` around ``model``;
+    ``plan`` its forward plan when the role builder prepared it before sharding (roles.py).
     """
 
     def __init__(self, model, actor_cfg, algo_cfg, temperature: float, *,
-                 forward: Optional[torch.nn.Module] = None, dp: DataParallel = SINGLE):
+                 forward: Optional[torch.nn.Module] = None, dp: DataParallel = SINGLE,
+                 plan: Optional[ForwardPlan] = None, compute_dtype: Optional[torch.dtype] = None):
         self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
         self.forward_module = forward if forward is not None else PolicyLogprobs(model)
         self.dp = dp
-        self.device = dp.device if dp.sharded else next(model.parameters()).device
+        param = next(model.parameters())
+        self.device = dp.device if dp.sharded else param.device
+        self.compute_dtype = compute_dtype or param.dtype
         self.loss_cfg = policy_loss_config(algo_cfg)
         self.optimizer = build_optimizer(self.forward_module.parameters(), actor_cfg)
         warmup = actor_cfg.warmup_steps
@@ -79,6 +88,11 @@ class Actor:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
         self.version = 0  # policy version: incremented per rollout batch consumed
         self._gap = LogprobGap()
+        # MoE: hooks on the routers (replay the rollout's experts, or only count the mismatch)
+        self.routing = RoutingReplay(model, replay=actor_cfg.routing_replay) if find_routers(model) else None
+        # kernels, layout, compile of the forward (forward_plan.py); the reference's copy inherits it
+        self.plan = plan if plan is not None else prepare_model(model, actor_cfg.kernels, actor_cfg.packing,
+                                                                actor_cfg.compile)
 
     @property
     def on_policy_shortcut(self) -> bool:
@@ -102,9 +116,12 @@ class Actor:
         return logprobs.to(batch.response_mask.device) * batch.response_mask  # the batch's device
 
     def _forward(self, batch: TrainBatch, with_entropy: bool):
-        return self.forward_module(batch.input_ids.to(self.device), batch.attention_mask.to(self.device),
-                                   batch.prompt_length, self.temperature, self.cfg.logprob_chunk_tokens,
-                                   with_entropy=with_entropy, entropy_grad=self.algo.entropy_coeff > 0)
+        args = (batch.input_ids.to(self.device), batch.attention_mask.to(self.device), batch.prompt_length,
+                self.temperature, self.cfg.logprob_chunk_tokens)
+        if self.routing is None or batch.routed_experts is None:
+            return self.forward_module(*args, with_entropy=with_entropy)
+        with self.routing.use(batch.routed_experts, batch.routing_mask):  # routes align with the padded layout
+            return self.forward_module(*args, with_entropy=with_entropy, share_prompts=False, pack_bin_tokens=0)
 
     @replicated("actor")
     def update(self, batch: TrainBatch) -> dict[str, float]:
@@ -112,11 +129,30 @@ class Actor:
         self.forward_module.train()
         self._gap = LogprobGap()  # filled only by the on-policy shortcut's pre-update forward
         history: list[dict[str, float]] = []
+        start = time.perf_counter()
         for _ in range(self.cfg.ppo_epochs):
             for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
                 history.append(self._optimizer_step(batch.select(mini)))
         self.version += 1
-        return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap_metrics()}
+        metrics = {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap_metrics()}
+        mismatch = self.routing.mismatch_rate() if self.routing is not None else None
+        if mismatch is not None:
+            metrics["actor/routing_mismatch"] = mismatch
+        return {**metrics, **self._throughput(batch, time.perf_counter() - start)}
+
+    def _throughput(self, batch: TrainBatch, seconds: float) -> dict[str, float]:
+        """actor/tflops (model FLOPs of the update per second, mfu.py) and actor/mfu (over the
+        device's peak, where known). The update ends in host reads of its metrics, so the GPU
+        has finished by the time the clock stops."""
+        # per device: the batch's FLOPs are spread over the data-parallel ranks
+        flops = self.cfg.ppo_epochs * update_flops(self.model, batch.attention_mask.sum(-1)) / self.dp.world_size
+        out = {"actor/tflops": flops / max(seconds, 1e-9) / 1e12}
+        if self.plan.body == "compiled":
+            out.update(compile_stats())
+        peak = peak_flops(self.device, self.compute_dtype, self.cfg.peak_tflops)
+        if peak:
+            out["actor/mfu"] = flops / max(seconds, 1e-9) / peak
+        return out
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
         # every rank holds the whole mini-batch (the scored batch is broadcast), so M and S,
@@ -155,8 +191,8 @@ class Actor:
             self._gap.max = max(p[2] for p in parts)
         return self._gap.metrics()
 
-    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float) -> dict[str, float]:
-        device = self.device
+    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device=None) -> dict[str, float]:
+        device = device or self.device
         logprobs, entropy = self._forward(micro, with_entropy=self.computes_entropy)
         mask = micro.response_mask.to(device)
         if micro.old_logprobs is not None:

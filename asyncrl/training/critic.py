@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Optional
 
 import torch
 from transformers import AutoModelForTokenClassification
@@ -22,13 +23,15 @@ from asyncrl.distributed.batches import map_rows, micro_batches
 from asyncrl.distributed.grad_norm import clip_grad_norm
 from asyncrl.distributed.group import SINGLE, DataParallel
 from asyncrl.distributed.lockstep import replicated
-from asyncrl.training.logprobs import position_ids_from_mask
+from asyncrl.training.forward_plan import plan_of, prepare_like
+from asyncrl.training.logprobs import response_states
 from asyncrl.training.optim import build_optimizer
 from asyncrl.types import TrainBatch
 
 
-def build_value_model(policy) -> torch.nn.Module:
-    """Policy architecture + scalar head; backbone weights copied from ``policy``."""
+def build_value_model(policy, device=None, dtype=None) -> torch.nn.Module:
+    """Policy architecture + scalar head; backbone weights copied from ``policy``; the policy's
+    forward plan for ``device`` / ``dtype`` (default: where the policy is, forward_plan.py)."""
     config = copy.deepcopy(policy.config)
     config.num_labels, config.classifier_dropout = 1, 0.0
     param = next(policy.parameters())
@@ -39,19 +42,39 @@ def build_value_model(policy) -> torch.nn.Module:
     torch.nn.init.zeros_(critic.score.weight)
     if critic.score.bias is not None:
         torch.nn.init.zeros_(critic.score.bias)
-    return critic.to(device=param.device, dtype=param.dtype)
+    critic = critic.to(device=param.device, dtype=param.dtype)
+    prepare_like(critic, plan_of(policy), device, dtype)  # the policy's kernels, layout and compile choices
+    return critic
 
 
-def response_values(model, batch: TrainBatch, device=None) -> torch.Tensor:
+class CriticValues(torch.nn.Module):
+    """The critic's values as one module call: ``forward`` runs the backbone in the log-probs'
+    layout and the scalar head. The trainer calls this wrapper (the FSDP2 root when sharded:
+    its forward gathers the parameters no layer owns, the head's among them; forward.py says
+    why the HF model's own forward is not the one called)."""
+
+    def __init__(self, critic: torch.nn.Module):
+        super().__init__()
+        self.critic = critic
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+        states, _, token_index = response_states(self.critic, input_ids, attention_mask, prompt_length)
+        values = self.critic.score(states)[:, 0].float()
+        rows, length = input_ids.shape[0], input_ids.shape[1] - prompt_length
+        if token_index is None:
+            return values.view(rows, length)
+        return values.new_zeros(rows * length).index_copy(0, token_index, values).view(rows, length)
+
+
+def response_values(values_module: CriticValues, batch: TrainBatch, device) -> torch.Tensor:
     """V[i, t] ``[b, L]``: the value of the state *before* response token t.
 
     Same alignment as the log-probs: the hidden state at position P + t − 1 predicts
-    token t, so it is the state token t is chosen from (verl's ``[-L-1:-1]`` slice).
+    token t, so it is the state token t is chosen from (verl's ``[-L-1:-1]`` slice). Computed
+    in the log-probs' layout (each prompt once per group; logprobs.response_states); positions
+    past a row's response hold 0 in the packed layouts: callers mask them.
     """
-    device = device or next(model.parameters()).device
-    ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False)
-    return out.logits[:, batch.prompt_length - 1:-1, 0].float()
+    return values_module(batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -71,11 +94,13 @@ class Critic:
     global token / sequence counts, so they sum to exactly the mini-batch loss.
     """
 
-    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int, *, dp: DataParallel = SINGLE):
+    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int, *,
+                 forward: Optional[CriticValues] = None, dp: DataParallel = SINGLE):
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
+        self.forward_module = forward if forward is not None else CriticValues(model)
         self.dp = dp
         self.device = dp.device if dp.sharded else next(model.parameters()).device
-        self.optimizer = build_optimizer(model.parameters(), critic_cfg)
+        self.optimizer = build_optimizer(self.forward_module.parameters(), critic_cfg)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
@@ -84,9 +109,9 @@ class Critic:
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L] values under the current critic, zero on masked tokens."""
-        self.model.eval()
+        self.forward_module.eval()
         values = map_rows(batch, self.dp, self.micro_batch_size,
-                          lambda micro: response_values(self.model, micro, self.device))
+                          lambda micro: response_values(self.forward_module, micro, self.device))
         return values.cpu() * batch.response_mask
 
     @replicated("critic")
@@ -94,7 +119,7 @@ class Critic:
         """Fit V to ``batch.returns`` with the clipped loss around ``batch.values`` (V_old)."""
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic update needs batch.values (old) and batch.returns (GAE targets)")
-        self.model.train()
+        self.forward_module.train()
         history = [self._optimizer_step(batch.select(mini))
                    for _ in range(self.cfg.ppo_epochs)
                    for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches)]
@@ -110,7 +135,7 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         for micro, rows in micro_batches(mini, self.dp, self.micro_batch_size):
-            values = response_values(self.model, micro, self.device)
+            values = response_values(self.forward_module, micro, self.device)
             device = values.device
             loss, stats = compute_value_loss(
                 values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
@@ -123,7 +148,7 @@ class Critic:
                 sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * rows / mini.batch_size
         sums = self.dp.sum_metrics(sums)
         if self.dp.sharded:
-            grad_norm = float(clip_grad_norm(self.model.parameters(), self.cfg.grad_clip, self.dp))
+            grad_norm = float(clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp))
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         if math.isfinite(grad_norm):  # the norm is global: every rank takes the same branch

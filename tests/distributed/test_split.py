@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.distributed.split import group_runs, micro_plan, split_rows
+from asyncrl.distributed.split import group_runs, pad_plan, split_rows
 
 
 def test_group_runs_are_the_contiguous_runs_of_equal_ids():
@@ -34,13 +34,14 @@ def test_a_group_cut_by_a_mini_batch_boundary_is_split_there():
     assert [s.tolist() for s in shares] == [[2], [3, 4, 5]]
 
 
-def test_micro_plan_pads_to_the_busiest_rank():
-    shares = [torch.tensor([0, 1, 2]), torch.tensor([3]), torch.tensor([], dtype=torch.long)]
-    plans = [micro_plan(shares, r, 2) for r in range(3)]
-    assert [len(p) for p in plans] == [2, 2, 2]
-    assert [x.tolist() for x in plans[0]] == [[0, 1], [2]]
-    assert plans[1][0].tolist() == [3] and plans[1][1] is None
-    assert plans[2] == [None, None]
+def test_plans_are_padded_to_the_busiest_rank():
+    a, b, c = torch.tensor([0, 1]), torch.tensor([2]), torch.tensor([3])
+    plans = [[a, b], [c], []]
+    padded = [pad_plan(plans, r) for r in range(3)]
+    assert [len(p) for p in padded] == [2, 2, 2]
+    assert padded[0] == [a, b] and padded[1][0] is c and padded[1][1] is None
+    assert padded[2] == [None, None]
+    assert pad_plan([[], []], 0) == [None]  # every rank runs at least one forward
 
 
 @settings(max_examples=60, deadline=None)
