@@ -17,8 +17,10 @@ Configurations (each in its own process, so peaks do not mix):
     8b-none  the 8B shape without offload: expected not to fit (reported as OOM), run last
 
     python bench/fsdp_step.py --json bench/results/fsdp_step.json       # all, ~4-5 min on one H200
+    python bench/fsdp_step.py --configs 1.7b,8b --steps 1 --json bench/results/fsdp_step_h200.json  # ~90 s
     python bench/fsdp_step.py --configs 1.7b --steps 2                  # one configuration
     python bench/fsdp_step.py --configs tiny --device cpu               # a CPU dry run of the script
+    python bench/fsdp_step.py --configs 1.7b --set actor.kernels=eager # extra config overrides, every config
 """
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_config(name: str, steps: int, device_name: str) -> dict:
+def run_config(name: str, steps: int, device_name: str, extra: list[str]) -> dict:
     """Build, warm up one step, time ``steps`` steps; returns the row."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -100,6 +102,7 @@ def run_config(name: str, steps: int, device_name: str) -> dict:
     from asyncrl.runtime.roles import build_roles
 
     shape, overrides = CONFIGS[name]
+    overrides = [*overrides, *extra]
     cfg = load_config(None, [*overrides, "trainer.strategy=fsdp2", f"trainer.device={device_name}",
                              "model.dtype=bfloat16", "algorithm.loss_agg_mode=token-mean", "actor.mini_batches=1",
                              "actor.ppo_epochs=1", "actor.logprob_chunk_tokens=4096", "rollout.weight_sync_bucket_mb=512"])
@@ -155,7 +158,7 @@ def _step(actor, publisher, batch, device) -> dict:
 
 
 def _child(args) -> int:
-    row = run_config(args.child, args.steps, args.device)
+    row = run_config(args.child, args.steps, args.device, args.set)
     print("ROW " + json.dumps(row))
     return 0
 
@@ -165,6 +168,7 @@ def main() -> int:
     parser.add_argument("--configs", default="8b,1.7b,8b-none", help=f"comma-separated, of {sorted(CONFIGS)}")
     parser.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every config")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -173,7 +177,8 @@ def main() -> int:
     rows = []
     for name in args.configs.split(","):
         steps = 1 if name == "8b-none" else args.steps
-        cmd = [sys.executable, __file__, "--child", name, "--steps", str(steps), "--device", args.device]
+        cmd = [sys.executable, __file__, "--child", name, "--steps", str(steps), "--device", args.device,
+               "--set", *args.set]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("ROW ")]
         row = json.loads(lines[-1][4:]) if lines else {"config": name, "failed": proc.stderr[-2000:]}
