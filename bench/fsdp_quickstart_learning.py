@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,9 +27,12 @@ from pathlib import Path
 SETUPS = {"1 process": [], "2 ranks (fsdp2, gloo)": ["trainer.gpus=2", "trainer.device=cpu"]}
 
 
-def start(seed: int, steps: int, extra: list[str], out_dir: Path, name: str):
-    """One `asyncrl train` in a fresh process: (its run dir, the process, its start time)."""
+def start(seed: int, steps: int, extra: list[str], out_dir: Path, name: str, warm: Path | None = None):
+    """One `asyncrl train` in a fresh process: (its run dir, the process, its start time);
+    ``warm``: a warm-start cache of an earlier run of this seed, copied in (skips the SFT)."""
     run_dir = out_dir / f"seed{seed}-{name.split()[0]}"
+    if warm is not None:
+        shutil.copytree(warm, run_dir.with_suffix(".cache"))
     env = {**os.environ, "ASYNCRL_CACHE": str(run_dir.with_suffix(".cache")), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"seed={seed}", f"logging.run_dir={run_dir}",
            "logging.progress=false", f"trainer.steps={steps}", "trainer.max_wall_seconds=100000", *extra]
@@ -60,16 +64,20 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--parallel", action="store_true", help="a seed's two runs at the same time")
+    parser.add_argument("--warm-cache", type=Path, help="an earlier run's warm-start cache (ASYNCRL_CACHE) "
+                        "for the one seed given: copied for every run, no SFT")
     parser.add_argument("--json", type=Path, default=Path("bench/results/fsdp_quickstart_learning.json"))
     args = parser.parse_args()
     out_dir = Path(tempfile.mkdtemp(prefix="asyncrl-fsdp-learn-"))
     rows = []
     for seed in args.seeds:
         if args.parallel:
-            started = {name: start(seed, args.steps, extra, out_dir, name) for name, extra in SETUPS.items()}
+            started = {name: start(seed, args.steps, extra, out_dir, name, args.warm_cache)
+                       for name, extra in SETUPS.items()}
             done = {name: finish(*run) for name, run in started.items()}
         else:
-            done = {name: finish(*start(seed, args.steps, extra, out_dir, name)) for name, extra in SETUPS.items()}
+            done = {name: finish(*start(seed, args.steps, extra, out_dir, name, args.warm_cache))
+                    for name, extra in SETUPS.items()}
         rows += [{"seed": seed, "setup": name, **summary} for name, summary in done.items()]
     print("| seed | trainer | sampled acc SFT -> RL | gain | greedy acc SFT -> RL | gain | RL steps | mean reward, "
           "last 20 steps | steps with identical reward | RL s |")
