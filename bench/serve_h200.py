@@ -40,7 +40,7 @@ DTYPE = "bfloat16" if CUDA else "float32"  # a CPU run (--shape tiny) only check
 
 def _sync() -> None:
     if CUDA:
-        _sync()
+        torch.cuda.synchronize()
 
 
 def save_checkpoint(directory: Path, max_pos: int, shape: str) -> Path:
