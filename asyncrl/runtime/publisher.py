@@ -11,6 +11,7 @@ from typing import Iterator
 
 import torch
 
+from asyncrl.distributed.group import SINGLE
 from asyncrl.distributed.lockstep import replicated
 from asyncrl.distributed.weights import drain, full_tensors
 
@@ -24,7 +25,8 @@ class WeightPublisher:
     weights and reports version v; every rank ran the same gathers."""
 
     def __init__(self, actor, backend, bucket_mb: int, dtype: torch.dtype):
-        self.actor, self.backend, self.dp = actor, backend, actor.dp
+        # no actor: a controller driven without a trainer (its tests); nothing is pushed then
+        self.actor, self.backend, self.dp = actor, backend, actor.dp if actor is not None else SINGLE
         self.bucket_bytes, self.dtype = bucket_mb * MIB, dtype
 
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
