@@ -39,8 +39,8 @@ def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic
     actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
     reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
-    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
-              if cfg.critic.enable else None)
+    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size,
+                     algo.loss_scale_factor) if cfg.critic.enable else None)
     return actor, reference, critic
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Optional
 
 import torch
 from transformers import AutoModelForTokenClassification
@@ -66,8 +67,12 @@ class Critic:
     global token / sequence counts, so they sum to exactly the mini-batch loss.
     """
 
-    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int):
+    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int,
+                 loss_scale_factor: Optional[float] = None):
+        """``loss_scale_factor``: L_norm of ``seq-mean-token-sum-norm``, the actor's
+        ``algorithm.loss_scale_factor`` (verl's critic inherits it too)."""
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
+        self.loss_scale_factor = loss_scale_factor
         self.optimizer = adamw(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -108,7 +113,7 @@ class Critic:
             loss, stats = compute_value_loss(
                 values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
                 cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode,
-                global_tokens=global_tokens, global_seqs=global_seqs)
+                global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=self.loss_scale_factor)
             loss.backward()
             # micro losses sum to the mini-batch loss; per-micro stats are averaged by rows
             sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
