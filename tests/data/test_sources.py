@@ -172,3 +172,11 @@ def test_batch_encoding_equals_one_by_one(tmp_path, tiny_chat_checkpoint):
     assert encode_batch(encoder, examples) == [encoder(e) for e in examples]
     assert encode_batch(lambda e: [len(e.prompt)], examples) == [[4], [7], [1], [4]]
     chat.close()
+
+
+def test_a_plain_reward_returning_inf_or_nan_scores_zero():
+    from asyncrl.data.sources import score_responses
+
+    scores = score_responses(lambda p, r, **f: {"a": float("inf"), "b": float("nan"), "c": 1.0}[r],
+                             ["p"] * 3, ["a", "b", "c"], [{}] * 3)
+    assert scores == [0.0, 0.0, 1.0]
