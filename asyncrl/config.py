@@ -311,6 +311,10 @@ class ActorConfig:
     mini_batches: int = field_spec(1, ge=1, help="optimizer steps per rollout batch (per epoch)")
     micro_batch_size: int = field_spec(256, ge=1, help="rows per forward/backward")
     logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
+    master_dtype: str = field_spec("float32", choices=("float32", "bfloat16", "float16"),
+                                   help="dtype of the weights AdamW updates and of its state: float32 keeps fp32 "
+                                        "master weights beside a bf16/fp16 model (updates below bf16's resolution "
+                                        "accumulate); model.dtype: pure low-precision training")
 
 
 @dataclass
@@ -324,6 +328,11 @@ class TrainerConfig:
     keep_checkpoints: int = field_spec(2, ge=1)
     torch_threads: int = field_spec(2, ge=1)
     device: str = field_spec("auto", choices=("auto", "cpu", "cuda"))
+    resume: str = field_spec("never", help="auto: continue from the latest complete checkpoint of logging.run_dir "
+                                           "(or of the newest run with this name); never: start at step 1 (a run "
+                                           "dir holding a run is refused); or the path of a checkpoint / run dir")
+    max_skipped_steps: int = field_spec(5, ge=0, help="stop after this many consecutive steps without an update "
+                                                      "(non-finite loss or gradient); 0: never stop")
 
 
 @dataclass
@@ -369,6 +378,11 @@ class RuntimeConfig:
     probe_tolerance: Optional[float] = field_spec(None, gt=0, help="max |lp_backend - lp_trainer| on the probe "
                                                   "tokens (null: 1e-3 in float32, 0.1 in bfloat16/float16)")
     ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all)")
+    max_restarts: int = field_spec(3, ge=0, help="async + rollout_process: restart a rollout process that died "
+                                                 "(from the last pushed weights) up to this many times")
+    hang_timeout_s: float = field_spec(900.0, gt=0, help="the longest wait on the rollout process, the weight "
+                                                         "channel, a collective or rollout data before the run "
+                                                         "stops with an error naming what hung")
 
 
 @dataclass
