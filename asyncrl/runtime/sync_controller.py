@@ -40,7 +40,7 @@ def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic
     reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
     critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size,
-                     algo.loss_scale_factor) if cfg.critic.enable else None)
+                     algo.loss_scale_factor, cfg.actor.master_dtype) if cfg.critic.enable else None)
     return actor, reference, critic
 
 

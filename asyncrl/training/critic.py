@@ -20,7 +20,8 @@ from transformers import AutoModelForTokenClassification
 
 from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
 from asyncrl.training.logprobs import position_ids_from_mask
-from asyncrl.training.optim import adamw
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.types import TrainBatch
 
 
@@ -68,12 +69,14 @@ class Critic:
     """
 
     def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int,
-                 loss_scale_factor: Optional[float] = None):
+                 loss_scale_factor: Optional[float] = None, master_dtype: str = "float32"):
         """``loss_scale_factor``: L_norm of ``seq-mean-token-sum-norm``, the actor's
-        ``algorithm.loss_scale_factor`` (verl's critic inherits it too)."""
+        ``algorithm.loss_scale_factor`` (verl's critic inherits it too); ``master_dtype``: the
+        actor's ``actor.master_dtype`` (mixed_precision.py)."""
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
         self.loss_scale_factor = loss_scale_factor
-        self.optimizer = adamw(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
+        self.optimizer = trainer_adamw(model.parameters(), master_dtype, lr=critic_cfg.lr,
+                                       weight_decay=critic_cfg.weight_decay)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
@@ -119,9 +122,10 @@ class Critic:
             sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
             for key, value in stats.items():
                 sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * len(idx) / mini.batch_size
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()
+            check_parameters_finite(self.model, "the critic's optimizer step")
         else:  # a NaN/Inf gradient would poison the weights: skip the step
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
