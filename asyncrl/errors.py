@@ -36,3 +36,7 @@ class SkippedStepsError(AsyncRLError):
 class HangError(AsyncRLError, TimeoutError):
     """A wait (rollout process, weight channel, collective, rollout data) passed its time limit;
     the message names what was waited for."""
+
+
+class Preempted(AsyncRLError):
+    """SIGTERM/SIGINT arrived before the first step: nothing was trained, nothing to resume."""

@@ -11,12 +11,13 @@ console = Console(highlight=False)
 class StepProgress:
     """A progress bar over RL steps showing reward and accuracy; inert when disabled."""
 
-    def __init__(self, total: int, enabled: bool = True):
-        self.enabled = enabled and total > 0
+    def __init__(self, total: int, enabled: bool = True, completed: int = 0):
+        """``completed``: steps done before (a resumed run)."""
+        self.enabled = enabled and total > completed
         self._progress = Progress(
             TextColumn("[bold]RL[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
-        self._task = self._progress.add_task("rl", total=total, info="")
+        self._task = self._progress.add_task("rl", total=total, completed=completed, info="")
 
     def __enter__(self):
         if self.enabled:

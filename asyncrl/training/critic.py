@@ -81,6 +81,16 @@ class Critic:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
 
+    def state_dict(self) -> dict:
+        """Weights, optimizer (with master weights) and scheduler: what a resume restores."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L] values under the current critic, zero on masked tokens."""
