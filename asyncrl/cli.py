@@ -105,11 +105,35 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
+    return _run_command(ns.command, cfg)
+
+
+def _run_command(command: str, cfg) -> int:
+    """Run a job; a failure is one line on stderr, its traceback in a log file (failures.py).
+
+    Exit codes: 0 done (or preempted: the job checkpointed and said how to resume), 2 a
+    config or input refused before training, 1 any other failure, 130 Ctrl-C while loading."""
+    from asyncrl.errors import AsyncRLError, ModelLoadError, Preempted, RunDirError
+    from asyncrl.runtime.failures import failure_log, one_line, write_traceback
+
+    refused = (ConfigError, DatasetError, TemplateError, FileNotFoundError, ModelLoadError, RunDirError)
     try:
-        return COMMANDS[ns.command][0](cfg)
-    except (ConfigError, DatasetError, TemplateError, FileNotFoundError) as err:  # found before training starts
-        print(f"asyncrl: error: {err}", file=sys.stderr)
+        return COMMANDS[command][0](cfg)
+    except Preempted as err:
+        print(f"asyncrl: {err}", file=sys.stderr)
+        return 0
+    except refused as err:  # found before training starts
+        print(f"asyncrl: error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("asyncrl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        log = failure_log(err) or write_traceback(err)
+        named = isinstance(err, AsyncRLError)
+        cause = one_line(err) if named else f"unexpected {type(err).__name__}: {one_line(err)}"
+        print(f"asyncrl: error: {cause} (full traceback: {log})", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from asyncrl.runtime.failures import write_traceback
 from asyncrl.runtime.guards import SkippedSteps
 from asyncrl.runtime.preemption import Preemption
 from asyncrl.runtime.resume import (CountingStream, ResumePoint, RunCheckpoints, attributes, config_for_resume,
-                                    find_resume_checkpoint, refuse_to_overwrite, restore_attributes)
+                                    find_resume_checkpoint, refuse_to_overwrite, restore_attributes, truncate_logs)
 from asyncrl.runtime.run_dir import discard_if_unused, release_run_dir, start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.checkpoint import HFPolicyState, latest_checkpoint, write_atomic_text
@@ -67,10 +67,12 @@ def _train(cfg, source) -> dict:
     checkpoint = find_resume_checkpoint(cfg)
     cfg = config_for_resume(cfg, checkpoint)
     resume = ResumePoint(checkpoint) if checkpoint is not None else None
-    if resume is None and cfg.logging.run_dir:
+    if resume is None and cfg.logging.run_dir and cfg.trainer.resume == "never":
         refuse_to_overwrite(Path(cfg.logging.run_dir))
     with Preemption() as preemption:
         device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
+        if resume is None and cfg.trainer.resume != "never":
+            truncate_logs(run_dir, 0)  # a stopped attempt that never checkpointed: start over cleanly
         try:
             return _run(cfg, source, device, run_dir, resume, preemption, wall_start)
         except BaseException as err:
@@ -112,12 +114,17 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     profile = StageProfile()
     totals = {"steps": 0, "step_wall": 0.0, "rl_seconds": 0.0, "wall_seconds": 0.0}
     if resume is not None:
-        checkpoints.restore(resume)
+        try:
+            checkpoints.restore(resume)
+        except BaseException:
+            getattr(controller, "close", lambda: None)()  # no rollout process left behind
+            raise
         restore_attributes(health, resume.run["health"])
         restore_attributes(profile, resume.run["profile"])
         totals = dict(resume.run["totals"])
         console.print(f"resumed from {resume.checkpoint} (step {resume.step}, {resume.prompts} prompts consumed)")
-    sinks = MetricSinks(run_dir, cfg.logging.tensorboard, purge_step=totals["steps"] + 1 if resume else None)
+    purge = totals["steps"] + 1 if cfg.trainer.resume != "never" else None  # earlier events of these steps hidden
+    sinks = MetricSinks(run_dir, cfg.logging.tensorboard, purge_step=purge)
     if cfg.logging.wandb:
         from asyncrl.metrics.wandb_sink import WandbSink
         sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),

@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import shutil
 import time
@@ -126,6 +127,20 @@ def discard_if_unused(path: Path) -> bool:
         return False
     shutil.rmtree(key, ignore_errors=True)
     return True
+
+
+def releasing_run_dirs(job):
+    """Decorator for a job (sft, dpo, eval): the run directories it locked are released when it
+    returns or fails, so a later job of the same process or another process may use them."""
+    @functools.wraps(job)
+    def run(*args, **kwargs):
+        before = set(_held)
+        try:
+            return job(*args, **kwargs)
+        finally:
+            for key in set(_held) - before:
+                release_run_dir(key)
+    return run
 
 
 def start_run(cfg, header: str) -> tuple[torch.device, Path]:

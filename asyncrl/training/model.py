@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
+from asyncrl.errors import ModelLoadError
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -28,11 +30,39 @@ def build_tiny_model(tiny_cfg, tokenizer, seed: int) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(config)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_dir(path: str | Path) -> None:
+    """Refuse a ``model.path`` that cannot load, naming the file and the cause (transformers
+    would say "install sentencepiece or tiktoken" for a directory without a tokenizer, or
+    raise a bare SafetensorError for a truncated file)."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model path '{path}' is not a directory with config.json and weights")
+    if not (root / "config.json").is_file():
+        raise ModelLoadError(f"model path {root} has no config.json: not an HF model directory")
+    safetensors = sorted(root.glob("*.safetensors"))
+    if not safetensors and not list(root.glob("pytorch_model*.bin")):
+        raise ModelLoadError(f"model path {root} has no weights (*.safetensors or pytorch_model*.bin)")
+    if not any((root / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"model path {root} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    for file in safetensors:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                names = list(f.keys())
+                if names:  # the last tensor's bytes lie at the end: a truncated file fails here
+                    f.get_slice(names[-1])
+        except Exception as err:
+            raise ModelLoadError(f"{file} is not a readable safetensors file (truncated or corrupt: {err})") from None
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer) from a local HF checkpoint directory."""
     path = str(path)
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"model path '{path}' is not a directory with config.json and weights")
+    check_model_dir(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device)
     if tokenizer.pad_token_id is None:

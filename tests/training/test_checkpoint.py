@@ -150,3 +150,45 @@ def test_non_finite_weights_are_never_saved(tmp_path, tiny_policy):
     with pytest.raises(ckpt.CheckpointError, match="NaN/Inf"):
         ckpt.save_checkpoint(tmp_path, 1, model, tok)
     assert ckpt.latest_checkpoint(tmp_path) is None
+
+
+WRITER = """
+import sys, torch
+from asyncrl.training import checkpoint as ckpt
+from asyncrl.training.model import load_policy
+model, tok = load_policy(sys.argv[2])
+opt = torch.optim.AdamW(model.parameters())
+step = int(ckpt.read_state(ckpt.latest_checkpoint(sys.argv[1]))["step"]) if ckpt.latest_checkpoint(sys.argv[1]) else 0
+while True:
+    step += 1
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # each step's weights differ
+    ckpt.save_checkpoint(sys.argv[1], step, model, tok, opt, keep=2)
+    print(step, flush=True)
+"""
+
+
+def test_sigkill_during_checkpoint_writes_never_loses_the_latest(tmp_path, tiny_checkpoint):
+    """A process saving checkpoints back to back is SIGKILLed at random moments (bench/
+    fault_injection.py does 20 kills of real training runs): after every kill `latest` names a
+    complete checkpoint that loads, and the next writer cleans the interrupted save."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    from asyncrl.training.model import load_policy
+
+    rng, run = random.Random(os.getpid()), tmp_path / "run"
+    for _ in range(2):
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run), str(tiny_checkpoint)],
+                                  stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for _ in range(rng.randint(2, 4)):
+            assert writer.stdout.readline()  # a few saves complete
+        writer.send_signal(signal.SIGKILL)  # the next save is under way
+        writer.wait()
+        latest = ckpt.latest_checkpoint(run)
+        assert latest is not None and ckpt.is_complete(latest)
+        model, _ = load_policy(latest)  # what `asyncrl eval RUN` loads
+        assert bool(torch.isfinite(next(model.parameters())).all())

@@ -233,20 +233,23 @@ class ProcessRolloutBackend:
         waits for the child's ack, sets ``version`` and returns it. The caller must call it
         before the next ``start_update`` (which overwrites the shared tensors). A child that
         dies meanwhile is replaced by one started on these weights: ``loaded()`` still returns."""
-        with torch.no_grad():
+        # under the restart lock: a child is never started from half-copied tensors, and one
+        # started after this block starts from these weights at this version
+        with self._restart_lock, torch.no_grad():
             for name, tensor in named_tensors:
                 self.shared[name].copy_(tensor.detach())
             if self._cuda_shared:  # the child reads them from its own stream: the copies must be done
                 torch.cuda.synchronize(next(iter(self.shared.values())).device)
-        self._announced = version  # a child started from now on starts from these tensors
-        child = self._child
-        try:
-            call_id = next(self._ids)
-            future = child.register(call_id)
-            child.send(call_id, "update", version)
-        except RolloutProcessDied as err:
-            self._restart_after(child, err)
-            return lambda: self.version
+            self._announced = version
+        while True:  # a child that died before reading "update" is replaced, the update re-sent
+            child = self._child
+            try:
+                call_id = next(self._ids)
+                future = child.register(call_id)
+                child.send(call_id, "update", version)
+                break
+            except RolloutProcessDied as err:
+                self._restart_after(child, err)
         # collective: queued after the copies (NCCL waits for the current stream); the child
         # enters the same broadcast when it reads "update"
         works = self._channel.broadcast(self._flat, version) if self._channel is not None else []
@@ -255,7 +258,8 @@ class ProcessRolloutBackend:
             try:  # first: a dead child fails here, not in wait()
                 self.version = child.wait(future, self.hang_timeout_s, f"the rollout process to load version {version}")
             except RolloutProcessDied as err:
-                self._restart_after(child, err)  # the new child started on the announced weights
+                # its replacement was started after the copy above: it holds these weights
+                self._restart_after(child, err)
                 return self.version
             for work in works:
                 work.wait()
