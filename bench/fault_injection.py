@@ -50,8 +50,14 @@ def train(run: Path, cache: Path, *extra: str) -> subprocess.Popen:
 
 
 def rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    """The complete rows of metrics.jsonl (a line cut by a kill is skipped)."""
+    path, out = run / "metrics.jsonl", []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
 
 
 def learning(row: dict) -> dict:
@@ -79,6 +85,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_first_row(proc: subprocess.Popen, run: Path) -> float:
+    """When the run's first step row appeared (monotonic seconds)."""
+    while not rows(run) and proc.poll() is None:
+        time.sleep(0.02)
+    return time.monotonic()
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the run's process group (the trainer and its rollout process), as an OOM killer
     or a node failure would; a run that already ended is left alone."""
@@ -99,19 +112,22 @@ def wait_ok(proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
 
 def kill9(work: Path, runs: int, steps: int, rng: random.Random) -> dict:
     """Half sync, half async: a reference run, then each run killed with SIGKILL (its process
-    group: trainer and rollout process) at a uniform moment of the reference's duration, then
+    group: trainer and rollout process) at a uniform moment of its training phase (from its
+    first step row to the reference's end; start-up is most of a tiny run's life), then
     `trainer.resume=auto` to the end. Sync: every learning metric bit-equal to the reference."""
     cache, results = work / "cache", []
     for mode, extra in (("sync", []), ("async", ASYNC)):
         common = [f"trainer.steps={steps}", "trainer.checkpoint_every=2", *extra]
-        start = time.monotonic()
-        wait_ok(train(work / f"ref-{mode}", cache, *common), f"{mode} reference")
-        duration = time.monotonic() - start
+        ref = train(work / f"ref-{mode}", cache, *common)
+        first_row = wait_first_row(ref, work / f"ref-{mode}")
+        wait_ok(ref, f"{mode} reference")
+        duration = time.monotonic() - first_row
         reference = rows(work / f"ref-{mode}")
         for i in range(runs // 2):
             run = work / f"kill9-{mode}-{i}"
             proc = train(run, cache, *common)
-            moment = rng.uniform(0.1, 0.95) * duration
+            wait_first_row(proc, run)
+            moment = rng.uniform(0.0, 1.0) * duration
             time.sleep(moment)
             finished_first = proc.poll() is not None
             kill_group(proc)
