@@ -118,7 +118,9 @@ def _run_command(command: str, cfg) -> int:
 
     refused = (ConfigError, DatasetError, TemplateError, FileNotFoundError, ModelLoadError, RunDirError)
     try:
-        return COMMANDS[command][0](cfg)
+        rc = COMMANDS[command][0](cfg)
+        _exit_on_late_signals(rc)
+        return rc
     except Preempted as err:
         print(f"asyncrl: {err}", file=sys.stderr)
         return 0
@@ -134,6 +136,18 @@ def _run_command(command: str, cfg) -> int:
         cause = one_line(err) if named else f"unexpected {type(err).__name__}: {one_line(err)}"
         print(f"asyncrl: error: {cause} (full traceback: {log})", file=sys.stderr)
         return 1
+
+
+def _exit_on_late_signals(rc: int) -> None:
+    """The job is done (its summary and checkpoint written): a SIGTERM or Ctrl-C during the
+    interpreter's teardown ends the process with the job's status, not as killed."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: os._exit(rc))
 
 
 if __name__ == "__main__":

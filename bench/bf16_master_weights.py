@@ -10,7 +10,8 @@ The 0.6B-shaped Qwen3 of bench/peer_trl_h200.py (random weights), one fixed GRPO
 Reported per setting: the fraction of trained weights (masters when there are) changed after 3
 updates at lr 1e-6 — the issue's number (pure bf16: 1.9% on CPU) — the fraction of the model's
 own (bf16) weights changed, the surrogate loss over 20 updates at lr 1e-5 (old log-probs held at
-the start, so −A·r keeps falling: a curve to compare), seconds per update and peak memory.
+the start, so −A·r keeps falling: a curve to compare), seconds per update and peak memory; and
+the cost of the finiteness check that now follows every optimizer step.
 
     python bench/bf16_master_weights.py --json out.json        # one H200: about 2 minutes
     PEER_TRL_TINY=1 python bench/bf16_master_weights.py         # CPU dry run of the code paths
@@ -93,6 +94,20 @@ def run_setting(base, batch, dtype: str, master: str, lr: float, steps: int):
     return result
 
 
+def time_param_check(base, repeats: int = 20) -> float:
+    """Milliseconds of ``check_parameters_finite`` (run after every optimizer step) on the bf16 model."""
+    from asyncrl.training.param_check import check_parameters_finite
+
+    model = copy.deepcopy(base).to(device=DEVICE, dtype=torch.bfloat16)
+    check_parameters_finite(model, "warm-up")
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        check_parameters_finite(model, "timing")
+    sync()
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
@@ -115,6 +130,8 @@ def main() -> int:
                                  "loss_curve_lr1e-5": curve, "seconds_per_update": seconds, "peak_gib": peak}
         print(f"{name:12s} changed {frac:7.2%} (model {frac_model:7.2%})  loss {curve[0]:+.4f} -> {curve[-1]:+.4f}  "
               f"{seconds * 1e3:7.1f} ms/update  peak {peak:5.1f} GiB", flush=True)
+    out["param_check_ms"] = time_param_check(base)
+    print(f"the finiteness check after each optimizer step: {out['param_check_ms']:.2f} ms (bf16 model)")
     fp32 = out["settings"]["fp32"]["loss_curve_lr1e-5"]
     for name in ("bf16+master", "bf16 pure"):
         curve = out["settings"][name]["loss_curve_lr1e-5"]

@@ -5,7 +5,7 @@ test_process_executor.py and tests/training/test_checkpoint.py run smaller versi
     python bench/fault_injection.py kill9 --runs 10        # kill -9 at a random moment, resume=auto
     python bench/fault_injection.py rollout-kills          # SIGKILL the rollout process 3 times in one run
     python bench/fault_injection.py checkpoint-kills --kills 20
-    python bench/fault_injection.py sigterm --runs 6
+    python bench/fault_injection.py sigterm --runs 6 --steps 24
     python bench/fault_injection.py all --json out.json
 
 Every run is the quickstart on the tiny model (hidden 32, 2 layers), 4 prompts x 4 samples per
@@ -209,9 +209,8 @@ def sigterm(work: Path, runs: int, steps: int, rng: random.Random) -> dict:
         mode, extra = (("sync", []) if i % 2 == 0 else ("async", ASYNC))
         run = work / f"sigterm-{i}"
         proc = train(run, work / "cache", f"trainer.steps={steps}", *extra)
-        while proc.poll() is None and not rows(run):
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 3.0))
+        wait_first_row(proc, run)
+        time.sleep(rng.uniform(0.0, 1.0))  # within the training phase of a --steps 24 run
         children = children_of(proc.pid)
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -252,7 +251,7 @@ def main(argv=None) -> int:
         if args.campaign in ("checkpoint-kills", "all"):
             out["checkpoint_kills"] = checkpoint_kills(work, args.kills, rng)
         if args.campaign in ("sigterm", "all"):
-            out["sigterm"] = sigterm(work, 6 if args.campaign == "all" else args.runs, args.steps, rng)
+            out["sigterm"] = sigterm(work, 6 if args.campaign == "all" else args.runs, max(args.steps, 24), rng)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -54,13 +54,14 @@ def run_training(cfg) -> dict:
     after the step in flight with a checkpoint (preemption.py).
     """
     source = build_prompt_source(cfg)
-    try:
-        return _train(cfg, source)
-    finally:
-        source.close()
+    with Preemption() as preemption:  # covers the reward pool's shutdown too
+        try:
+            return _train(cfg, source, preemption)
+        finally:
+            source.close()
 
 
-def _train(cfg, source) -> dict:
+def _train(cfg, source, preemption: Preemption) -> dict:
     """Resolve the run directory (a resume continues its checkpoint's), lock it, and run;
     a failure leaves its traceback in error.log, or no directory at all before step 1."""
     wall_start = time.perf_counter()
@@ -69,19 +70,18 @@ def _train(cfg, source) -> dict:
     resume = ResumePoint(checkpoint) if checkpoint is not None else None
     if resume is None and cfg.logging.run_dir and cfg.trainer.resume == "never":
         refuse_to_overwrite(Path(cfg.logging.run_dir))
-    with Preemption() as preemption:
-        device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
-        if resume is None and cfg.trainer.resume != "never":
-            truncate_logs(run_dir, 0)  # a stopped attempt that never checkpointed: start over cleanly
-        try:
-            return _run(cfg, source, device, run_dir, resume, preemption, wall_start)
-        except BaseException as err:
-            discarded = discard_if_unused(run_dir)  # failed before anything worth keeping
-            if not isinstance(err, Preempted):
-                write_traceback(err, None if discarded else run_dir)
-            raise
-        finally:
-            release_run_dir(run_dir)
+    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
+    if resume is None and cfg.trainer.resume != "never":
+        truncate_logs(run_dir, 0)  # a stopped attempt that never checkpointed: start over cleanly
+    try:
+        return _run(cfg, source, device, run_dir, resume, preemption, wall_start)
+    except BaseException as err:
+        discarded = discard_if_unused(run_dir)  # failed before anything worth keeping
+        if not isinstance(err, Preempted):
+            write_traceback(err, None if discarded else run_dir)
+        raise
+    finally:
+        release_run_dir(run_dir)
 
 
 def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: float) -> dict:
