@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``argv`` None: the process's own arguments (the console script): this process ends with
+    the job, so a signal during its teardown exits with the job's status."""
+    entry_point = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":  # benchmarks parse their own flags
         return _run_bench(argv[1:])
@@ -105,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
-    return _run_command(ns.command, cfg)
+    return _run_command(ns.command, cfg, entry_point)
 
 
-def _run_command(command: str, cfg) -> int:
+def _run_command(command: str, cfg, entry_point: bool = False) -> int:
     """Run a job; a failure is one line on stderr, its traceback in a log file (failures.py).
 
     Exit codes: 0 done (or preempted: the job checkpointed and said how to resume), 2 a
@@ -119,7 +122,8 @@ def _run_command(command: str, cfg) -> int:
     refused = (ConfigError, DatasetError, TemplateError, FileNotFoundError, ModelLoadError, RunDirError)
     try:
         rc = COMMANDS[command][0](cfg)
-        _exit_on_late_signals(rc)
+        if entry_point:
+            _exit_on_late_signals(rc)
         return rc
     except Preempted as err:
         print(f"asyncrl: {err}", file=sys.stderr)
