@@ -113,15 +113,18 @@ def wait_ok(proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
 def kill9(work: Path, runs: int, steps: int, rng: random.Random) -> dict:
     """Half sync, half async: a reference run, then each run killed with SIGKILL (its process
     group: trainer and rollout process) at a uniform moment of its training phase (from its
-    first step row to the reference's end; start-up is most of a tiny run's life), then
-    `trainer.resume=auto` to the end. Sync: every learning metric bit-equal to the reference."""
+    first step row to its last in the reference; start-up and the final eval are most of a tiny
+    run's life), then `trainer.resume=auto` to the end. Sync: every learning metric bit-equal
+    to the reference."""
     cache, results = work / "cache", []
     for mode, extra in (("sync", []), ("async", ASYNC)):
         common = [f"trainer.steps={steps}", "trainer.checkpoint_every=2", *extra]
         ref = train(work / f"ref-{mode}", cache, *common)
         first_row = wait_first_row(ref, work / f"ref-{mode}")
-        wait_ok(ref, f"{mode} reference")
+        while len(rows(work / f"ref-{mode}")) < steps and ref.poll() is None:
+            time.sleep(0.02)
         duration = time.monotonic() - first_row
+        wait_ok(ref, f"{mode} reference")
         reference = rows(work / f"ref-{mode}")
         for i in range(runs // 2):
             run = work / f"kill9-{mode}-{i}"
