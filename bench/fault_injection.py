@@ -110,7 +110,7 @@ def wait_ok(proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
 
 # ---- campaigns --------------------------------------------------------------------------------
 
-def kill9(work: Path, runs: int, steps: int, rng: random.Random) -> dict:
+def kill9(work: Path, runs: int, steps: int, rng: random.Random, modes=("sync", "async")) -> dict:
     """Half sync, half async: a reference run, then each run killed with SIGKILL (its process
     group: trainer and rollout process) at a uniform moment of its training phase (from its
     first step row to its last in the reference; start-up and the final eval are most of a tiny
@@ -118,6 +118,8 @@ def kill9(work: Path, runs: int, steps: int, rng: random.Random) -> dict:
     to the reference."""
     cache, results = work / "cache", []
     for mode, extra in (("sync", []), ("async", ASYNC)):
+        if mode not in modes:
+            continue
         common = [f"trainer.steps={steps}", "trainer.checkpoint_every=2", *extra]
         ref = train(work / f"ref-{mode}", cache, *common)
         first_row = wait_first_row(ref, work / f"ref-{mode}")
@@ -126,7 +128,7 @@ def kill9(work: Path, runs: int, steps: int, rng: random.Random) -> dict:
         duration = time.monotonic() - first_row
         wait_ok(ref, f"{mode} reference")
         reference = rows(work / f"ref-{mode}")
-        for i in range(runs // 2):
+        for i in range(runs // len(modes)):
             run = work / f"kill9-{mode}-{i}"
             proc = train(run, cache, *common)
             wait_first_row(proc, run)
@@ -239,6 +241,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", default="sync,async", help="kill9: sync, async or both")
     parser.add_argument("--work", default=None, help="scratch directory (default: a temp dir, removed)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
@@ -248,7 +251,7 @@ def main(argv=None) -> int:
     out = {}
     try:
         if args.campaign in ("kill9", "all"):
-            out["kill9"] = kill9(work, args.runs, args.steps, rng)
+            out["kill9"] = kill9(work, args.runs, args.steps, rng, tuple(args.modes.split(",")))
         if args.campaign in ("rollout-kills", "all"):
             out["rollout_kills"] = rollout_kills(work, args.steps, rng)
         if args.campaign in ("checkpoint-kills", "all"):
