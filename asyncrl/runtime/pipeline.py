@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
@@ -26,15 +27,16 @@ from asyncrl.runtime.resume import (CountingStream, ResumePoint, RunCheckpoints,
 from asyncrl.runtime.run_dir import discard_if_unused, release_run_dir, start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.checkpoint import HFPolicyState, latest_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy
+from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
 
 
 def prepare_policy(cfg, task, device, announce: bool = True):
     """(model, tokenizer, info): a local checkpoint, or the tiny model warm-started by SFT."""
-    if cfg.model.path:
-        model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-        return model, tokenizer, {"model_path": cfg.model.path}
+    if cfg.model.path:  # a checkpoint dir, a run dir (its latest checkpoint) or a Hub id
+        path = resolve_model_path(cfg.model.path)
+        model, tokenizer = load_policy(path, cfg.model.dtype, device)
+        return model, tokenizer, {"model_path": str(path)}
     if announce:
         console.print(f"[dim]warm start: tiny Qwen3 + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
     path, info = tiny_checkpoint(cfg, task, device)
@@ -45,15 +47,16 @@ def prepare_policy(cfg, task, device, announce: bool = True):
     return model, tokenizer, {"model_path": str(path), **info}
 
 
-def run_training(cfg) -> dict:
+def run_training(cfg, source=None) -> dict:
     """Run ``asyncrl train``; returns the summary also written to ``summary.json``.
 
-    The prompt source (synthetic task, or dataset + reward pool) is built first, so bad
-    data or reward names fail before any model loads; its pool is closed at the end.
-    ``trainer.resume`` continues a run from a checkpoint (resume.py); SIGTERM/SIGINT stop it
-    after the step in flight with a checkpoint (preemption.py).
+    The prompt source (synthetic task, or dataset + reward pool; ``source`` when the Python
+    API built it from Python objects) is built first, so bad data or reward names fail
+    before any model loads; its pool is closed at the end. ``trainer.resume`` continues a run
+    from a checkpoint (resume.py); SIGTERM/SIGINT stop it after the step in flight with a
+    checkpoint (preemption.py).
     """
-    source = build_prompt_source(cfg)
+    source = source if source is not None else build_prompt_source(cfg)
     with Preemption() as preemption:  # covers the reward pool's shutdown too
         try:
             return _train(cfg, source, preemption)
@@ -70,7 +73,7 @@ def _train(cfg, source, preemption: Preemption) -> dict:
     resume = ResumePoint(checkpoint) if checkpoint is not None else None
     if resume is None and cfg.logging.run_dir and cfg.trainer.resume == "never":
         refuse_to_overwrite(Path(cfg.logging.run_dir))
-    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
+    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]", job="train")
     if resume is None and cfg.trainer.resume != "never":
         truncate_logs(run_dir, 0)  # a stopped attempt that never checkpointed: start over cleanly
     try:
@@ -88,21 +91,25 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
-    def evaluate() -> dict:
+    def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
         trainer's current weights. The sync controller pushes them into ``backend`` after each
         update; the async one generates with a backend of its own, so ``backend`` (an engine
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
-        start. A no-op copy for HF generate sharing the trainer's tensors."""
+        start. A no-op copy for HF generate sharing the trainer's tensors. ``samples`` receives
+        a few (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
         backend.update_weights(model.named_parameters(), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
-        result = {"accuracy": heldout_accuracy(*common, encode=encode)}
+        record = samples if samples is not None else {}
+        result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []))}
         if cfg.trainer.eval_samples:
             result["sampled_accuracy"] = heldout_accuracy(*common, encode=encode, temperature=cfg.rollout.temperature,
-                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed)
+                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed,
+                                                          record=record.setdefault("sampled", []))
         return result
 
-    before = resume.run["before"] if resume is not None else evaluate()  # the pre-RL eval of the run
+    before_samples: dict = {}
+    before = resume.run["before"] if resume is not None else evaluate(before_samples)  # the run's pre-RL eval
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
     prompts = CountingStream(source.train_stream(), resume.prompts if resume is not None else 0)
@@ -110,9 +117,9 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     actor = controller.actor
     checkpoints = RunCheckpoints(cfg, run_dir, controller,
                                  HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler), source)
-    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl")
+    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
-    totals = {"steps": 0, "step_wall": 0.0, "rl_seconds": 0.0, "wall_seconds": 0.0}
+    totals = {"steps": 0, "step_wall": 0.0, "rl_seconds": 0.0, "wall_seconds": 0.0, "failed": []}
     if resume is not None:
         try:
             checkpoints.restore(resume)
@@ -121,7 +128,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
             raise
         restore_attributes(health, resume.run["health"])
         restore_attributes(profile, resume.run["profile"])
-        totals = dict(resume.run["totals"])
+        totals = {**totals, **resume.run["totals"]}
         console.print(f"resumed from {resume.checkpoint} (step {resume.step}, {resume.prompts} prompts consumed)")
     purge = totals["steps"] + 1 if cfg.trainer.resume != "never" else None  # earlier events of these steps hidden
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard, purge_step=purge)
@@ -129,15 +136,17 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         from asyncrl.metrics.wandb_sink import WandbSink
         sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),
                                      cfg.logging.wandb_mode, cfg.logging.wandb_entity))
+    _write_samples(sinks, 0, before_samples)
     skipped = SkippedSteps(cfg.trainer.max_skipped_steps)
     steps_done, saved_step, step_wall, rl_start = totals["steps"], None, totals["step_wall"], time.perf_counter()
+    failed: list[float] = list(totals["failed"])  # reward/failed_fraction per step (a dataset's reward pool)
     done_version = actor.version  # the policy version at the end of the last completed step
 
     def run_state() -> dict:
         """The pipeline's part of a checkpoint (resume.py): restored as it was."""
         return {"before": before, "health": attributes(health, skip=("cfg", "events_path")),
                 "profile": attributes(profile), "totals": {
-                    "steps": steps_done, "step_wall": step_wall,
+                    "steps": steps_done, "step_wall": step_wall, "failed": list(failed),
                     "rl_seconds": totals["rl_seconds"] + time.perf_counter() - rl_start,
                     "wall_seconds": totals["wall_seconds"] + time.perf_counter() - wall_start}}
 
@@ -151,11 +160,14 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
                 metrics = {**_run_step(controller, step, checkpoints), **source.step_metrics()}
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
-                    metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
-                # async: generation runs beside the trainer, its busy time is async/rollout_seconds
-                rollout_s = metrics.get("async/rollout_seconds", controller.timer.step_seconds["rollout"])
-                metrics.update(profile.observe(controller.timer.step_seconds, rollout_seconds=rollout_s,
-                                               rollout_tokens=metrics["throughput/rollout_tokens_per_s"] * rollout_s))
+                    samples: dict = {}
+                    result = evaluate(samples)
+                    metrics.update({f"eval/{k}": v for k, v in result.items()})
+                    _write_samples(sinks, step, samples)
+                    progress.print(f"step {step}: held-out accuracy {_fmt(result)} (before RL: {_fmt(before)})")
+                metrics.update(profile.observe_row(metrics))  # the same row metrics.jsonl gets
+                if "reward/failed_fraction" in metrics:
+                    failed.append(metrics["reward/failed_fraction"])
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())
@@ -177,8 +189,11 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         sinks.close()
         if cfg.runtime.mode == "async":  # stop the rollout side before the final eval and checkpoint
             controller.close(abandon=preemption.requested is not None)
+    if cfg.health.enabled:
+        health.finish(console)  # episodes still open, once, with their counts
     rl_seconds = totals["rl_seconds"] + time.perf_counter() - rl_start
-    after = {} if preemption.requested else evaluate()  # preempted: seconds left, not minutes
+    after_samples: dict = {}
+    after = {} if preemption.requested else evaluate(after_samples)  # preempted: seconds left, not minutes
     final_accuracy = after.get("accuracy")
     checkpoint = checkpoints.save(steps_done, run_state()) if steps_done else None
     gain = final_accuracy - sft_accuracy if heldout and final_accuracy is not None else None
@@ -188,18 +203,27 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         "sft_sampled_accuracy": before.get("sampled_accuracy"), "final_sampled_accuracy": after.get("sampled_accuracy"),
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": totals["wall_seconds"] + time.perf_counter() - wall_start,
-        "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
+        "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),
         "checkpoint": str(checkpoint) if checkpoint else None,
         "resumed_from_step": resume.step if resume is not None else None, "preempted": preemption.requested,
+        "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
         "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    _write_final_samples(run_dir, steps_done, after_samples, cfg.logging.tensorboard)
     console.print(summary_table(summary))
-    console.print(profile_table(profile))
-    console.print(headline(profile))
+    if summary["reward_failed_fraction"]:
+        console.print(f"[bold yellow]reward calls failed on {100 * summary['reward_failed_fraction']:.1f}% of the "
+                      "samples (scored reward.default_score): see reward/failed_fraction and the pool's failures[/]")
+    console.print(profile_table(summary["profile"]))
+    console.print(headline(summary["profile"]))
     if cfg.logging.report:
         from asyncrl.metrics.report import write_report
+        from asyncrl.metrics.report_plots import available
+        if not available():
+            console.print("[yellow]report written without plots: matplotlib is not installed "
+                          "(pip install 'asyncrl[report]')[/]")
         console.print(f"report: {write_report(run_dir)}")
     if heldout and after:
         console.print(f"held-out accuracy before RL: {_fmt(before)}")
@@ -245,6 +269,22 @@ def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=Non
     if cfg.runtime.mode == "async":
         return build_async_controller(cfg, model, tokenizer, source.reward, prompts, encode=encode)
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, prompts, encode=encode)
+
+
+def _write_samples(sinks: MetricSinks, step: int, samples: dict) -> None:
+    """The eval's recorded completions, one tag per kind (``samples/greedy``, ``samples/sampled``)."""
+    for kind, rows in samples.items():
+        if rows:
+            sinks.write_samples(step, f"samples/{kind}", rows)
+
+
+def _write_final_samples(run_dir: Path, step: int, samples: dict, tensorboard: bool) -> None:
+    """The final eval's completions (the step sinks are closed by then): samples.jsonl, TensorBoard."""
+    sinks = MetricSinks(run_dir, tensorboard)
+    try:
+        _write_samples(sinks, step, samples)
+    finally:
+        sinks.close()
 
 
 def _gains(before: dict, after: dict) -> str:

@@ -177,9 +177,10 @@ def read_resume_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def truncate_logs(run_dir: Path, step: int) -> None:
-    """Drop rows of steps after ``step`` from metrics.jsonl and health_events.jsonl (written
-    after the checkpoint, before the run stopped): the resumed run writes them again."""
-    for name in ("metrics.jsonl", "health_events.jsonl"):
+    """Drop rows of steps after ``step`` from metrics.jsonl, health_events.jsonl and
+    samples.jsonl (written after the checkpoint, before the run stopped): the resumed run
+    writes them again."""
+    for name in ("metrics.jsonl", "health_events.jsonl", "samples.jsonl"):
         path = Path(run_dir) / name
         if not path.is_file():
             continue

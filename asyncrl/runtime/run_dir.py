@@ -1,4 +1,5 @@
-"""The run directory: ``runs/<time>-<name>`` with the resolved config and all outputs.
+"""The run directory: ``runs/<time>-<job>-<name>`` (job: train, sft, eval, dpo) with the
+resolved config and all outputs.
 
 Invariants:
   * a new run directory is created atomically (``mkdir`` without ``exist_ok``, retried with a
@@ -24,7 +25,7 @@ import torch
 from asyncrl.config import config_to_yaml
 from asyncrl.errors import RunDirError
 from asyncrl.metrics.console import console
-from asyncrl.training.model import resolve_device
+from asyncrl.training.model import quiet_transformers, resolve_device
 
 LOCK_FILE = ".lock"
 # what a run that failed before its first step leaves: nothing a user needs
@@ -42,13 +43,15 @@ class _Held:
 _held: dict[Path, _Held] = {}
 
 
-def make_run_dir(cfg) -> Path:
-    """``logging.run_dir`` (created if missing), else a new ``<output_dir>/<time>-<name>``;
-    locked for this process, with the resolved config written into it."""
+def make_run_dir(cfg, job: str = "train") -> Path:
+    """``logging.run_dir`` (created if missing), else a new ``<output_dir>/<time>-<job>-<name>``
+    (the job named, so an eval of a recipe is not mistaken for its training run); locked for
+    this process, with the resolved config written into it."""
     if cfg.logging.run_dir:
         path, created = _ensure_dir(Path(cfg.logging.run_dir))
     else:
-        path, created = _new_dir(Path(cfg.logging.output_dir), f"{time.strftime('%Y%m%d-%H%M%S')}-{cfg.name}")
+        stamp = time.strftime('%Y%m%d-%H%M%S')
+        path, created = _new_dir(Path(cfg.logging.output_dir), f"{stamp}-{job}-{cfg.name}")
     lock_run_dir(path, created)
     try:
         (path / "config.yaml").write_text(config_to_yaml(cfg))
@@ -143,12 +146,13 @@ def releasing_run_dirs(job):
     return run
 
 
-def start_run(cfg, header: str) -> tuple[torch.device, Path]:
+def start_run(cfg, header: str, job: str = "train") -> tuple[torch.device, Path]:
     """What every job (train, sft, dpo) does first: torch threads and seed from the config,
     the device, the run directory; prints ``header -> run_dir``. Returns (device, run_dir)."""
+    quiet_transformers()
     torch.set_num_threads(cfg.trainer.torch_threads)
     torch.manual_seed(cfg.seed)
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(cfg, job)
     console.print(f"{header} -> {run_dir}")
     return resolve_device(cfg.trainer.device), run_dir
 

@@ -61,7 +61,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, ca
     rc = main(["train", "quickstart", f"logging.output_dir={tmp_path}", "model.path=" + str(tmp_path),
                "trainer.steps=1"])
     err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err and "has no config.json" in err.strip().splitlines()[-1]
+    assert rc == 2 and "Traceback" not in err and "is neither an HF model directory" in err.strip().splitlines()[-1]
     assert list(tmp_path.iterdir()) == []  # no empty <time>-quickstart directory
 
 
