@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     """``argv`` None: the process's own arguments (the console script): this process ends with
     the job, so a signal during its teardown exits with the job's status."""
     entry_point = argv is None
+    if entry_point:  # this process is the job: a second SIGTERM/SIGINT ends it at once
+        from asyncrl.runtime import preemption
+        preemption.HARD_EXIT = True
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":  # benchmarks parse their own flags
         return _run_bench(argv[1:])

@@ -16,6 +16,9 @@ once, the job cleans up (no empty run directory) and exits 0.
 
 A second signal exits at once (status 128 + signal): every child process of this run is
 killed first, so none is left behind; the last complete checkpoint stays the resume point.
+That is the ``asyncrl`` command (``HARD_EXIT``, set by the CLI); in a Python session (a
+notebook running ``asyncrl.train``) the second signal raises ``KeyboardInterrupt`` instead, so
+the interpreter survives.
 Child processes ignore SIGINT/SIGTERM themselves (a Ctrl-C reaches the whole process group):
 the trainer stops them, and nobody prints a ``KeyboardInterrupt`` traceback.
 
@@ -33,6 +36,7 @@ from typing import Optional
 from asyncrl.errors import Preempted
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+HARD_EXIT = False  # the CLI process: a second signal ends it (see the module doc)
 
 
 class Preemption:
@@ -70,6 +74,8 @@ class Preemption:
             kill_children()
             os.write(2, f"\nasyncrl: second {name}: exiting now (the last complete checkpoint is the resume "
                         f"point)\n".encode())
+            if not HARD_EXIT:
+                raise KeyboardInterrupt
             os._exit(128 + signum)
         self.requested = name
         os.write(2, f"\nasyncrl: {name} received: finishing the current step, then checkpoint and exit "
