@@ -22,3 +22,4 @@ class EngineConfig:
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none
+    return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)

@@ -8,6 +8,9 @@ launching the NEXT step (overlapped scheduling, ``LLM``). ``run`` = fetch(launch
 
 KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]``; block ``num_blocks`` is the
 scratch block that padded rows write to (never handed out by the BlockManager).
+Hybrid models (Qwen3.5) have K/V in their full-attention layers only, and a ``StatePool`` of
+per-sequence recurrent state for the others (``state_pool.py``; slot = block-table row).
+MoE models can record the experts chosen per token (``RoutingRecorder``, routing replay).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
+from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, state_host_arrays
 
 
 class ModelRunner:
@@ -34,9 +38,16 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = self.device.type == "cuda"
+        linear = model.linear_layers() if hasattr(model, "linear_layers") else []
+        # before sizing the KV pool from free memory: the states take their share first
+        self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
         self.num_blocks = self._num_kv_blocks()
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
+        self.routing = None
+        if config.return_routed_experts and hasattr(model, "routers") and model.routers():
+            from asyncrl.engine.routing import RoutingRecorder
+            self.routing = RoutingRecorder(model.routers(), self.num_blocks, self.block_size, self.device)
         self.sampler = Sampler(self.device, compile=config.compile_sampler, triton=config.triton_sampler)
         self.h2d, self.d2h = HostToDevice(self.device), DeviceToHost(self.device)
         if self.is_cuda and (config.compile_sampler or config.triton_sampler):
@@ -53,9 +64,19 @@ class ModelRunner:
             self._capture_cudagraphs()
 
     # ---- KV cache --------------------------------------------------------------
+    @property
+    def num_state_slots(self) -> int:
+        """Recurrent-state slots: one per running sequence plus one partly prefilled waiting one."""
+        return self.config.max_num_seqs + 1
+
+    def _attention_layers(self) -> list:
+        """The layers with a K/V cache (all of them, but the full-attention ones of a hybrid model)."""
+        return [layer.self_attn for layer in self.model.model.layers if hasattr(layer, "self_attn")]
+
     def _block_bytes(self) -> int:
         c = self.model.config
-        return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        per_layer = self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        return 2 * len(self._attention_layers()) * per_layer
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
@@ -79,18 +100,22 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         c = self.model.config
         shape = (self.num_blocks + 1, self.block_size, c.num_key_value_heads, c.head_dim)
-        for layer in self.model.model.layers:
-            layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for attn in self._attention_layers():
+            attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def release(self) -> None:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""
         self.graphs.clear()
         self.cascade_graphs.clear()
         self.graph_vars = {}
-        for layer in self.model.model.layers:
-            layer.self_attn.k_cache = torch.empty(0)
-            layer.self_attn.v_cache = torch.empty(0)
+        for attn in self._attention_layers():
+            attn.k_cache = torch.empty(0)
+            attn.v_cache = torch.empty(0)
+        if self.state_pool is not None:
+            self.state_pool.release(self.model.linear_layers())
+        if self.routing is not None:
+            self.routing.release(self.model.routers())
 
     @staticmethod
     def _copy_arrays(copies: list[tuple[int, int, int]]) -> list[np.ndarray]:
@@ -107,10 +132,11 @@ class ModelRunner:
             return
         src, dst = block_ids
         m = max(c[2] for c in copies)
-        for layer in self.model.model.layers:
-            attn = layer.self_attn
+        for attn in self._attention_layers():
             attn.k_cache[dst, :m] = attn.k_cache[src, :m]
             attn.v_cache[dst, :m] = attn.v_cache[src, :m]
+        if self.routing is not None:
+            self.routing.copy_blocks(src, dst, m)
 
     @torch.inference_mode()
     def _warmup_sampler(self) -> None:
@@ -228,6 +254,8 @@ class ModelRunner:
             context_lens=torch.ones(max_bs, dtype=torch.int32, device=self.device),
             hidden=torch.zeros(max_bs, c.hidden_size, dtype=self.dtype, device=self.device),
         )
+        if self.state_pool is not None:
+            g["state_slots"] = torch.full((max_bs,), self.state_pool.scratch, dtype=torch.long, device=self.device)
         pool = None
         variants = [(self.graphs, lambda bs: {})]
         if self.cascade is not None:
@@ -235,7 +263,9 @@ class ModelRunner:
         for bs in reversed(sizes):
             for graphs, extra in variants:
                 meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
-                                         context_lens=g["context_lens"][:bs], paged_decode=True, **extra(bs))
+                                         context_lens=g["context_lens"][:bs], paged_decode=True,
+                                         state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
+                                         **extra(bs))
                 args = (g["input_ids"][:bs], g["positions"][:bs], meta)
                 g["hidden"][:bs] = self.model(*args)  # warmup (Triton compile, allocator)
                 graph = torch.cuda.CUDAGraph()
@@ -277,7 +307,10 @@ class ModelRunner:
         device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
         extra = list(extra)
         if batch.is_prefill or not self.is_cuda:
-            input_ids, positions, meta, (*rest, ends) = self._prepare(batch, extra + [self._logit_ends(batch)])
+            state = [] if self.state_pool is None else state_host_arrays(batch, 0, self.state_pool.scratch)
+            input_ids, positions, meta, rest = self._prepare(batch, state + extra + [self._logit_ends(batch)])
+            attach_state(meta, rest[:len(state)])
+            *rest, ends = rest[len(state):]
             hidden = self.model(input_ids, positions, meta)
             return hidden[ends], rest
         n = len(batch.seqs)
@@ -285,16 +318,19 @@ class ModelRunner:
         rows = n if bs is None else bs
         host = self._decode_paged_inputs(batch, rows)
         plan = self._cascade_plan(host, n, rows)
-        ids, pos, slots, src, bt, ctx, *rest = self.h2d.put(host + plan + extra)
+        state = [] if self.state_pool is None else state_host_arrays(batch, rows, self.state_pool.scratch)
+        ids, pos, slots, src, bt, ctx, *rest = self.h2d.put(host + state + plan + extra)
         ids = self._resolve_ids(ids, src, batch)
+        state_slots, rest = (rest[0] if state else None), rest[len(state):]
         cascade, rest = self._cascade_meta(rest[:len(plan)], rows), rest[len(plan):]
         if bs is None:  # eager paged decode (no graphs, or batch above the largest)
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
-                                     **cascade)
+                                     state_slots=state_slots, **cascade)
             return self.model(ids, pos, meta), rest
         g = self.graph_vars
-        for name, t in (("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
-                        ("context_lens", ctx)):
+        inputs = [("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
+                  ("context_lens", ctx)] + ([("state_slots", state_slots)] if state else [])
+        for name, t in inputs:
             g[name][:bs].copy_(t)
         graphs = self.cascade_graphs if cascade else self.graphs
         graphs[bs].replay()
@@ -307,9 +343,11 @@ class ModelRunner:
         Returns a handle for ``fetch`` without waiting for the device. The sampled tokens
         stay on the device as ``last_tokens`` (the next step's pending input ids)."""
         copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
+        if self.state_pool is not None:
+            copies = copies + fork_slots(batch)
         if not batch.sample_seqs:  # a prefill chunk that completes no sequence
             _, rest = self.forward(batch, copies)
-            self.copy_blocks(batch.copies, *rest)
+            self._copy_forked(batch, rest)
             self.last_tokens = None
             return None
         arrays, use_filter = self._sample_arrays(batch)
@@ -319,12 +357,20 @@ class ModelRunner:
         # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
         # compiled sampler's guards see the same layout every step
         floats, ints = rest[0].clone(), rest[1].clone()
-        self.copy_blocks(batch.copies, *rest[len(arrays):])
+        self._copy_forked(batch, rest[len(arrays):])
         if batch.is_prefill:  # rest[2]: the sample rows
             hidden = hidden[rest[2]]
         tokens, logprobs = self.sample(hidden, floats, ints, use_filter)
         self.last_tokens = tokens
         return self.d2h.start(tokens, logprobs)
+
+    def _copy_forked(self, batch: ScheduledBatch, arrays: list[torch.Tensor]) -> None:
+        """After the forward: forked partial KV blocks (``arrays[:2]`` if any), then forked
+        recurrent states (the last two, hybrid models)."""
+        nblock = 2 if batch.copies else 0
+        self.copy_blocks(batch.copies, *arrays[:nblock])
+        if self.state_pool is not None and batch.forks:
+            self.state_pool.copy(*arrays[nblock:nblock + 2])
 
     def fetch(self, handle) -> tuple[list[int], list[float]]:
         """Host lists (tokens, log-probs) of a launched step: waits for that step only."""

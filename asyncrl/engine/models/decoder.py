@@ -201,10 +201,12 @@ class CausalLM(nn.Module):
     """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``;
     ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` (fp32)."""
 
+    model_class = DecoderModel  # the trunk: families with other layers override it (moe.py, qwen3_5.py)
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config)
+        self.model = self.model_class(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import CausalLM
+from asyncrl.engine.models.registry import model_class
 
 
 def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -39,14 +40,18 @@ def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.de
         tensors = iter_safetensors(path)
         dtype = dtype or getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
     with torch.device(device):
-        model = CausalLM(config)
+        model = model_class(config)(config)
     model.to(dtype=dtype)
     # RoPE tables stay fp32: positions up to max_pos need the precision
     model.model.rotary_emb.float()
     loaded = model.load_weights(tensors)
-    # fused params take several tensors (qkv: 3, gate_up: 2); the tied head none
-    expected = sum(3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else 2 if "gate_up" in n else 1
-                   for n, _ in model.named_parameters())
+    # fused params take several tensors (qkv: 3, gate_up: 2); the tied head none; families with
+    # other fused or packed parameters count their own (``expected_tensors``)
+    if hasattr(model, "expected_tensors"):
+        expected = model.expected_tensors()
+    else:
+        expected = sum(3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else 2 if "gate_up" in n else 1
+                       for n, _ in model.named_parameters())
     if loaded != expected:
         raise ValueError(f"checkpoint filled {loaded} tensors, the model needs {expected}")
     return model.eval()
