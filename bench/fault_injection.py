@@ -38,7 +38,8 @@ ASYNC = ["runtime.mode=async", "runtime.rollout_process=true", "runtime.max_stal
          "algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
 TIMING = ("time/", "share/", "throughput/", "memory/", "profile/", "weight_sync/", "async/overlap",
           "async/rollout_seconds", "async/trainer_busy_seconds", "async/window_seconds", "async/running_groups",
-          "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop")
+          "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop",
+          "actor/tflops", "actor/mfu")  # FLOPs per wall second
 
 
 def train(run: Path, cache: Path, *extra: str) -> subprocess.Popen:

@@ -29,7 +29,8 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
 ASYNC0 = ["runtime.mode=async", "runtime.max_staleness=0", "runtime.rollout_process=false"]
 TIMING = ("time/", "share/", "throughput/", "memory/", "profile/", "weight_sync/", "async/overlap",
           "async/rollout_seconds", "async/trainer_busy_seconds", "async/window_seconds", "async/running_groups",
-          "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop")
+          "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop",
+          "actor/tflops", "actor/mfu")  # FLOPs per wall second
 
 
 class Killed(BaseException):
