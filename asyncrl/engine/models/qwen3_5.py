@@ -29,7 +29,7 @@ from asyncrl.engine.attention import AttentionMetadata, paged_attention
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import MLP, CausalLM, DecoderModel, RotaryEmbedding
 from asyncrl.engine.models.gated_delta import causal_conv_step, causal_conv_varlen, gated_delta_decode, \
-    gated_delta_prefill
+    gated_delta_prefill, gated_delta_prefill_packed
 from asyncrl.engine.models.moe import SparseMoeBlock, expert_units, load_expert_tensor, moe_block, num_experts
 
 
@@ -157,14 +157,20 @@ class GatedDeltaNet(nn.Module):
             qkv = causal_conv_step(qkv, self.conv_state, slots, weight)
             q, k, v = self._heads(qkv)
             o = gated_delta_decode(q, k, v, g, beta, self.ssm_state, slots)
-        else:  # gathered: sequences padded to [B, Lq]; prefill (or CPU decode)
+        else:  # gathered: the conv over sequences padded to [B, Lq]; prefill (or CPU decode)
             lens, init, slots = meta.state_lens, meta.state_init, meta.state_slots
             qkv_b = causal_conv_varlen(qkv[meta.q_index], lens, self.conv_state, slots, init, weight)
-            q, k, v = self._heads(qkv_b)
-            B, Lq = meta.q_index.shape
-            valid = torch.arange(Lq, device=x.device)[None, :] < lens[:, None]
-            o = gated_delta_prefill(q, k, v, g[meta.q_index], beta[meta.q_index], valid, self.ssm_state, slots, init)
-            o = o.reshape(B * Lq, self.num_v_heads, self.head_v_dim)[meta.q_out_index]
+            if meta.state_cu_seqlens is not None:  # GPU: FLA's varlen kernel on the packed tokens
+                q, k, v = self._heads(qkv_b.flatten(0, 1)[meta.q_out_index])
+                o = gated_delta_prefill_packed(q, k, v, g, beta, meta.state_cu_seqlens, meta.state_chunk_indices,
+                                               self.ssm_state, slots, init)
+            else:  # torch recurrence over the padded layout
+                q, k, v = self._heads(qkv_b)
+                B, Lq = meta.q_index.shape
+                valid = torch.arange(Lq, device=x.device)[None, :] < lens[:, None]
+                o = gated_delta_prefill(q, k, v, g[meta.q_index], beta[meta.q_index], valid, self.ssm_state, slots,
+                                        init)
+                o = o.reshape(B * Lq, self.num_v_heads, self.head_v_dim)[meta.q_out_index]
         o = self.norm(o.to(x.dtype), z.reshape(T, self.num_v_heads, self.head_v_dim))
         return self.out_proj(o.reshape(T, self.value_dim))
 
