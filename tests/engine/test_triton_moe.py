@@ -60,6 +60,11 @@ def test_gdn_decode_kernel_equals_recurrence():
     qe, ke = _expand_heads(q[:, None], k[:, None], HV)
     ref_o, ref_s = delta_rule_recurrent(qe, ke, v[:, None], gate[:, None], beta[:, None], pool[slots])
     dev = [t.to(DEVICE) for t in (q, k, v, gate, beta, pool, slots)]
+    # q, k, v as the model passes them: row-strided views of one [B, C] conv output (no copies)
+    flat = torch.cat([t.reshape(B, -1) for t in dev[:3]], dim=1)
+    dev[:3] = flat.split([HK * K, HK * K, HV * V], dim=1)
+    dev[:3] = [t.view(B, -1, d) for t, d in zip(dev[:3], (K, K, V))]
+    assert not dev[0].is_contiguous()
     out = gated_delta_decode(*dev)
     torch.testing.assert_close(out.cpu(), ref_o[:, 0], rtol=0, atol=1e-5)
     new = dev[5].cpu()

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from asyncrl.engine.models.decoder import _CudaCompiled
+
 
 # ---- the short causal convolution -------------------------------------------------------------
 # A depthwise conv of width W (4) is W shifted multiply-adds: done so here rather than with
@@ -57,13 +59,23 @@ def causal_conv_varlen(x: torch.Tensor, lens: torch.Tensor, conv_state: torch.Te
     return F.silu(out).to(x.dtype)
 
 
+def _conv_window(rows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor):
+    """rows ``[B, C, W-1]`` (the slots' conv states), x ``[B, C]`` -> (the shifted states
+    ``[B, C, W-1]`` in rows' dtype, conv + SiLU ``[B, C]`` in x's dtype)."""
+    acc = _acc_dtype(x)
+    window = torch.cat([rows.to(acc), x[:, :, None].to(acc)], dim=-1)  # [B, C, W]
+    return window[:, :, 1:].to(rows.dtype), F.silu((window * weight.to(acc)).sum(-1)).to(x.dtype)
+
+
+conv_window = _CudaCompiled(_conv_window)  # one fused kernel on CUDA (decode runs it every GDN layer)
+
+
 def causal_conv_step(x: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor,
                      weight: torch.Tensor) -> torch.Tensor:
     """One token per sequence: x ``[B, C]`` -> conv + SiLU ``[B, C]``; the states shift by one."""
-    acc = _acc_dtype(x)
-    window = torch.cat([conv_state[slots].to(acc), x[:, :, None].to(acc)], dim=-1)  # [B, C, W]
-    conv_state.index_copy_(0, slots, window[:, :, 1:].to(conv_state.dtype))
-    return F.silu((window * weight.to(acc)).sum(-1)).to(x.dtype)
+    rows, out = conv_window(conv_state[slots], x, weight)
+    conv_state.index_copy_(0, slots, rows)
+    return out
 
 
 # ---- the gated delta rule ---------------------------------------------------------------------
