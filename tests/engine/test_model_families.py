@@ -116,15 +116,25 @@ def test_hybrid_state_slots_and_no_prefix_cache(family_dirs):
 
 @pytest.fixture
 def exact_fp32():
-    """fp32 on the GPU as fp32: no TF32 in cuBLAS / cuDNN, and IEEE fp32 ``tl.dot`` in Triton
-    kernels (FLA's chunked delta rule defaults to TF32 for fp32 inputs: ~1e-3 relative).
-    ``TRITON_F32_DEFAULT`` is read when a kernel compiles and is not part of Triton's in-process
-    cache key: it holds for kernels first compiled under it (run this file in its own process)."""
+    """fp32 on the GPU as fp32: no TF32 in cuBLAS / cuDNN, IEEE fp32 ``tl.dot`` in Triton kernels
+    (``TRITON_F32_DEFAULT``: FLA's chunked delta rule and our kernels default to TF32 for fp32
+    inputs, ~1e-3 relative), and IEEE in FLA's fused triangular solve, which names TF32 itself
+    (``SOLVE_TRIL_DOT_PRECISION``, a module constant of ``fla.ops.gated_delta_rule.chunk_fwd``).
+    Both are read when a kernel first compiles, so they hold for kernels compiled inside this
+    test (run the file in its own process); the FLA constant stays set for the process (Triton
+    refuses a kernel whose constant changed after it compiled)."""
     import os
 
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, os.environ.get("TRITON_F32_DEFAULT"))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     os.environ["TRITON_F32_DEFAULT"] = "ieee"
+    try:
+        import triton.language as tl
+        from fla.ops.gated_delta_rule import chunk_fwd
+    except ImportError:  # no FLA: the torch prefill runs
+        pass
+    else:
+        chunk_fwd.SOLVE_TRIL_DOT_PRECISION = tl.constexpr("ieee")
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
     if saved[2] is None:
