@@ -368,6 +368,17 @@ class ActorConfig:
     logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
     routing_replay: bool = field_spec(False, help="MoE: the trainer's forward uses the experts the engine chose "
                                                   "for each token (R3); the mismatch rate is reported either way")
+    # The trainer's forward (issue 20; asyncrl/training/forward_plan.py); also the reference's and critic's.
+    kernels: str = field_spec("auto", choices=("auto", "liger", "eager"),
+                              help="liger: Liger Kernel's RMSNorm/RoPE/SwiGLU + the Triton fused LM head (CUDA); "
+                                   "eager: HF's modules + the torch fused head; auto: the fastest that runs here")
+    packing: str = field_spec("auto", choices=("auto", "varlen", "tree", "padded"),
+                              help="varlen: rows concatenated, attention by cumulative lengths (GPU default); "
+                                   "tree: short rows as prefix trees under a 4D mask (CPU default); padded")
+    compile: bool = field_spec(False, help="torch.compile the decoder blocks (dynamic shapes; recompiles in the "
+                                           "metrics); Inductor then fuses what Liger's block kernels would")
+    peak_tflops: Optional[float] = field_spec(None, gt=0, help="the device's peak for actor/mfu (null: known "
+                                                               "GPUs' dense bf16 peak; none on CPU)")
 
 
 @dataclass
