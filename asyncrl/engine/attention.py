@@ -40,7 +40,9 @@ class AttentionMetadata:
       suffix_start [B] int32, cascade_tiles [T, 2 + MPT] int32
       -- recurrent-state layers (hybrid models; ``state_pool.py``) --
       state_slots [B] int64 (paged decode: [rows], padding -> scratch slot); gathered steps also
-      state_lens [B] int64 (tokens this step) and state_init [B] int64 (0: start from a zero state)
+      state_lens [B] int64 (tokens this step) and state_init [B] int64 (0: start from a zero state);
+      GPU steps with FLA also state_cu_seqlens [B + 1] int64 and state_chunk_indices [NT, 2] int64
+      (the packed tokens' sequence bounds and FLA's chunk list, built on the host: no sync)
     """
 
     slot_mapping: torch.Tensor
@@ -56,6 +58,8 @@ class AttentionMetadata:
     state_slots: Optional[torch.Tensor] = None
     state_lens: Optional[torch.Tensor] = None
     state_init: Optional[torch.Tensor] = None
+    state_cu_seqlens: Optional[torch.Tensor] = None
+    state_chunk_indices: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
@@ -41,6 +42,8 @@ class ModelRunner:
         linear = model.linear_layers() if hasattr(model, "linear_layers") else []
         # before sizing the KV pool from free memory: the states take their share first
         self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
+        # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
+        self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
         self.num_blocks = self._num_kv_blocks()
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
@@ -307,7 +310,8 @@ class ModelRunner:
         device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
         extra = list(extra)
         if batch.is_prefill or not self.is_cuda:
-            state = [] if self.state_pool is None else state_host_arrays(batch, 0, self.state_pool.scratch)
+            state = ([] if self.state_pool is None
+                     else state_host_arrays(batch, 0, self.state_pool.scratch, self.packed_state_prefill))
             input_ids, positions, meta, rest = self._prepare(batch, state + extra + [self._logit_ends(batch)])
             attach_state(meta, rest[:len(state)])
             *rest, ends = rest[len(state):]

@@ -20,6 +20,7 @@ from asyncrl.config_schema import ConfigError
 from asyncrl.errors import ModelLoadError
 from asyncrl.hub import HubError, is_hub_id, model_snapshot
 from asyncrl.training.checkpoint import latest_checkpoint
+from asyncrl.training.hf_kernels import route_cpu_to_torch_kernels
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,6 +45,8 @@ def build_tiny_model(tiny_cfg, tokenizer, seed: int):
 
 def _tiny_qwen3_5(tiny_cfg, tokenizer, seed: int):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    route_cpu_to_torch_kernels()  # a CPU model must not reach FLA's Triton kernels (hf_kernels.py)
 
     config = Qwen3_5TextConfig(
         vocab_size=len(tokenizer), hidden_size=tiny_cfg.hidden_size, intermediate_size=tiny_cfg.intermediate_size,
@@ -124,6 +127,7 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     path = str(resolve_model_path(path))
     check_model_dir(path)  # missing weights or tokenizer, a truncated file: named, not a loader's traceback
     tokenizer = AutoTokenizer.from_pretrained(path)
+    route_cpu_to_torch_kernels()  # Qwen3.5 on a CPU: transformers' torch functions, even with fla-core installed
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
