@@ -118,6 +118,21 @@ class LLM:
         self.async_scheduling = (self.runner.is_cuda if self.config.async_scheduling is None
                                  else self.config.async_scheduling)
         self._inflight = None
+        self.spec = self._speculative_decoder()
+
+    def _speculative_decoder(self):
+        """The ``SpeculativeDecoder`` of ``speculative_config`` (spec/), or None."""
+        from asyncrl.engine.spec.config import SpeculativeConfig
+
+        spec = SpeculativeConfig.from_any(self.config.speculative_config)
+        if spec is None:
+            return None
+        if self.runner.state_pool is not None:
+            raise ValueError("speculative decoding is not supported for hybrid models (Gated DeltaNet layers): "
+                             "a rejected draft would need its recurrent state rolled back")
+        from asyncrl.engine.spec.decoding import SpeculativeDecoder
+
+        return SpeculativeDecoder(spec, self.runner, self.runner.dtype)
 
     def _on_device(self):
         """The engine's GPU made current for the calling thread (see :func:`_current_device`)."""
@@ -156,6 +171,11 @@ class LLM:
         results are read by the next call (or ``_drain``). Otherwise launch and read at once."""
         self._unpaused.wait()
         with self._lock:
+            if self.spec is not None and self.spec.should_run(self.scheduler):
+                finished = self._drain()  # drafting needs every token on the host
+                finished += self.spec.step(self.scheduler, self.version)
+                self.num_steps += 1
+                return finished
             batch = self.scheduler.schedule()
             launched = None
             if batch is not None:
@@ -266,9 +286,12 @@ class LLM:
     @property
     def metrics(self) -> dict:
         bm, sc = self.block_manager, self.scheduler
-        return dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
-                    forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
-                    steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+        out = dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
+                   forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
+                   steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+        if self.spec is not None:
+            out.update(self.spec.metrics)
+        return out
 
     # ---- text ----------------------------------------------------------------------
     def _encode(self, prompt: PromptType) -> list[int]:

@@ -61,6 +61,8 @@ class Sequence:
         self.prompt_text: Optional[str] = None
         self.group: list[Sequence] = [self]  # all samples of this request, shared list
         self.routed_experts = None  # MoE routing [len - 1, L_moe, K] (device), set at finish (routing.py)
+        self.spec_drafted = 0  # speculative decoding: draft tokens proposed / accepted (spec/decoding.py)
+        self.spec_accepted = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

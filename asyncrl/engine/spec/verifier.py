@@ -36,7 +36,7 @@ position (never ``q``, never the residual distribution: the token's marginal is 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -69,27 +69,24 @@ class VerifyResult:
     num_emitted: torch.Tensor
 
 
-SampleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-
-
 def verify(logits: torch.Tensor, draft_ids: torch.Tensor, num_drafts: torch.Tensor,
            temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, keys: torch.Tensor,
            draft_probs: Optional[torch.Tensor] = None, use_filter: bool = True,
-           sample_fn: Optional[SampleFn] = None) -> VerifyResult:
+           sampled: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> VerifyResult:
     """logits ``[B, K+1, V]`` (any float dtype), draft_ids ``[B, K]`` int64, num_drafts ``[B]``
     int64 (drafts past it are ignored), temperature / top_k / top_p ``[B]`` (the request's),
     keys ``[B, K+1]`` int64 (row j: the key of position ``start + j + 1``), draft_probs
     ``[B, K, V]`` fp32 (q of each draft position) or None for one-hot drafts.
-    ``sample_fn(logits [N, V], temperature, top_k, top_p, keys, use_filter)`` draws the
-    target's tokens (default ``sampler.sample``; the engine passes its fused sampler)."""
+    ``sampled``: (tokens, logprobs) ``[B * (K+1)]`` the plain sampler drew at every position
+    with these keys (the engine passes its fused sampler's); drawn here with
+    ``sampler.sample`` when None."""
     B, K1, V = logits.shape
     K = K1 - 1
-    flat = logits.reshape(B * K1, V)
-    rep = (lambda x: x.repeat_interleave(K1))
-    sample_fn = sample_fn or (lambda lg, t, k, p, ky, f: sample(lg, t, k, p, ky, f))
-    # the plain sampler's token at every position: the one-hot path's answer and the bonus
-    t_tok, t_lp = sample_fn(flat, rep(temperature), rep(top_k), rep(top_p), keys.reshape(-1), use_filter)
-    t_tok, t_lp = t_tok.view(B, K1), t_lp.view(B, K1)
+    if sampled is None:  # the plain sampler's token at every position: the one-hot answer and the bonus
+        rep = (lambda x: x.repeat_interleave(K1))
+        sampled = sample(logits.reshape(B * K1, V), rep(temperature), rep(top_k), rep(top_p), keys.reshape(-1),
+                         use_filter)
+    t_tok, t_lp = sampled[0].view(B, K1), sampled[1].view(B, K1)
     j = torch.arange(K, device=logits.device)
     valid = j[None, :] < num_drafts[:, None]
     if draft_probs is None:
