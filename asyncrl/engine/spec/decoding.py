@@ -24,23 +24,27 @@ from asyncrl.engine.spec.config import SpeculativeConfig
 from asyncrl.engine.spec.verify_step import Drafts, VerifyStep
 
 
-def make_proposer(config: SpeculativeConfig, runner, dtype):
+def make_proposer(config: SpeculativeConfig, dtype, device, target_config):
+    """The proposer of ``config.method``; built before the target's K/V pool is sized (a draft
+    model's weights and K/V take their share of memory first: ``block_bytes``)."""
     if config.method == "ngram":
         from asyncrl.engine.spec.ngram import NgramProposer
         return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min,
                              config.group_lookup)
     if config.method == "draft_model":
         from asyncrl.engine.spec.draft_model import DraftModelProposer
-        return DraftModelProposer(config, runner, dtype)
+        return DraftModelProposer(config, dtype, device, target_config)
     from asyncrl.engine.spec.eagle import EagleProposer
-    return EagleProposer(config, runner, dtype)
+    return EagleProposer(config, dtype, device, target_config)
 
 
 class SpeculativeDecoder:
-    def __init__(self, config: SpeculativeConfig, runner, dtype):
+    def __init__(self, config: SpeculativeConfig, proposer, runner):
         self.config = config
         self.k = config.num_speculative_tokens
-        self.proposer = make_proposer(config, runner, dtype)
+        self.proposer = proposer
+        if hasattr(proposer, "attach"):
+            proposer.attach(runner)
         self.verify_step = VerifyStep(runner, self.k, config.disable_by_batch_size)
         self.steps = 0
         self.rows = 0          # sequence-steps verified (target passes per sequence)
