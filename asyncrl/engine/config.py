@@ -25,5 +25,3 @@ class EngineConfig:
     return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)
     # speculative decoding (spec/): vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4}
     speculative_config: Any = None
-    quantization: Optional[str] = None  # "fp8": blockwise e4m3 weights of the linear layers (quant/)
-    kv_cache_dtype: str = "auto"        # "fp8": e4m3 K/V with a scale per (token, kv head)

@@ -27,19 +27,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, KS, VS, scale,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-                         stride_sb, stride_ss,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
-                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, KV_SCALED: tl.constexpr):
+                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
-    (QLEN > 1: a speculative verify step, the last token and its drafts). ``KV_SCALED``:
-    fp8 caches with one fp32 scale per (token, kv head) in KS / VS ``[N, PAGE, Hkv]``."""
+    (QLEN > 1: a speculative verify step, the last token and its drafts)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -62,8 +60,6 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, KS, VS, scal
     qtok = b * QLEN + qi  # the row's packed token index
     q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
-    if KV_SCALED:
-        q = q.to(tl.bfloat16)
     limit = ctx - QLEN + qi  # the last key position each row sees
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -77,15 +73,10 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, KS, VS, scal
             blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
         off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
         k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if KV_SCALED:
-            k = k.to(tl.bfloat16)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
             s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N]
-        if KV_SCALED:
-            soff = blk * stride_sb + (tok % PAGE) * stride_ss + kvh
-            s = s * tl.load(KS + soff, mask=kmask, other=0.0)[None, :]
         if QLEN > 1:  # causal among the step's own tokens; a row may see no key of a tile
             s = tl.where(kmask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
@@ -98,9 +89,6 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, KS, VS, scal
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if KV_SCALED:  # fold V's per-token scale into p (a column scale of p = a row scale of V)
-            p = p * tl.load(VS + soff, mask=kmask, other=0.0)[None, :]
-            v = v.to(tl.bfloat16)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -254,7 +242,7 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
-                   launch: DecodeLaunch | None = None, qlen: int = 1, kv_scales=None):
+                   launch: DecodeLaunch | None = None, qlen: int = 1):
     T, H, D = q.shape
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -264,7 +252,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     # split-KV only without cascade: the cascade merge of prefix parts happens in the one program per row
     splits = 1 if cascade is not None else kv_splits_for(B, hkv, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
-    # unused pointers when not CASCADE / not split / not fp8
+    # unused pointers when not CASCADE / not split
     start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
     if splits > 1:
         so = torch.empty(splits, T, H, D, dtype=torch.float32, device=q.device)
@@ -272,18 +260,16 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
     else:
         so, sl = po, pl
-    ks, vs = kv_scales if kv_scales is not None else (context_lens, context_lens)
-    stride_sb, stride_ss = (ks.stride(0), ks.stride(1)) if kv_scales is not None else (0, 0)
     block_d = max(16, triton.next_power_of_2(D))
     _paged_decode_kernel[(B, hkv, splits)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, ks, vs, scale,
+        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), stride_sb, stride_ss,
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
-        KV_SPLITS=splits, QLEN=qlen, KV_SCALED=kv_scales is not None,
+        KV_SPLITS=splits, QLEN=qlen,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -294,17 +280,15 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           launch: DecodeLaunch | None = None, query_len: int = 1,
-                           kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                           launch: DecodeLaunch | None = None, query_len: int = 1) -> torch.Tensor:
     """q ``[B * query_len, H, D]`` (each sequence's ``query_len`` tokens packed, in order);
     caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32; context_lens ``[B]``
     int32 (>= query_len: the keys up to and including the sequence's last query token) ->
     out like q. Query i of a sequence attends keys ``[0, context_len - query_len + i]``.
-    ``kv_scales``: (k_scale, v_scale) ``[N, block_size, Hkv]`` fp32 for fp8 caches
-    (``kv_quant.py``). ``launch``: default ``DECODE_LAUNCH``."""
+    ``launch``: default ``DECODE_LAUNCH``."""
     assert k_cache.stride(3) == 1 and q.stride(2) == 1
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          launch=launch, qlen=query_len, kv_scales=kv_scales)
+                          launch=launch, qlen=query_len)
 
 
 # Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at
