@@ -50,7 +50,8 @@ def engine_options(rollout_cfg) -> dict:
     if rollout_cfg.backend == "openai":
         return {"openai": rollout_cfg.openai}
     return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
-            "return_routed_experts": rollout_cfg.return_routed_experts}
+            "return_routed_experts": rollout_cfg.return_routed_experts,
+            "speculative_config": rollout_cfg.speculative.engine_dict()}
 
 
 BACKENDS = {"hf": _hf, "engine": _engine, "openai": _openai}

@@ -18,6 +18,15 @@ def test_rollout_gpu_memory_utilization_reaches_the_engine(tiny_policy):
     assert isinstance(build_backend("hf", model, tok, **engine_options(cfg.rollout)), HFGenerateBackend)
 
 
+def test_rollout_speculative_reaches_the_engine(tiny_policy):
+    """``rollout.speculative.*`` becomes vLLM's speculative_config dict; off by default."""
+    model, tok = tiny_policy
+    assert build_backend("engine", model, tok, **engine_options(load_config("quickstart").rollout)).llm.spec is None
+    cfg = load_config("quickstart", ["rollout.speculative.method=ngram", "rollout.speculative.num_speculative_tokens=3"])
+    spec = build_backend("engine", model, tok, **engine_options(cfg.rollout)).llm.spec
+    assert spec.k == 3 and spec.config.method == "ngram" and spec.config.disable_by_batch_size == 32
+
+
 def test_auto_falls_back_to_hf_generate_with_one_line(caplog):
     """An architecture the engine does not implement goes to HF generate, said once, with why;
     the new families go to the engine."""
