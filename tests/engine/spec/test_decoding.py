@@ -157,3 +157,18 @@ def test_hybrid_models_refuse_speculation(tmp_path):
     path = build_family("qwen3_5", tmp_path)
     with pytest.raises(ValueError, match="not supported for hybrid models"):
         make_llm(path, speculative_config={"method": "ngram"})
+
+
+def test_moe_routing_capture_is_unchanged_by_speculation(tmp_path):
+    """Routing replay (R3): the experts recorded for every token equal speculation off's (the
+    verify pass writes the routing of accepted drafts; rejected ones are overwritten later)."""
+    from families import build_family
+
+    path = build_family("qwen3_moe", tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    off = make_llm(path, return_routed_experts=True).generate(REPETITIVE, params)
+    llm = make_llm(path, return_routed_experts=True, speculative_config={"method": "ngram"})
+    on = llm.generate(REPETITIVE, params)
+    assert _tokens(on) == _tokens(off) and llm.metrics["spec_accepted_tokens"] > 0
+    for a, b in zip(off, on):
+        assert torch.equal(a.outputs[0].routed_experts, b.outputs[0].routed_experts)
