@@ -10,7 +10,7 @@ tokens (``a`` accepted), distributed exactly as sampling from ``p`` one token at
 
 Two paths, chosen per call:
 
-* **one-hot drafts** (n-gram lookup, argmax drafts of a draft model or an EAGLE head: the
+* **one-hot drafts** (n-gram lookup, argmax drafts of a draft model: the
   draft distribution ``q`` is a point mass). The rule is "accept ``x_j`` with probability
   ``p_j(x_j)``; on rejection draw from ``p_j`` with ``x_j`` removed". We realise it with the
   sampler's own keyed Gumbel race: ``t_j = argmax(logp_j + g_j)`` is the token the plain
