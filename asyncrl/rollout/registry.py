@@ -31,6 +31,9 @@ def _auto(architecture: str) -> str:
 
 def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
     from asyncrl.rollout.hf import HFGenerateBackend
+    if _engine_options.get("speculative_config"):
+        raise ValueError("rollout.speculative needs the asyncrl engine; this model runs on HF generate "
+                         "(rollout.backend hf, or an architecture the engine does not implement)")
     return HFGenerateBackend(model, tokenizer)  # shares the trainer's tensors: no weight copy
 
 

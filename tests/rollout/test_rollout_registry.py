@@ -1,5 +1,7 @@
 """Backends by config name: ``auto`` picks the engine for Qwen3, and the rollout section's
 engine options reach the engine (and only the engine)."""
+import pytest
+
 from asyncrl.config import load_config
 from asyncrl.rollout.hf import HFGenerateBackend
 from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
@@ -25,6 +27,8 @@ def test_rollout_speculative_reaches_the_engine(tiny_policy):
     cfg = load_config("quickstart", ["rollout.speculative.method=ngram", "rollout.speculative.num_speculative_tokens=3"])
     spec = build_backend("engine", model, tok, **engine_options(cfg.rollout)).llm.spec
     assert spec.k == 3 and spec.config.method == "ngram" and spec.config.disable_by_batch_size == 32
+    with pytest.raises(ValueError, match="rollout.speculative needs the asyncrl engine"):
+        build_backend("hf", model, tok, **engine_options(cfg.rollout))
 
 
 def test_auto_falls_back_to_hf_generate_with_one_line(caplog):
