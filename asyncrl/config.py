@@ -192,6 +192,35 @@ class OpenAIServerConfig:
 
 
 @dataclass
+class SpeculativeRolloutConfig:
+    """``rollout.speculative``: speculative decoding in the engine (asyncrl/engine/spec/, the keys
+    of vLLM's ``speculative_config``). Exact: tokens follow the policy's law and the returned
+    log-probs are the policy's; it only changes speed (in the small-batch tail of a rollout)."""
+
+    method: str = field_spec("off", choices=("off", "ngram", "draft_model"),
+                             help="ngram: prompt lookup over the prompt, the sequence and its group; "
+                                  "draft_model: a small model of the same tokenizer (model)")
+    num_speculative_tokens: int = field_spec(4, ge=1, le=16, help="drafts per sequence per step")
+    model: Optional[str] = field_spec(None, help="draft_model: its checkpoint directory (fixed: not synced)")
+    prompt_lookup_max: int = field_spec(4, ge=1, help="ngram: longest suffix matched")
+    prompt_lookup_min: int = field_spec(2, ge=1, help="ngram: shortest suffix matched")
+    draft_sampling: str = field_spec("greedy", choices=("greedy", "probabilistic"),
+                                     help="draft_model: argmax drafts, or sampled drafts with their probs")
+    disable_by_batch_size: int = field_spec(32, ge=1, help="speculate only while at most this many sequences run")
+    min_acceptance: float = field_spec(0.0, ge=0, lt=1, help="a sequence stops drafting below this acceptance "
+                                                              "rate (the policy drifted from the draft model)")
+
+    def engine_dict(self) -> Optional[dict]:
+        """vLLM's ``speculative_config`` dict for the engine; None when off."""
+        if self.method == "off":
+            return None
+        out = {f: getattr(self, f) for f in ("method", "num_speculative_tokens", "prompt_lookup_max",
+                                             "prompt_lookup_min", "draft_sampling", "disable_by_batch_size",
+                                             "min_acceptance")}
+        return out | ({"model": self.model} if self.method == "draft_model" else {})
+
+
+@dataclass
 class RolloutConfig:
     """Generation: the rollout backend, samples per prompt (the group), sampling parameters."""
 
@@ -209,6 +238,7 @@ class RolloutConfig:
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
+    speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)
 
 
 @dataclass

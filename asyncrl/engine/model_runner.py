@@ -31,8 +31,11 @@ from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, state
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int):
+    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, extra_block_bytes: int = 0):
+        """``extra_block_bytes``: memory per KV block taken by another pool with the same block
+        geometry (a speculative draft model's K/V, ``spec/draft_model.py``)."""
         self.model = model
+        self.extra_block_bytes = extra_block_bytes
         self.config = config
         self.block_size = config.block_size
         self.max_model_len = max_model_len
@@ -79,7 +82,7 @@ class ModelRunner:
     def _block_bytes(self) -> int:
         c = self.model.config
         per_layer = self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
-        return 2 * len(self._attention_layers()) * per_layer
+        return 2 * len(self._attention_layers()) * per_layer + self.extra_block_bytes
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
