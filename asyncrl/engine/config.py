@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -23,3 +23,5 @@ class EngineConfig:
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none
     return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)
+    # speculative decoding (spec/): vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4}
+    speculative_config: Any = None

@@ -57,8 +57,8 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
         actor = Actor(model, cfg.actor, algo, temperature)
         reference = (Reference(model, temperature, micro, cfg.actor.logprob_chunk_tokens)
                      if needs_reference(algo) else None)
-        critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, micro)
-                  if cfg.critic.enable else None)
+        critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, micro, algo.loss_scale_factor,
+                         cfg.actor.master_dtype) if cfg.critic.enable else None)
         return actor, reference, critic
     compute, master = DTYPES[cfg.model.dtype], master_dtype(cfg)
     offload = cfg.actor.offload == "full"
@@ -78,5 +78,6 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
     if value_model is not None:
         values = shard_model(CriticValues(value_model), dp, compute_dtype=compute, master_dtype=master,
                              offload_params=offload)
-        critic = Critic(value_model, cfg.critic, algo.loss_agg_mode, micro, forward=values, dp=dp)
+        critic = Critic(value_model, cfg.critic, algo.loss_agg_mode, micro, algo.loss_scale_factor,
+                        cfg.actor.master_dtype, forward=values, dp=dp)
     return actor, reference, critic

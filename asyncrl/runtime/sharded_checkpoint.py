@@ -15,16 +15,13 @@ finished: a crash at any point leaves the previous checkpoint and ``latest`` int
 """
 from __future__ import annotations
 
-import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from asyncrl.distributed import checkpoint as sharded
 from asyncrl.distributed.lockstep import replicated
-from asyncrl.training.checkpoint import publish_step_dir
+from asyncrl.training.checkpoint import write_checkpoint
 
 
 class ShardedCheckpointer:
@@ -34,18 +31,13 @@ class ShardedCheckpointer:
         self.actor, self.tokenizer, self.dtype, self.dp = actor, tokenizer, dtype, actor.dp
 
     def save(self, run_dir: Path, step: int, state: dict, keep: int) -> Path:
-        """Rank 0 (the job): write ``<run_dir>/checkpoints/step_<step>`` atomically; returns it."""
-        root = Path(run_dir) / "checkpoints"
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-step_{step:06d}-"))
-        try:
-            self.write(str(tmp))
-            self.tokenizer.save_pretrained(str(tmp))
-            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=2))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return publish_step_dir(tmp, root / f"step_{step:06d}", keep)
+        """Rank 0 (the job): write ``<run_dir>/checkpoints/step_<step>`` by training/checkpoint.py's
+        protocol (temp dir, manifest, one rename, ``latest``); returns it."""
+        return write_checkpoint(run_dir, step, self._write_all, state, keep)
+
+    def _write_all(self, directory: Path) -> None:
+        self.write(str(directory))
+        self.tokenizer.save_pretrained(str(directory))
 
     @replicated("checkpoint")
     def write(self, directory: str) -> None:
@@ -61,3 +53,21 @@ class ShardedCheckpointer:
         """Every rank: the actor's model, optimizer and scheduler from ``step_dir`` (any world size)."""
         actor = self.actor
         sharded.load(Path(step_dir), actor.forward_module, actor.optimizer, actor.scheduler, self.dp)
+
+
+class ShardedPolicyState:
+    """:class:`~asyncrl.training.checkpoint.HFPolicyState`'s two methods for a sharded actor, so
+    that issue 18's checkpoints and ``trainer.resume`` (runtime/resume.py: manifest, ``latest``,
+    ``resume.pt``) carry the DCP shards: ``write`` runs on every rank (the HF export, the shards
+    and each rank's RNG), ``load`` restores the actor's model, optimizer and scheduler at any
+    world size. The critic is not in it (a sharded resume with a critic is refused, pipeline.py)."""
+
+    def __init__(self, checkpointer: ShardedCheckpointer):
+        self.checkpointer = checkpointer
+
+    def write(self, directory: Path) -> None:
+        self.checkpointer.write(str(directory))
+        self.checkpointer.tokenizer.save_pretrained(str(directory))
+
+    def load(self, directory: Path) -> None:
+        self.checkpointer.load(str(directory))

@@ -18,7 +18,9 @@ from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import ForwardPlan, prepare_model
 from asyncrl.training.logprob_gap import LogprobGap
 from asyncrl.training.mfu import peak_flops, update_flops
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
 from asyncrl.training.optim import build_optimizer
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
 
@@ -82,7 +84,12 @@ class Actor:
         self.device = dp.device if dp.sharded else param.device
         self.compute_dtype = compute_dtype or param.dtype
         self.loss_cfg = policy_loss_config(algo_cfg)
-        self.optimizer = build_optimizer(self.forward_module.parameters(), actor_cfg)
+        if dp.sharded:  # FSDP2 keeps the fp32 master shards itself (roles.master_dtype)
+            self.optimizer = build_optimizer(self.forward_module.parameters(), actor_cfg)
+        else:  # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
+            self.optimizer = trainer_adamw(model.parameters(), actor_cfg.master_dtype, lr=actor_cfg.lr,
+                                           betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay,
+                                           host_moments=actor_cfg.offload == "optimizer")
         warmup = actor_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
@@ -167,10 +174,15 @@ class Actor:
                 sums[key] = sums.get(key, 0.0) + value * weight
         sums = self.dp.sum_metrics(sums)
         grad_norm = self._clip_gradients()
-        if math.isfinite(grad_norm):  # the norm is global: every rank takes the same branch
+        # a NaN/Inf gradient would poison the weights, and a micro-batch without backward (its
+        # loss was not finite) would leave a biased partial gradient: skip the step and count it.
+        # The norm and the summed metrics are global: every rank takes the same branch
+        if math.isfinite(grad_norm) and not sums.get("actor/nonfinite_loss"):
             self.optimizer.step()
+            if not self.dp.sharded:  # sharded: the global norm above is the check
+                check_parameters_finite(self.model, "the actor's optimizer step")
             sums["actor/skipped_step"] = 0.0
-        else:  # a NaN/Inf gradient would poison the weights: skip the step and count it
+        else:
             self.optimizer.zero_grad(set_to_none=True)
             sums["actor/skipped_step"] = 1.0
         self.scheduler.step()
@@ -181,7 +193,7 @@ class Actor:
     def _clip_gradients(self) -> float:
         if self.dp.sharded:
             return float(clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp))
-        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        return float(torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip))
 
     def _gap_metrics(self) -> dict[str, float]:
         """The logprob gap over every rank's tokens."""

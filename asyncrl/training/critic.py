@@ -25,7 +25,9 @@ from asyncrl.distributed.group import SINGLE, DataParallel
 from asyncrl.distributed.lockstep import replicated
 from asyncrl.training.forward_plan import plan_of, prepare_like
 from asyncrl.training.logprobs import response_states
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
 from asyncrl.training.optim import build_optimizer
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.types import TrainBatch
 
 
@@ -94,16 +96,38 @@ class Critic:
     global token / sequence counts, so they sum to exactly the mini-batch loss.
     """
 
-    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int, *,
+    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int,
+                 loss_scale_factor: Optional[float] = None, master_dtype: str = "float32", *,
                  forward: Optional[CriticValues] = None, dp: DataParallel = SINGLE):
+        """``loss_scale_factor``: L_norm of ``seq-mean-token-sum-norm``, the actor's
+        ``algorithm.loss_scale_factor`` (verl's critic inherits it too); ``master_dtype``: the
+        actor's ``actor.master_dtype`` (mixed_precision.py). Sharded (``dp.sharded``, ``forward``
+        the FSDP2-wrapped values): FSDP2 keeps the master shards itself (runtime/roles.py), so the
+        optimizer is the plain one over the shards."""
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
+        self.loss_scale_factor = loss_scale_factor
         self.forward_module = forward if forward is not None else CriticValues(model)
         self.dp = dp
         self.device = dp.device if dp.sharded else next(model.parameters()).device
-        self.optimizer = build_optimizer(self.forward_module.parameters(), critic_cfg)
+        if dp.sharded:
+            self.optimizer = build_optimizer(self.forward_module.parameters(), critic_cfg)
+        else:
+            self.optimizer = trainer_adamw(model.parameters(), master_dtype, lr=critic_cfg.lr,
+                                           weight_decay=critic_cfg.weight_decay)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    def state_dict(self) -> dict:
+        """Weights, optimizer (with master weights) and scheduler: what a one-process resume
+        restores (sharded runs save through distributed/checkpoint.py instead)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
 
     @replicated("critic")
     @torch.no_grad()
@@ -140,7 +164,7 @@ class Critic:
             loss, stats = compute_value_loss(
                 values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
                 cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode,
-                global_tokens=global_tokens, global_seqs=global_seqs)
+                global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=self.loss_scale_factor)
             loss.backward()
             # micro losses sum to the mini-batch loss; per-micro stats are averaged by rows
             sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
@@ -150,9 +174,11 @@ class Critic:
         if self.dp.sharded:
             grad_norm = float(clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp))
         else:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip))
         if math.isfinite(grad_norm):  # the norm is global: every rank takes the same branch
             self.optimizer.step()
+            if not self.dp.sharded:
+                check_parameters_finite(self.model, "the critic's optimizer step")
         else:  # a NaN/Inf gradient would poison the weights: skip the step
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()

@@ -42,3 +42,29 @@ def test_two_rank_job_writes_once_and_logs_per_rank(tmp_path):
         assert (latest / name).exists(), name
     assert AutoModelForCausalLM.from_pretrained(latest).config.model_type == "qwen3"
     assert json.loads((latest / "trainer_state.json").read_text())["policy_version"] == 3
+
+
+def _resume_job(rank: int, world: int, root: str, steps: int, resume: str, run: str = "run") -> None:
+    cfg = load_config("quickstart", [*TWO_RANKS, f"logging.run_dir={root}/{run}", f"sft.cache_dir={root}/cache",
+                                     f"trainer.steps={steps}", f"trainer.resume={resume}"])
+    torch.save(run_training(cfg), f"{root}/summary_rank{rank}.pt")
+
+
+def test_two_rank_job_resumes_through_trainer_resume(tmp_path):
+    """Issue 18's ``trainer.resume=auto`` on a sharded run: the checkpoint of step 2 (DCP shards
+    + resume.pt by issue 18's protocol) is loaded on both ranks and the run continues at step 3."""
+    run_ranks(2, tmp_path, _resume_job, str(tmp_path), 2, "never")
+    run_ranks(2, tmp_path, _resume_job, str(tmp_path), 3, "auto")
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 2 and summary["steps"] == 3 and summary["world_size"] == 2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    assert latest.name == "step_000003" and (latest / "dcp/.metadata").exists() and (latest / "resume.pt").exists()
+    assert json.loads((latest / "trainer_state.json").read_text())["policy_version"] == 3
+    run_ranks(2, tmp_path, _resume_job, str(tmp_path), 3, "never", "straight")  # uninterrupted, same cache
+    straight = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    learning = [k for k in straight[2] if k.split("/")[0] in ("actor", "reward", "response_length")
+                and k not in ("actor/tflops", "actor/mfu")]
+    assert learning and {k: rows[2].get(k) for k in learning} == {k: straight[2][k] for k in learning}

@@ -32,7 +32,7 @@ def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.de
     parameter must be filled (shards of fused ones each count)."""
     if isinstance(path, torch.nn.Module):
         hf = path
-        config = ModelConfig.from_dict(hf.config.to_dict(), architecture=type(hf).__name__)
+        config = ModelConfig.from_module(hf)
         tensors = hf.state_dict().items()
         dtype = dtype or next(hf.parameters()).dtype
     else:
