@@ -22,3 +22,4 @@ class EngineConfig:
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none
+    tensor_parallel_size: int = 1     # ranks the model is split over (processes; GPUs from the engine's device on)

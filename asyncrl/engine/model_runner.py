@@ -1,16 +1,24 @@
 """ModelRunner: owns the model, the KV pool and the CUDA graphs; runs one step.
 
-``launch(batch)`` = prepare inputs -> forward (graph replay for GPU decode) -> copy forked
+``launch(batch)`` = ``prepare`` (host: the step's input arrays, a picklable ``StepInputs``)
+-> ``execute`` (device: inputs -> forward (graph replay for GPU decode) -> copy forked
 partial blocks -> logits of the rows that sample -> sample -> start the copy of the
-sampled tokens to the host; it does not wait for the device. ``fetch(handle)`` waits for
+sampled tokens to the host); it does not wait for the device. ``fetch(handle)`` waits for
 that step's tokens: the one device->host sync per step, which the engine places after
 launching the NEXT step (overlapped scheduling, ``LLM``). ``run`` = fetch(launch).
+
+Tensor parallelism (``model.tp.size > 1``): rank 0 runs the scheduler and ``prepare``; its
+``followers`` (``parallel/workers.py``) send each ``StepInputs`` to the other ranks, which
+``execute`` it too (same collectives in the same order). Rank 0 gathers the vocabulary shards
+of the logits, samples from the full distribution and broadcasts the tokens (the next step's
+pending input ids live on every rank's device).
 
 KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]``; block ``num_blocks`` is the
 scratch block that padded rows write to (never handed out by the BlockManager).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -25,27 +33,56 @@ from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
 
 
+@dataclass
+class StepInputs:
+    """The host side of one step: every array the device side reads, in the order of its one
+    host->device copy, and how to read them. Picklable: TP rank 0 sends it to the other ranks.
+
+    ``arrays`` = inputs (``num_inputs``), then sampling (``num_sampling``: floats ``[2, S]``,
+    ints ``[2, S]`` [, sample rows]), then forked-block copies (src, dst: 0 or 2 arrays).
+      gathered step: ids, positions, src, the 6 ``GatheredHost`` arrays, logit ends
+      paged decode:  ids, positions, slots, src, block tables, context lengths [, cascade plan]
+    """
+
+    arrays: list
+    num_inputs: int
+    num_sampling: int = 0
+    use_filter: bool = False  # a sampling row uses top-k / top-p
+    copy_tokens: int = 0      # slots to copy per forked partial block (0: no copies)
+    max_src: int = -1         # largest pending-token row (-1: every input id is on the host)
+    uniform: bool = False     # gathered: equal fresh prompts (plain causal mask)
+    paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
+    real_rows: int = 0        # paged decode: real sequences among them
+    graphed: bool = False     # paged decode: replay the bucket's CUDA graph
+    cascade: bool = False     # paged decode: the last input is a shared-prefix plan
+
+
 class ModelRunner:
-    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int):
+    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, followers=None):
+        """``followers``: on rank 0 of a TP engine, the other ranks (``run_step(StepInputs)``)."""
         self.model = model
+        self.tp, self.followers = model.tp, followers
         self.config = config
         self.block_size = config.block_size
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = self.device.type == "cuda"
+        c = model.config
+        self.num_heads, self.num_kv_heads = self.tp.heads(c.num_attention_heads), self.tp.kv_heads(c.num_key_value_heads)
         self.num_blocks = self._num_kv_blocks()
+        if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
+            self.num_blocks = self.tp.comm.min_int(self.num_blocks)
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
         self.sampler = Sampler(self.device, compile=config.compile_sampler, triton=config.triton_sampler)
         self.h2d, self.d2h = HostToDevice(self.device), DeviceToHost(self.device)
-        if self.is_cuda and (config.compile_sampler or config.triton_sampler):
-            self._warmup_sampler()
+        if self.is_cuda and (config.compile_sampler or config.triton_sampler) and self.tp.rank == 0:
+            self._warmup_sampler()  # only rank 0 samples
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
-        c = model.config
-        self.cascade = (CascadeBuffers(c.num_attention_heads, c.num_key_value_heads, self.block_size,
+        self.cascade = (CascadeBuffers(self.num_heads, self.num_kv_heads, self.block_size,
                                        config.max_num_seqs, self.device)
                         if self.is_cuda and config.cascade_attention else None)
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -55,7 +92,7 @@ class ModelRunner:
     # ---- KV cache --------------------------------------------------------------
     def _block_bytes(self) -> int:
         c = self.model.config
-        return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        return 2 * c.num_hidden_layers * self.block_size * self.num_kv_heads * c.head_dim * self.dtype.itemsize
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
@@ -78,7 +115,7 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> None:
         c = self.model.config
-        shape = (self.num_blocks + 1, self.block_size, c.num_key_value_heads, c.head_dim)
+        shape = (self.num_blocks + 1, self.block_size, self.num_kv_heads, c.head_dim)
         for layer in self.model.model.layers:
             layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -99,14 +136,10 @@ class ModelRunner:
             return []
         return [np.array([c[0] for c in copies], dtype=np.int64), np.array([c[1] for c in copies], dtype=np.int64)]
 
-    def copy_blocks(self, copies: list[tuple[int, int, int]], *block_ids: torch.Tensor) -> None:
-        """Copy forked partial blocks ``(src, dst, num_tokens)``: only the first
-        max(num_tokens) slots (short GRPO prompts fill a fraction of a block). ``block_ids``:
-        (src, dst) already on the device (``_copy_arrays`` through the step's transfer)."""
-        if not copies:
-            return
-        src, dst = block_ids
-        m = max(c[2] for c in copies)
+    def copy_blocks(self, m: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy forked partial blocks ``src -> dst`` (block ids ``[C]`` on the device, sent with
+        the step's transfer by ``_copy_arrays``): only the first ``m`` = max(num_tokens) slots
+        (short GRPO prompts fill a fraction of a block)."""
         for layer in self.model.model.layers:
             attn = layer.self_attn
             attn.k_cache[dst, :m] = attn.k_cache[src, :m]
@@ -143,21 +176,19 @@ class ModelRunner:
         src = batch.input_src if not batch.is_prefill else [-1] * len(ids)
         return [np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64), np.array(src, dtype=np.int64)]
 
-    def _prepare(self, batch: ScheduledBatch, extra: list[np.ndarray]):
-        """Inputs of a gathered step (prefill, or any step on CPU), all in one transfer."""
+    def _gathered_inputs(self, batch: ScheduledBatch) -> tuple[list[np.ndarray], bool]:
+        """(inputs, uniform) of a gathered step (prefill, or any step on CPU): ids, positions,
+        src, the ``GatheredHost`` arrays and the logit ends."""
         host = gathered_host_arrays([s.block_table for s in batch.seqs], batch.starts,
                                     [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
-        meta_arrays = host.arrays()
-        ids, pos, src, *rest = self.h2d.put(self._gathered_host(batch) + meta_arrays + extra)
-        meta = gathered_metadata(*rest[:len(meta_arrays)], host.uniform)
-        return self._resolve_ids(ids, src, batch), pos, meta, rest[len(meta_arrays):]
+        return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.uniform
 
-    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, batch: ScheduledBatch) -> torch.Tensor:
+    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int) -> torch.Tensor:
         """Input ids with pending tokens taken from the last launched step's samples."""
-        if batch.is_prefill or max(batch.input_src, default=-1) < 0:
+        if max_src < 0:
             return ids
         prev = self.last_tokens
-        assert prev is not None and prev.numel() > max(batch.input_src), "pending token of an unknown step"
+        assert prev is not None and prev.numel() > max_src, "pending token of an unknown step"
         return torch.where(src >= 0, prev[src.clamp(min=0)], ids)
 
     def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int) -> list[np.ndarray]:
@@ -271,60 +302,83 @@ class ModelRunner:
         return ends[[id(s) in done for s in batch.seqs]].astype(np.int64)
 
     # ---- step ----------------------------------------------------------------------
-    @torch.inference_mode()
-    def forward(self, batch: ScheduledBatch, extra: list[np.ndarray] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states of the ``batch.logit_seqs`` rows ``[len(logit_seqs), hidden]``, and
-        device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
-        extra = list(extra)
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's host arrays (rank 0 only: it reads the scheduler's sequences)."""
+        sampling, use_filter = [], False
+        if batch.sample_seqs:
+            sampling, use_filter = self._sample_arrays(batch)
+            if batch.is_prefill:  # forked siblings repeat their parent's row
+                sampling.append(np.asarray(batch.sample_rows, dtype=np.int64))
+        copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
+        common = dict(num_sampling=len(sampling), use_filter=use_filter,
+                      copy_tokens=max((c[2] for c in batch.copies), default=0),
+                      max_src=-1 if batch.is_prefill else max(batch.input_src, default=-1))
         if batch.is_prefill or not self.is_cuda:
-            input_ids, positions, meta, (*rest, ends) = self._prepare(batch, extra + [self._logit_ends(batch)])
-            hidden = self.model(input_ids, positions, meta)
-            return hidden[ends], rest
+            inputs, uniform = self._gathered_inputs(batch)
+            return StepInputs(inputs + sampling + copies, len(inputs), uniform=uniform, **common)
         n = len(batch.seqs)
         bs = min((b for b in self.graphs if b >= n), default=None)
         rows = n if bs is None else bs
-        host = self._decode_paged_inputs(batch, rows)
-        plan = self._cascade_plan(host, n, rows)
-        ids, pos, slots, src, bt, ctx, *rest = self.h2d.put(host + plan + extra)
-        ids = self._resolve_ids(ids, src, batch)
-        cascade, rest = self._cascade_meta(rest[:len(plan)], rows), rest[len(plan):]
-        if bs is None:  # eager paged decode (no graphs, or batch above the largest)
+        inputs = self._decode_paged_inputs(batch, rows)
+        plan = self._cascade_plan(inputs, n, rows)
+        return StepInputs(inputs + plan + sampling + copies, len(inputs) + len(plan), paged_rows=rows, real_rows=n,
+                          graphed=bs is not None, cascade=bool(plan), **common)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
+        ``inputs`` on the device."""
+        if not step.paged_rows:
+            ids, pos, src, *meta_arrays, ends = inputs
+            meta = gathered_metadata(*meta_arrays, step.uniform)
+            return self.model(self._resolve_ids(ids, src, step.max_src), pos, meta)[ends]
+        ids, pos, slots, src, bt, ctx, *plan = inputs
+        ids = self._resolve_ids(ids, src, step.max_src)
+        rows, n = step.paged_rows, step.real_rows
+        cascade = self._cascade_meta(plan, rows)
+        if not step.graphed:  # eager paged decode (no graphs, or batch above the largest)
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
                                      **cascade)
-            return self.model(ids, pos, meta), rest
+            return self.model(ids, pos, meta)
         g = self.graph_vars
         for name, t in (("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
                         ("context_lens", ctx)):
-            g[name][:bs].copy_(t)
+            g[name][:rows].copy_(t)
         graphs = self.cascade_graphs if cascade else self.graphs
-        graphs[bs].replay()
-        return g["hidden"][:n], rest
+        graphs[rows].replay()
+        return g["hidden"][:n]
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch):
-        """Queue one step on the device: inputs, forward, forked-block copies, LM head,
-        sampling, and the asynchronous copy of the sampled tokens/log-probs to the host.
-        Returns a handle for ``fetch`` without waiting for the device. The sampled tokens
-        stay on the device as ``last_tokens`` (the next step's pending input ids)."""
-        copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
-        if not batch.sample_seqs:  # a prefill chunk that completes no sequence
-            _, rest = self.forward(batch, copies)
-            self.copy_blocks(batch.copies, *rest)
+        """Queue one step on the device (``prepare`` + ``execute``; TP: every rank runs it).
+        Returns a handle for ``fetch`` without waiting for the device."""
+        step = self.prepare(batch)
+        if self.followers is not None:
+            self.followers.run_step(step)
+        return self.execute(step)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs):
+        """Inputs, forward, forked-block copies, LM head, sampling, and the asynchronous copy
+        of the sampled tokens/log-probs to the host; returns a handle for ``fetch`` (None when
+        no row samples, and on TP ranks other than 0). The sampled tokens stay on the device
+        as ``last_tokens`` (the next step's pending input ids)."""
+        arrays = self.h2d.put(step.arrays)
+        k, m = step.num_inputs, step.num_inputs + step.num_sampling
+        hidden = self.forward(step, arrays[:k])
+        if step.copy_tokens:
+            self.copy_blocks(step.copy_tokens, *arrays[m:])
+        if not step.num_sampling:  # a prefill chunk that completes no sequence
             self.last_tokens = None
             return None
-        arrays, use_filter = self._sample_arrays(batch)
-        if batch.is_prefill:  # forked siblings repeat their parent's row
-            arrays = arrays + [np.asarray(batch.sample_rows, dtype=np.int64)]
-        hidden, rest = self.forward(batch, arrays + copies)
         # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
         # compiled sampler's guards see the same layout every step
-        floats, ints = rest[0].clone(), rest[1].clone()
-        self.copy_blocks(batch.copies, *rest[len(arrays):])
-        if batch.is_prefill:  # rest[2]: the sample rows
-            hidden = hidden[rest[2]]
-        tokens, logprobs = self.sample(hidden, floats, ints, use_filter)
+        floats, ints = arrays[k].clone(), arrays[k + 1].clone()
+        if step.num_sampling == 3:  # prefill: the sample rows
+            hidden = hidden[arrays[k + 2]]
+        tokens, logprobs = self.sample(hidden, floats, ints, step.use_filter)
         self.last_tokens = tokens
-        return self.d2h.start(tokens, logprobs)
+        return None if logprobs is None else self.d2h.start(tokens, logprobs)
 
     def fetch(self, handle) -> tuple[list[int], list[float]]:
         """Host lists (tokens, log-probs) of a launched step: waits for that step only."""
@@ -338,8 +392,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, hidden: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
-               use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               use_filter: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """LM head on ``hidden`` [S, H] (one row per sample seq), then one token (and its
-        log-prob) per row, on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32."""
+        log-prob) per row, on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32.
+        TP: rank 0 samples from the gathered full-vocabulary logits and broadcasts the
+        tokens; the other ranks get the tokens and no log-probs (None)."""
         logits = self.model.lm_head(hidden)  # cast to fp32 inside the (fused) sampler
-        return self.sampler(logits, floats, ints, use_filter)
+        if self.tp.size == 1:
+            return self.sampler(logits, floats, ints, use_filter)
+        full = self.tp.comm.gather_columns(logits, self.model.config.vocab_size)
+        if full is None:
+            return self.tp.comm.broadcast(torch.empty(hidden.shape[0], dtype=torch.int64, device=self.device)), None
+        tokens, logprobs = self.sampler(full, floats, ints, use_filter)
+        return self.tp.comm.broadcast(tokens), logprobs
