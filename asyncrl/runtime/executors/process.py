@@ -31,6 +31,8 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,36 +52,92 @@ class RolloutProcessError(RuntimeError):
     """The rollout process failed (its traceback is in the message) or died."""
 
 
-class ProcessRolloutBackend:
-    """``RolloutBackend`` whose generation runs in a child process (see module doc).
+class TrainerWeights:
+    """The trainer's side of the weights one or more rollout processes run (one set for a whole
+    fleet of replicas: written once per push, whatever the number of children).
 
-    ``version`` changes only after the child confirmed the new weights."""
+    ``shared``: one tensor per parameter in shared CPU memory (CPU trainer) or on the trainer's
+    GPU (CUDA IPC), which every child reads. ``collective``: a ``FlatWeights`` send buffer and
+    one broadcast group: the trainer is rank 0, child k rank k (k = 1..members).
 
-    def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
-                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
-                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared"):
-        """``device``: where the child generates (null: the trainer's device); ``transport``:
-        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc)."""
-        self.version, self.backend_name, self.transport = version, backend_name, transport
-        self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
+    Invariant: ``views`` hold the weights of the last ``write`` until the next one."""
+
+    def __init__(self, model: torch.nn.Module, transport: str, rollout_device: str, members: int = 1):
         trainer_device = next(model.parameters()).device
-        device = device or str(trainer_device)
-        self._channel: Optional[WeightChannel] = None
-        self._cuda_shared = trainer_device.type == "cuda" and transport == "shared"
+        self.cuda_shared = trainer_device.type == "cuda" and transport == "shared"
+        self.address: Optional[ChannelAddress] = None
+        self.channel: Optional[WeightChannel] = None
         if transport == "collective":
-            # the trainer's send buffer ([name] -> view); the child gets the module without weights
-            store, address = host_store(channel_backend(trainer_device, torch.device(device)))
-            self._flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
-            self._flat.copy_from(model.named_parameters())
-            self.shared, child_model, child_shared = self._flat.views, weightless_clone(model), None
+            # the trainer's send buffer ([name] -> view); the children get the module without weights
+            backend = channel_backend(trainer_device, torch.device(rollout_device))
+            self.store, self.address = host_store(backend, world=1 + members)
+            self.flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
+            self.flat.copy_from(model.named_parameters())
+            self.views, self.child_model, self.child_views = self.flat.views, weightless_clone(model), None
         else:
-            child_model = self._shared_reference(model)
-            address, child_shared = None, self.shared
+            self.child_model = self._shared_reference(model)
+            self.child_views = self.views
+
+    def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A module whose parameters are shared with the children (``self.views``: [name] ->
+        tensor, written by each push); a child builds its backend from it and keeps it as the
+        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
+        from asyncrl.runtime.weight_sync import clone_for_rollout
+
+        reference = clone_for_rollout(model)
+        if not self.cuda_shared:
+            reference = reference.cpu()
+        self.views = {n: p.data if self.cuda_shared else p.data.share_memory_()
+                      for n, p in reference.named_parameters()}
+        return reference
+
+    def connect(self, version: int) -> None:
+        """Collective: form the group with the children (each announced it is joining) and send
+        them the initial weights, stamped ``version``. Shared: nothing to do."""
+        if self.address is None:
+            return
+        self.channel = WeightChannel(self.store, self.address, rank=0)
+        for work in self.channel.broadcast(self.flat, version):
+            work.wait()
+
+    @torch.no_grad()
+    def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy a push into ``views`` (the children must not be reading them: see the callers)."""
+        for name, tensor in named_tensors:
+            self.views[name].copy_(tensor.detach())
+        if self.cuda_shared:  # the children read them from their own streams: the copies must be done
+            torch.cuda.synchronize(next(iter(self.views.values())).device)
+
+    def send(self, version: int) -> list:
+        """Collective: start the broadcast of the written weights (the children were told to
+        enter it); returns the works to ``wait``. Shared: nothing moves, ``[]``."""
+        return self.channel.broadcast(self.flat, version) if self.channel is not None else []
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
+class RolloutProcess:
+    """A rollout backend in a child process, called over a pipe (see module doc); weights come
+    from a :class:`TrainerWeights` that may serve several such processes (a fleet).
+
+    ``version`` changes only after the child confirmed new weights. ``log_path``: the child's
+    stdout and stderr go there (named in every error about it); None: the parent's."""
+
+    def __init__(self, weights: TrainerWeights, tokenizer, backend_name: str = "engine", version: int = 0,
+                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, rank: int = 1,
+                 name: str = "the rollout process", log_path: Optional[str] = None, daemon: bool = True):
+        self.version, self.backend_name, self.name, self.log_path = version, backend_name, name, log_path
+        self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
+        if log_path is not None:
+            open(log_path, "a").close()  # exists from the start: a child that hangs before writing is still named
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, child_model, tokenizer, child_shared, backend_name, version, kv_on_update, dtype, device,
-            engine_options or {}, address))
+        self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=daemon, args=(
+            child_conn, weights.child_model, tokenizer, weights.child_views, backend_name, version, kv_on_update,
+            dtype, device, engine_options or {}, weights.address, rank, log_path))
         self.process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
         self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
@@ -87,60 +145,41 @@ class ProcessRolloutBackend:
         self._ids = itertools.count()
         self._error: Optional[RolloutProcessError] = None
         self._probes_sent: set[int] = set()
-        self._joining = self._register(-2) if address is not None else None
+        self._joining = self._register(-2) if weights.address is not None else None
         self._ready = self._register(-1)
+        self.pid: Optional[int] = None
         self._receiver = threading.Thread(target=self._receive, name="asyncrl-rollout-recv", daemon=True)
         self._receiver.start()
-        if address is not None:
-            self._wait(self._joining, START_TIMEOUT_S)  # the child is alive and joining: join too
-            self._channel = WeightChannel(store, address, rank=0)
-            for work in self._channel.broadcast(self._flat, version):  # the initial weights
-                work.wait()
-        self.pid = self._wait(self._ready, START_TIMEOUT_S)
 
-    def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A module whose parameters are shared with the child (``self.shared``: [name] ->
-        tensor, written by each push); the child builds its backend from it and keeps it as the
-        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
-        from asyncrl.runtime.weight_sync import clone_for_rollout
+    def wait_joining(self, timeout: float) -> None:
+        """Collective transport: return once the child is alive and joining the weight group."""
+        if self._joining is not None:
+            self._wait(self._joining, timeout, "join the weight group")
 
-        reference = clone_for_rollout(model)
-        if not self._cuda_shared:
-            reference = reference.cpu()
-        self.shared = {n: p.data if self._cuda_shared else p.data.share_memory_()
-                       for n, p in reference.named_parameters()}
-        return reference
+    def wait_ready(self, timeout: float) -> int:
+        """Return the child's pid once its backend is built (else raise, naming the log)."""
+        self.pid = self._wait(self._ready, timeout, "become ready")
+        return self.pid
 
-    # ---- the RolloutBackend protocol ------------------------------------------------------
+    def is_alive(self) -> bool:
+        return self._error is None and self.process.is_alive()
+
+    # ---- calls ------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         return self._call("generate", [list(p) for p in prompt_token_ids], params)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.start_update(named_tensors, version)()
-
-    def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
-        """Copy the tensors into shared memory and tell the child; returns ``loaded()``, which
-        waits for the child's ack, sets ``version`` and returns it. The caller must call it
-        before the next ``start_update`` (which overwrites the shared tensors)."""
-        with torch.no_grad():
-            for name, tensor in named_tensors:
-                self.shared[name].copy_(tensor.detach())
-            if self._cuda_shared:  # the child reads them from its own stream: the copies must be done
-                torch.cuda.synchronize(next(iter(self.shared.values())).device)
+    def notify_update(self, version: int) -> Callable[[], int]:
+        """Tell the child to load the weights just written (and, collective, about to be sent);
+        returns ``loaded()``, which waits for its ack, sets ``version`` and returns it."""
         call_id = next(self._ids)
         future = self._register(call_id)
         try:
             self._send(call_id, "update", version)
         except (OSError, ValueError) as err:
-            raise self._fail(RolloutProcessError(f"the rollout process is gone ({err!r}); {self._exit_note()}"))
-        # collective: queued after the copies (NCCL waits for the current stream); the child
-        # enters the same broadcast when it reads "update"
-        works = self._channel.broadcast(self._flat, version) if self._channel is not None else []
+            raise self._fail(RolloutProcessError(f"{self.name} is gone ({err!r}); {self._exit_note()}"))
 
         def loaded() -> int:
-            self.version = self._wait(future, None)  # first: a dead child fails here, not in wait()
-            for work in works:
-                work.wait()
+            self.version = self._wait(future, None)
             return self.version
         return loaded
 
@@ -152,6 +191,10 @@ class ProcessRolloutBackend:
         first = id(probe) not in self._probes_sent
         self._probes_sent.add(id(probe))
         return self._call("probe", id(probe), probe if first else None, version)
+
+    def engine_metrics(self) -> dict:
+        """The child backend's ``metrics`` (engine counters: KV blocks, preemptions, ...)."""
+        return self._call("metrics")
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the child (after its running calls end); kill it if it does not stop in time."""
@@ -165,8 +208,6 @@ class ProcessRolloutBackend:
             self.process.kill()
             self.process.join(timeout)
         self._conn.close()
-        if self._channel is not None:
-            self._channel.close()
 
     # ---- calls over the pipe ----------------------------------------------------------------
     def _call(self, method: str, *args):
@@ -175,7 +216,7 @@ class ProcessRolloutBackend:
         try:
             self._send(call_id, method, *args)
         except (OSError, ValueError) as err:  # the pipe is gone: the child died
-            raise self._fail(RolloutProcessError(f"the rollout process is gone ({err!r}); {self._exit_note()}"))
+            raise self._fail(RolloutProcessError(f"{self.name} is gone ({err!r}); {self._exit_note()}"))
         return self._wait(future, None)
 
     def _register(self, call_id: int) -> Future:
@@ -190,7 +231,7 @@ class ProcessRolloutBackend:
         with self._send_lock:
             self._conn.send(message)
 
-    def _wait(self, future: Future, timeout: Optional[float]):
+    def _wait(self, future: Future, timeout: Optional[float], what: str = "answer"):
         """The call's result; waits in slices so a child that died without a word is noticed."""
         waited = 0.0
         while True:
@@ -199,9 +240,10 @@ class ProcessRolloutBackend:
             except TimeoutError:
                 waited += 1.0
                 if not self.process.is_alive():
-                    raise self._fail(RolloutProcessError(f"the rollout process died; {self._exit_note()}"))
+                    raise self._fail(RolloutProcessError(f"{self.name} died; {self._exit_note()}"))
                 if timeout is not None and waited >= timeout:
-                    raise RolloutProcessError(f"the rollout process did not answer in {timeout:.0f}s") from None
+                    raise RolloutProcessError(f"{self.name} (pid {self.process.pid}) did not {what} within "
+                                              f"{timeout:.0f}s{self._log_note()}") from None
 
     def _receive(self) -> None:
         """Receiver thread: settle the future of each answer; on EOF fail them all."""
@@ -210,10 +252,10 @@ class ProcessRolloutBackend:
                 call_id, ok, payload = self._conn.recv()
             except (EOFError, OSError):
                 self.process.join(5.0)
-                self._fail(RolloutProcessError(f"the rollout process died; {self._exit_note()}"))
+                self._fail(RolloutProcessError(f"{self.name} died; {self._exit_note()}"))
                 return
             if call_id is None:  # fatal: the child reports its traceback, then exits
-                self._fail(RolloutProcessError(f"the rollout process failed:\n{payload}"))
+                self._fail(RolloutProcessError(f"{self.name} failed:\n{payload}"))
                 continue
             with self._pending_lock:
                 future = self._pending.pop(call_id, None)
@@ -235,18 +277,68 @@ class ProcessRolloutBackend:
         return self._error
 
     def _exit_note(self) -> str:
-        return f"pid {self.process.pid}, exit code {self.process.exitcode}"
+        return f"pid {self.process.pid}, exit code {self.process.exitcode}{self._log_note()}"
+
+    def _log_note(self) -> str:
+        return f"; its log: {self.log_path}" if self.log_path is not None else ""
+
+
+class ProcessRolloutBackend(RolloutProcess):
+    """``RolloutBackend`` whose generation runs in one child process with its own weights
+    (``runtime.rollout_process``; see module doc). ``version`` changes only after the child
+    confirmed the new weights."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
+                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared"):
+        """``device``: where the child generates (null: the trainer's device); ``transport``:
+        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc)."""
+        device = device or str(next(model.parameters()).device)
+        self.transport = transport
+        self.weights = TrainerWeights(model, transport, device)
+        super().__init__(self.weights, tokenizer, backend_name, version, kv_on_update, dtype, engine_options, device)
+        self.shared = self.weights.views
+        self.wait_joining(START_TIMEOUT_S)  # the child is alive and joining: join too
+        self.weights.connect(version)
+        self.wait_ready(START_TIMEOUT_S)
+
+    # ---- the RolloutBackend protocol ------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.start_update(named_tensors, version)()
+
+    def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
+        """Copy the tensors into shared memory and tell the child; returns ``loaded()``, which
+        waits for the child's ack, sets ``version`` and returns it. The caller must call it
+        before the next ``start_update`` (which overwrites the shared tensors)."""
+        self.weights.write(named_tensors)
+        loaded = self.notify_update(version)
+        # collective: queued after the copies (NCCL waits for the current stream); the child
+        # enters the same broadcast when it reads "update"
+        works = self.weights.send(version)
+
+        def done() -> int:
+            version_loaded = loaded()  # first: a dead child fails here, not in wait()
+            for work in works:
+                work.wait()
+            return version_loaded
+        return done
+
+    def close(self, timeout: float = 30.0) -> None:
+        super().close(timeout)
+        self.weights.close()
 
 
 def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: str, version: int,
                 kv_on_update: str, dtype, device: str, engine_options: dict,
-                address: Optional[ChannelAddress]) -> None:
+                address: Optional[ChannelAddress], rank: int = 1, log_path: Optional[str] = None) -> None:
     """The rollout process: build the backend, then serve calls until "stop" or EOF.
 
     ``model``'s parameters are the shared tensors (or, with a channel ``address``, views into
-    the buffers each broadcast fills): it stays here as the probe's reference (always the
-    weights of the last push). Answers are (call id, ok, result | (error type name,
-    traceback)); a failure to start is reported with call id None."""
+    the buffers each broadcast fills; this process is ``rank`` of that group): it stays here as
+    the probe's reference (always the weights of the last push). Answers are (call id, ok,
+    result | (error type name, traceback)); a failure to start is reported with call id None."""
+    if log_path is not None:
+        _redirect_output(log_path)
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
     on_gpu = torch.device(device).type == "cuda" and torch.device(device).index is not None
     if on_gpu:  # CUDA graphs, streams, Triton and NCCL use the current device: the rollout GPU
@@ -267,7 +359,7 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     try:
         if address is not None:
             send(-2, True, None)  # the trainer joins the group once it reads this
-            channel = WeightChannel.join(address)
+            channel = WeightChannel.join(address, rank)
             flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
             channel.receive(flat, version)
             model, shared = attach_weights(model, flat.views, device), flat.views
@@ -299,6 +391,8 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
             break
         if method == "update":  # here, not in a worker: between two engine steps, while generations run
             answer(call_id, load, *args)
+        elif method == "metrics":  # counters only: answered at once, even while every worker generates
+            answer(call_id, lambda: dict(getattr(backend, "metrics", {})))
         else:
             workers.submit(answer, call_id, calls[method], *args)
     workers.shutdown(wait=True)
@@ -331,6 +425,14 @@ def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, 
 
 
 def _os_pid() -> int:
-    import os
-
     return os.getpid()
+
+
+def _redirect_output(path: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, so native code's too) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
