@@ -383,8 +383,27 @@ class LogprobGap(Monitor):
                 "engine and trainer numerics or weights differ; check weight sync and dtypes, use IS correction")
 
 
+class ReplicaLost(Monitor):
+    """A rollout replica died; the fleet generated its groups again on the others (rollout/fleet.py)."""
+
+    name = "replica_lost"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.lost = 0.0
+
+    def check(self, step, metrics, samples):
+        lost, alive = self.value(metrics, "fleet/replicas_lost"), self.value(metrics, "fleet/replicas_alive")
+        if lost is None or lost <= self.lost:
+            return None
+        self.lost = lost
+        return lost, 0.0, (f"{lost:g} rollout replica(s) lost so far; the run goes on with {alive or 0:g}: their "
+                           "groups were generated again on the others (none lost, none trained twice); see the "
+                           "replica logs in the run's rollout/ folder")
+
+
 MONITORS = (KLBudget, RewardHacking, Staleness, VersionLag, ThroughputDrop, PrefixCacheDrop, DegenerateGroups,
-            EntropyCollapse, EntropyBlowup, LengthHacking, NonFinite, LogprobGap)
+            EntropyCollapse, EntropyBlowup, LengthHacking, NonFinite, LogprobGap, ReplicaLost)
 
 
 # ----------------------------------------------------------------------------- runner

@@ -33,13 +33,16 @@ from asyncrl.types import Example
 PROBE_TEXT = "12+34="
 
 
-def build_rollout_backend(cfg, model, tokenizer):
+def build_rollout_backend(cfg, model, tokenizer, log_dir=None):
     """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
     ``rollout.registry`` (the engine for the architectures it implements); in a child process
-    with ``runtime.rollout_process`` (executors/process.py)."""
+    with ``runtime.rollout_process`` (executors/process.py); a fleet of replica processes with
+    ``rollout.engines`` > 1 or ``rollout.tensor_parallel_size`` > 1 (their logs in ``log_dir``)."""
     from asyncrl.rollout.registry import engine_options, resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
+    if cfg.rollout.engines > 1 or cfg.rollout.tensor_parallel_size > 1:
+        return _start_fleet(cfg, model, tokenizer, name, log_dir)
     if cfg.runtime.rollout_process and cfg.runtime.executor == "local":
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
@@ -57,9 +60,24 @@ def build_rollout_backend(cfg, model, tokenizer):
     return HFGenerateBackend(clone_for_rollout(model), tokenizer)
 
 
+def _start_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
+    from asyncrl.metrics.console import console
+    from asyncrl.rollout.registry import engine_options
+    from asyncrl.runtime.executors.replicas import start_fleet
+
+    r = cfg.rollout
+    return start_fleet(model, tokenizer, backend_name, engines=r.engines, tensor_parallel_size=r.tensor_parallel_size,
+                       rollout_device=cfg.runtime.rollout_device or str(next(model.parameters()).device),
+                       transport=cfg.runtime.weight_transport, kv_on_update=cfg.runtime.partial_rollout_kv,
+                       dtype=getattr(torch, cfg.model.dtype), engine_options=engine_options(r), log_dir=log_dir,
+                       start_timeout_s=r.replica_start_timeout_s,
+                       on_lost=lambda message: console.print(f"[bold yellow]fleet[/] {message}"))
+
+
 def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, encode=None,
-                           backend=None) -> "AsyncController":
-    """The async controller and its roles; ``backend`` defaults to :func:`build_rollout_backend`."""
+                           backend=None, log_dir=None) -> "AsyncController":
+    """The async controller and its roles; ``backend`` defaults to :func:`build_rollout_backend`
+    (replica logs, if a fleet, in ``log_dir``)."""
     validate_config(cfg)
     actor, reference, critic = build_roles(cfg, model)
     if cfg.runtime.executor == "ray":  # generation and rewards in Ray actors, behind the same contracts
@@ -67,7 +85,7 @@ def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, enco
 
         backend, reward_fn, placement = ray_roles(cfg, model, tokenizer, reward_fn)
         backend.placement_group = placement
-    backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer)
+    backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer, log_dir)
     return AsyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
                            encode=encode)
 
@@ -153,7 +171,12 @@ class AsyncController(SyncController):
                 metrics.update(self.weight_sync.push(self.actor.model, self.actor.version))
         self.last_samples = SampleStats.from_batch(batch)
         return {**metrics, **self._batch_metrics(batch, scored), **t.step_metrics(), **self.memory.step_metrics(),
-                **self._overlap_metrics()}
+                **self._overlap_metrics(), **self._fleet_metrics()}
+
+    def _fleet_metrics(self) -> dict[str, float]:
+        """Per-replica metrics of a fleet backend (rollout/fleet.py), else none."""
+        step_metrics = getattr(self.backend, "step_metrics", None)
+        return step_metrics() if step_metrics is not None else {}
 
     def _check(self) -> None:
         """While the trainer waits for data: a failed rollout side or weight load raises (and

@@ -11,6 +11,7 @@ from pathlib import Path
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
+from asyncrl.metrics.fleet import FleetProfile
 from asyncrl.config_schema import to_dict
 from asyncrl.metrics.health import HealthMonitor
 from asyncrl.metrics.profile import StageProfile, headline, profile_table
@@ -76,7 +77,7 @@ def _train(cfg, source) -> dict:
     before = evaluate()
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
-    controller = build_controller(cfg, model, backend, tokenizer, source, encode)
+    controller = build_controller(cfg, model, backend, tokenizer, source, encode, run_dir)
     actor = controller.actor
     sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
     if cfg.logging.wandb:
@@ -85,6 +86,7 @@ def _train(cfg, source) -> dict:
                                      cfg.logging.wandb_mode, cfg.logging.wandb_entity))
     health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl")
     profile = StageProfile()
+    fleet = FleetProfile()  # rollout replicas, if any (rollout.engines / tensor_parallel_size)
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
@@ -98,6 +100,7 @@ def _train(cfg, source) -> dict:
                 rollout_s = metrics.get("async/rollout_seconds", controller.timer.step_seconds["rollout"])
                 metrics.update(profile.observe(controller.timer.step_seconds, rollout_seconds=rollout_s,
                                                rollout_tokens=metrics["throughput/rollout_tokens_per_s"] * rollout_s))
+                fleet.observe(metrics)
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())
@@ -126,13 +129,15 @@ def _train(cfg, source) -> dict:
         "wall_seconds": time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
         "checkpoint": str(checkpoint),
-        "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
+        "profile": profile.summary(), **({"fleet": fleet.summary()} if fleet.active else {}), "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     console.print(summary_table(summary))
     console.print(profile_table(profile))
     console.print(headline(profile))
+    if fleet.active:
+        console.print(fleet.line())
     if cfg.logging.report:
         from asyncrl.metrics.report import write_report
         console.print(f"report: {write_report(run_dir)}")
@@ -143,11 +148,14 @@ def _train(cfg, source) -> dict:
     return summary
 
 
-def build_controller(cfg, model, backend, tokenizer, source, encode):
+def build_controller(cfg, model, backend, tokenizer, source, encode, run_dir=None):
     """``runtime.mode``: sync shares ``backend`` (the trainer's model); async builds a rollout
-    backend with its own copy of the weights and runs it concurrently (async_controller.py)."""
+    backend with its own copy of the weights and runs it concurrently (async_controller.py);
+    a rollout fleet's replica logs go to ``run_dir/rollout``."""
     if cfg.runtime.mode == "async":
-        return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode)
+        log_dir = run_dir / "rollout" if run_dir is not None else None
+        return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode,
+                                      log_dir=log_dir)
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
 
 

@@ -7,7 +7,7 @@ is broken, and the message that says why and what to set instead.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from asyncrl.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from asyncrl.config_schema import ConfigError, closest_key
@@ -87,6 +87,15 @@ RULES: list[Rule] = [
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
+    # -- the rollout fleet (docs/fleet.md) --
+    (lambda c: _fleet(c) and not _async(c),
+     lambda c: f"rollout.engines={c.rollout.engines} x rollout.tensor_parallel_size={c.rollout.tensor_parallel_size} "
+               "runs engine replicas beside the trainer: set runtime.mode=async"),
+    (lambda c: _fleet(c) and c.runtime.executor != "local",
+     lambda c: "a rollout fleet (rollout.engines > 1 or rollout.tensor_parallel_size > 1) runs its replicas as "
+               "local processes: use runtime.executor=local"),
+    (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.backend == "hf",
+     lambda c: "rollout.tensor_parallel_size > 1 splits the asyncrl engine's model: set rollout.backend=engine"),
 ]
 
 
@@ -95,8 +104,30 @@ def _async(c) -> bool:
 
 
 def _rollout_process(c) -> bool:
-    """The rollout backend runs in its own process (async, local executor)."""
-    return _async(c) and c.runtime.rollout_process and c.runtime.executor == "local"
+    """The rollout backend runs in its own process(es) (async, local executor; a fleet always)."""
+    return _async(c) and (c.runtime.rollout_process or _fleet(c)) and c.runtime.executor == "local"
+
+
+def _fleet(c) -> bool:
+    """Several engine replicas, or one split over TP ranks (``rollout/fleet.py``)."""
+    return c.rollout.engines > 1 or c.rollout.tensor_parallel_size > 1
+
+
+def check_fleet_devices(cfg, visible_gpus: Optional[int] = None) -> None:
+    """Replicas × TP ranks fit the visible GPUs from the rollout device (before anything loads)."""
+    if not (_fleet(cfg) and _async(cfg)):
+        return
+    import torch
+
+    from asyncrl.runtime.executors.replicas import FleetConfigError, fleet_devices
+
+    device = cfg.runtime.rollout_device or cfg.trainer.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        fleet_devices(device, cfg.rollout.engines, cfg.rollout.tensor_parallel_size, visible_gpus)
+    except FleetConfigError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _corrected(c) -> bool:
@@ -113,6 +144,7 @@ def check_combinations(cfg) -> None:
 
 
 def validate_config(cfg) -> None:
-    """Every run-time check: registered names, then combinations."""
+    """Every run-time check: registered names, combinations, then the fleet's GPUs."""
     check_registered_names(cfg)
     check_combinations(cfg)
+    check_fleet_devices(cfg)

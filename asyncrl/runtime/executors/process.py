@@ -197,8 +197,9 @@ class RolloutProcess:
         return self._call("metrics")
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the child (after its running calls end); kill it if it does not stop in time."""
-        if self.process.is_alive():
+        """Stop the child (after its running calls end); kill it if it does not stop in time
+        (at once if it never became ready: it is not reading its pipe)."""
+        if self.process.is_alive() and self.pid is not None:
             try:
                 self._send(next(self._ids), "stop")
             except (OSError, ValueError):
