@@ -348,7 +348,6 @@ class ModelRunner:
         graphs[rows].replay()
         return g["hidden"][:n]
 
-    @torch.inference_mode()
     def launch(self, batch: ScheduledBatch):
         """Queue one step on the device (``prepare`` + ``execute``; TP: every rank runs it).
         Returns a handle for ``fetch`` without waiting for the device."""
