@@ -120,9 +120,13 @@ class Fleet:
                 placed.setdefault(self._place(keys[i], costs[i]), []).append(i)
             futures = {r: self._pool.submit(self._call, r, [prompts[i] for i in idx], params)
                        for r, idx in placed.items()}
-            todo = []
-            for replica, idx in placed.items():
-                outputs = self._result(replica, futures[replica], [costs[i] for i in idx])
+            todo, error = [], None
+            for replica, idx in placed.items():  # every future settled (and charged off) before raising
+                try:
+                    outputs = self._result(replica, futures[replica], [costs[i] for i in idx])
+                except Exception as err:
+                    error = error or err
+                    continue
                 if outputs is None:  # lost: these groups go to the other replicas
                     todo += idx
                     with self._lock:
@@ -130,6 +134,8 @@ class Fleet:
                     continue
                 for i, out in zip(idx, outputs):
                     results[i] = out
+            if error is not None:
+                raise error
         if session_ids is None:
             for key in keys:
                 self.router.release(key)
