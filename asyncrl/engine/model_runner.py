@@ -54,7 +54,6 @@ class StepInputs:
     paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
     real_rows: int = 0        # paged decode: real sequences among them
     graphed: bool = False     # paged decode: replay the bucket's CUDA graph
-    cascade: bool = False     # paged decode: the last input is a shared-prefix plan
 
 
 class ModelRunner:
@@ -322,12 +321,11 @@ class ModelRunner:
         inputs = self._decode_paged_inputs(batch, rows)
         plan = self._cascade_plan(inputs, n, rows)
         return StepInputs(inputs + plan + sampling + copies, len(inputs) + len(plan), paged_rows=rows, real_rows=n,
-                          graphed=bs is not None, cascade=bool(plan), **common)
+                          graphed=bs is not None, **common)
 
-    @torch.inference_mode()
     def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
         """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
-        ``inputs`` on the device."""
+        ``inputs`` on the device (called by ``execute``, under its inference mode)."""
         if not step.paged_rows:
             ids, pos, src, *meta_arrays, ends = inputs
             meta = gathered_metadata(*meta_arrays, step.uniform)
