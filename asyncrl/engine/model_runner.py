@@ -68,7 +68,8 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = self.device.type == "cuda"
         c = model.config
-        self.num_heads, self.num_kv_heads = self.tp.heads(c.num_attention_heads), self.tp.kv_heads(c.num_key_value_heads)
+        self.num_heads = self.tp.heads(c.num_attention_heads)  # this rank's (all of them at TP=1)
+        self.num_kv_heads = self.tp.kv_heads(c.num_key_value_heads)
         self.num_blocks = self._num_kv_blocks()
         if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
             self.num_blocks = self.tp.comm.min_int(self.num_blocks)

@@ -68,6 +68,7 @@ class FleetProfile:
         running = self.replicas - self.lost
         verdict = ("rollout-bound: more replicas would help" if feed > running else
                    "trainer-bound: more replicas would wait for the trainer")
-        return (f"fleet: {self.replicas} replicas{f' ({self.lost} lost)' if self.lost else ''}, busy {busy}; rollout "
-                f"{s['replica_seconds_per_step']:.2f} replica-s per step vs trainer {s['trainer_seconds_per_step']:.2f} s: "
-                f"the trainer could feed {feed:.1f} replicas ({verdict})")
+        lost = f" ({self.lost} lost)" if self.lost else ""
+        return (f"fleet: {self.replicas} replicas{lost}, busy {busy}; rollout {s['replica_seconds_per_step']:.2f} "
+                f"replica-s per step vs trainer {s['trainer_seconds_per_step']:.2f} s: the trainer could feed "
+                f"{feed:.1f} replicas ({verdict})")

@@ -287,7 +287,8 @@ class Fleet:
             return {}
         if not m.get("num_blocks"):
             return {}
-        return {prefix + "kv_use": 1.0 - m["free_blocks"] / m["num_blocks"], prefix + "preemptions": float(m["preemptions"])}
+        return {prefix + "kv_use": 1.0 - m["free_blocks"] / m["num_blocks"],
+                prefix + "preemptions": float(m["preemptions"])}
 
     def close(self) -> None:
         try:

@@ -42,7 +42,8 @@ def test_more_replicas_times_tp_than_gpus_fails_before_any_model_loads(capsys):
     args = ["train", "quickstart", *ASYNC, "rollout.engines=2", "rollout.tensor_parallel_size=4",
             "runtime.rollout_device=cuda:1", "sft.cache_dir=/nonexistent/never/written"]
     assert cli.main(args) == 2
-    assert re.search(r"config error: .*needs 8 GPU\(s\) \(cuda:1\.\.cuda:8\), but \d+ are visible", capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert re.search(r"config error: .*needs 8 GPU\(s\) \(cuda:1\.\.cuda:8\), but \d+ are visible", err)
 
 
 def test_a_fleet_needs_async_mode():

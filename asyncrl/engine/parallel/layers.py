@@ -52,7 +52,8 @@ class ColumnParallelLinear(nn.Linear):
         super().__init__(in_features, out_features // tp.size, bias=bias)
         self.tp = tp
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None, name: str = "") -> None:
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                      name: str = "") -> None:
         param = getattr(self, param_name).data
         rows = param.shape[0]
         _check_shape(loaded, (rows * self.tp.size, *param.shape[1:]), name)
@@ -115,7 +116,8 @@ class RowParallelLinear(nn.Linear):
         y = F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None)
         return self.tp.comm.all_reduce(y)
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None, name: str = "") -> None:
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                      name: str = "") -> None:
         param = getattr(self, param_name).data
         if param_name == "bias":
             return load_replicated(param, loaded, name)
@@ -151,7 +153,8 @@ class VocabParallelEmbedding(nn.Embedding):
         out = F.embedding(torch.where(mine, local, 0), self.weight).masked_fill(~mine.unsqueeze(-1), 0)
         return self.tp.comm.all_reduce(out)
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None, name: str = "") -> None:
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                      name: str = "") -> None:
         _load_vocab_rows(getattr(self, param_name).data, loaded, self.vocab, self.tp, name)
 
 
@@ -164,5 +167,6 @@ class ParallelLMHead(nn.Linear):
         super().__init__(hidden, tp.vocab_rows(vocab), bias=False)
         self.vocab, self.tp = vocab, tp
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None, name: str = "") -> None:
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                      name: str = "") -> None:
         _load_vocab_rows(getattr(self, param_name).data, loaded, self.vocab, self.tp, name)

@@ -74,7 +74,9 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
     try:
         for i, device in enumerate(devices):
             # a replica with TP ranks spawns them itself, which a daemonic process may not
-            replicas.append(RolloutProcess(weights, tokenizer, backend_name, 0, kv_on_update, dtype, options, device,
+            # requests without a seed draw one from their engine's RNG: a different stream per replica
+            own = {**options, "seed": options.get("seed", 0) + i} if backend_name == "engine" else options
+            replicas.append(RolloutProcess(weights, tokenizer, backend_name, 0, kv_on_update, dtype, own, device,
                                            rank=1 + i, name=f"rollout replica {i}",
                                            log_path=str(log_dir / f"replica{i}.log"), daemon=tp == 1))
         deadline = time.monotonic() + start_timeout_s
