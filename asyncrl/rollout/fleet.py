@@ -83,13 +83,13 @@ class Fleet:
     Invariant: ``version`` is a version every live replica acknowledged, and each call to
     ``generate`` returns one output per prompt, each generated whole by one replica."""
 
-    inflight_weight_update = True  # the replicas' engines swap weights between steps
-
     def __init__(self, replicas: Sequence, weights, version: int = 0,
                  on_lost: Optional[Callable[[str], None]] = None, can_lose_replicas: bool = True):
         """``can_lose_replicas``: False when a lost replica would break the weight transport
         (one broadcast group with a dead member): a loss then stops the run with a named error."""
         self.replicas, self.weights, self.version = list(replicas), weights, version
+        # engines swap weights between two steps; HF generate replicas need the gate (weight_sync.py)
+        self.inflight_weight_update = all(getattr(r, "inflight_weight_update", True) for r in self.replicas)
         self.router = Router(len(self.replicas))
         self.stats = [ReplicaStats() for _ in self.replicas]
         self.lost: list[int] = []
