@@ -126,9 +126,6 @@ class TPFollowers:
         """Return once every worker built its shard and runner (or raise its error)."""
         self._expect("ready")
 
-    def release(self) -> None:
-        self._send(("release",))
-
     def close(self, timeout: float = 30.0) -> None:
         """Stop the workers (killed if they do not stop in time) and free the group."""
         if self.closed:
@@ -226,8 +223,6 @@ def _serve(conn, runner, comm: TPComm, device: torch.device) -> None:
             runner.execute(args[0])
         elif kind == "weights":
             runner.model.load_weights(_received_weights(conn, comm, device, specs=args[0]))
-        elif kind == "release":
-            runner.release()
         elif kind == "stop":
             break
     comm.close()
