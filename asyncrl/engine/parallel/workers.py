@@ -16,6 +16,7 @@ the workers handle messages in order, so all ranks issue the same collectives in
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -86,7 +87,8 @@ class TPFollowers:
                                 "process cannot do: build this engine in a non-daemonic process")
         store = TPComm.host_store(size)
         spec = WorkerSpec(source, config, dtype, engine, max_model_len, store.port, size)
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")  # one server imports torch once; each worker is a cheap fork of it
+        ctx.set_forkserver_preload([__name__])  # (no CUDA in the server: every worker initialises its own GPU)
         processes, conns = [], []
         for rank in range(1, size):
             conn, child_conn = ctx.Pipe()
@@ -196,6 +198,8 @@ def worker_main(rank: int, spec: WorkerSpec, device: str, conn) -> None:
         device = torch.device(device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        else:  # the host's cores shared by the ranks (rank 0 included)
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         conn.send(("joining",))
         comm = TPComm.join(spec.port, rank, spec.size, device)
         model = build_model(spec.config, spec.dtype, device, TensorParallel(spec.size, rank, comm))
