@@ -87,4 +87,5 @@ def _run(rank, dirs, store_path):
 @pytest.mark.slow
 def test_tp2_and_tp4_logits_and_tokens_equal_tp1(tiny_dirs, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    mp.spawn(_run, args=(tiny_dirs, str(tmp_path / "store")), nprocs=WORLD, join=True)
+    mp.start_processes(_run, args=(tiny_dirs, str(tmp_path / "store")), nprocs=WORLD, join=True,
+                       start_method="forkserver")  # one torch import for the 4 ranks
