@@ -77,12 +77,29 @@ def _run_bench(argv: list[str]) -> int:
     return BENCHMARKS[argv[0]](argv[1:])
 
 
+def config_groups_help() -> str:
+    """The config's sections, one line each (the first sentence of its docstring), for ``--help``."""
+    import dataclasses
+
+    from asyncrl.config import Config
+
+    lines = ["config groups (override any key as group.key=value; every key with its default and range: "
+             "asyncrl print-config [recipe], asyncrl/config.py):"]
+    for f in dataclasses.fields(Config):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            doc = " ".join((f.default_factory.__doc__ or "").split("\n\n")[0].split())
+            lines.append(f"  {f.name:<10} {doc.split('. ')[0].rstrip('.')}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description="Fast, transparent RL post-training for LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("args", nargs="*", help="[recipe] [key.path=value ...]")
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=config_groups_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("args", nargs="*", help="[recipe] [key.path=value ...]: a recipe name under recipes/ or a "
+                                               "YAML path, then dotted overrides, e.g. trainer.steps=200 rollout.n=4")
     sub.add_parser("report", help="write RUN_DIR/report.html (plots, stage profile, health events)",
                    add_help=False)
     sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHMARKS)} (flags: asyncrl bench NAME --help)",

@@ -44,6 +44,8 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
+    """The policy: a checkpoint (dir, run dir or Hub id), or the tiny model built from ``tiny``."""
+
     path: Optional[str] = field_spec(None, help="local HF checkpoint dir; null builds model.tiny")
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     dtype: str = field_spec("float32", choices=("float32", "bfloat16", "float16"))
@@ -74,12 +76,17 @@ class TaskConfig:
 class DataConfig:
     """Prompts from a dataset file (asyncrl.data.sources) instead of the synthetic ``task``.
 
-    ``preset`` names a reference set in ../shared/data (its field mapping, its evaluation
-    prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
+    ``preset`` names a set that ships with asyncrl (asyncrl/data/sets: its field mapping, its
+    evaluation prompt and, when ``path`` is null, its file); ``*_field`` keys override the preset's.
     """
 
-    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file or HF save_to_disk dir; "
-                                                "null with preset null: the synthetic task")
+    path: Optional[str] = field_spec(None, help="jsonl/json/parquet/csv file, HF save_to_disk dir, or a Hugging "
+                                                "Face Hub dataset id (openai/gsm8k); null with preset null: the "
+                                                "synthetic task")
+    subset: Optional[str] = field_spec(None, help="a Hub dataset's configuration name (openai/gsm8k: main)")
+    split: str = field_spec("train", help="the training split of a dataset dict (Hub id or save_to_disk dir)")
+    eval_split: str = field_spec("test", help="a dataset dict's held-out split, used when eval_path and "
+                                              "eval_preset are null")
     format: Optional[str] = field_spec(None, choices=("jsonl", "json", "parquet", "csv", "hf"),
                                        help="null: from the extension")
     preset: Optional[str] = field_spec(None, choices=("gsm8k", "aime24", "amc23", "math_eval", "minerva_math"))
@@ -167,6 +174,8 @@ class SFTConfig:
 
 @dataclass
 class RolloutConfig:
+    """Generation: the rollout backend, samples per prompt (the group), sampling parameters."""
+
     backend: str = field_spec("auto", choices=("auto", "engine", "hf"),
                               help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate")
     n: int = field_spec(8, ge=1, help="samples per prompt (GRPO group size)")
@@ -309,6 +318,8 @@ class DPOConfig:
 
 @dataclass
 class ActorConfig:
+    """The policy update: optimizer, PPO epochs, mini- and micro-batches."""
+
     lr: float = field_spec(1e-4, gt=0)
     weight_decay: float = field_spec(0.0, ge=0)
     betas: list[float] = field_spec(default_factory=lambda: [0.9, 0.999])
@@ -322,6 +333,8 @@ class ActorConfig:
 
 @dataclass
 class TrainerConfig:
+    """The RL loop: steps, prompts per step, held-out evals, checkpoints, device."""
+
     steps: int = field_spec(100, ge=0, help="RL steps")
     prompts_per_step: int = field_spec(16, ge=1)
     max_wall_seconds: Optional[float] = field_spec(None, gt=0, help="stop RL early past this budget")
@@ -390,7 +403,8 @@ class HealthConfig:
     enabled: bool = field_spec(True, help="run the health monitors each step")
     warmup_steps: int = field_spec(5, ge=0, help="steps before trend monitors form their baseline")
     window: int = field_spec(5, ge=1, help="steps per smoothing window (medians, pooled samples)")
-    repeat_every: int = field_spec(20, ge=1, help="re-print a monitor that keeps firing every N steps")
+    repeat_every: int = field_spec(0, ge=0, help="re-print a monitor that keeps firing every N steps "
+                                                 "(0: an episode is printed once when it starts and once when it ends)")
     kl_budget: float = field_spec(0.1, gt=0, help="kl/ref (nats/token) allowed before warning")
     hacking_min_reward_rise: float = field_spec(0.05, ge=0, help="train reward rise since the best eval...")
     hacking_min_accuracy_drop: float = field_spec(0.05, gt=0, help="...while eval/accuracy fell this far below its best")
@@ -410,8 +424,10 @@ class HealthConfig:
 
 @dataclass
 class LoggingConfig:
+    """Where outputs go: the run directory, TensorBoard, W&B, the progress bar, the report."""
+
     output_dir: str = "runs"
-    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<name>)")
+    run_dir: Optional[str] = field_spec(None, help="exact run dir (default: <output_dir>/<time>-<job>-<name>, job: train/sft/eval/dpo)")
     tensorboard: bool = True
     progress: bool = True
     memory: bool = field_spec(True, help="peak memory per stage (memory/<stage>_peak_mib)")

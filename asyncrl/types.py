@@ -53,13 +53,27 @@ class Completion:
     versions: list[int] = field(default_factory=list)
 
 
+#: vLLM's name for one sampled continuation.
+CompletionOutput = Completion
+
+
 @dataclass
 class RequestOutput:
-    """The n completions of one prompt."""
+    """The n completions of one prompt, shaped like vLLM's: ``outputs[i].text``,
+    ``.token_ids``, ``.logprobs``, ``.finish_reason``. ``completions`` is the same list."""
 
     prompt_token_ids: list[int]
     prompt: Optional[str]
-    completions: list[Completion]
+    outputs: list[Completion]
+
+    @property
+    def completions(self) -> list[Completion]:
+        """Alias of ``outputs`` (asyncrl's earlier name)."""
+        return self.outputs
+
+    @completions.setter
+    def completions(self, value: list[Completion]) -> None:
+        self.outputs = value
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Prompt datasets from local files: jsonl, json, parquet, csv and HF ``datasets``.
+"""Prompt datasets: local files (jsonl, json, parquet, csv), HF ``save_to_disk`` directories,
+and datasets on the Hugging Face Hub by id (``openai/gsm8k``).
 
     rows (dicts) ──FieldMapping──► Example(prompt, answer, fields, uid) ──► ExampleDataset
 
@@ -10,10 +11,15 @@
 * ``ExampleDataset`` yields examples in a seeded order, reshuffled each epoch, and
   resumes exactly from ``state_dict()`` (epoch + position).
 
+* A ``DatasetDict`` (a ``save_to_disk`` directory, a Hub dataset) is read one split at a time
+  (``split``: ``train`` for training, ``test`` for the held-out set).
+
 Why these dependencies: jsonl/json/csv need only the standard library; parquet is
 read with pyarrow (columnar, no pandas); HF ``datasets`` is imported only for a
-directory written by ``save_to_disk`` or when ``format="hf"`` is asked for, because
-importing it costs about a second.
+directory written by ``save_to_disk``, a Hub id, or when ``format="hf"`` is asked for,
+because importing it costs about a second. A Hub id goes through ``datasets.load_dataset``
+as in every peer framework: downloaded once into the HF cache (``HF_HOME``), then read from
+there, offline too (``HF_HUB_OFFLINE=1``).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+from asyncrl.hub import is_hub_id
 from asyncrl.types import Example
 
 FORMATS = ("jsonl", "json", "parquet", "csv", "hf")
@@ -31,6 +38,10 @@ FORMATS = ("jsonl", "json", "parquet", "csv", "hf")
 
 class DatasetError(ValueError):
     """Bad data found while loading; the message names file, row and field."""
+
+
+class MissingSplitError(DatasetError):
+    """A dataset dict has no split of the requested name (e.g. no ``test`` split)."""
 
 
 @dataclass
@@ -68,14 +79,19 @@ def detect_format(path: Path) -> str:
     raise DatasetError(f"{path}: cannot tell the format from the extension; pass format= one of {FORMATS}")
 
 
-def read_rows(path: Union[str, Path], format: Optional[str] = None) -> list[tuple[str, dict]]:
-    """``(location, row)`` pairs; ``location`` is "line 7" (jsonl) or "row 6" for errors."""
+def read_rows(path: Union[str, Path], format: Optional[str] = None, split: str = "train",
+              subset: Optional[str] = None) -> list[tuple[str, dict]]:
+    """``(location, row)`` pairs; ``location`` is "line 7" (jsonl) or "row 6" for errors.
+    ``split`` picks a split of a dataset dict (a ``save_to_disk`` directory, a Hub id);
+    ``subset``: a Hub dataset's configuration (gsm8k's ``main``)."""
+    if is_hub_id(path):
+        return _read_hub(str(path), subset, split)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"dataset file not found: {path} (resolved: {path.resolve()})")
     fmt = format or detect_format(path)
     readers = {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet,
-               "csv": _read_csv, "hf": _read_hf}
+               "csv": _read_csv, "hf": lambda p: _read_hf(p, split)}
     if fmt not in readers:
         raise DatasetError(f"{path}: unknown format {fmt!r}; expected one of {FORMATS}")
     return readers[fmt](path)
@@ -121,20 +137,47 @@ def _read_parquet(path: Path) -> list[tuple[str, dict]]:
     return _numbered(path, pq.read_table(path).to_pylist())
 
 
-def _read_hf(path: Path) -> list[tuple[str, dict]]:
-    """A ``save_to_disk`` directory, or a data file read by ``datasets.load_dataset``."""
-    import datasets
+def _import_datasets(what: str):
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetError(f"{what} needs the datasets package: pip install 'asyncrl[tasks]'") from None
+    return datasets
+
+
+def _read_hf(path: Path, split: str = "train") -> list[tuple[str, dict]]:
+    """A ``save_to_disk`` directory (a ``DatasetDict``: its ``split``), or a data file read by
+    ``datasets.load_dataset``."""
+    datasets = _import_datasets(f"reading {path}")
 
     if path.is_dir():
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
-            if "train" not in loaded:
-                raise DatasetError(f"{path}: a DatasetDict without a 'train' split; point at one split")
-            loaded = loaded["train"]
+            if split not in loaded:
+                raise MissingSplitError(f"{path}: a DatasetDict without a {split!r} split "
+                                        f"(splits: {', '.join(loaded)}); set data.split / data.eval_split")
+            loaded = loaded[split]
     else:
         builder = {"jsonl": "json", "ndjson": "json"}.get(path.suffix[1:].lower(), path.suffix[1:].lower())
         loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
     return _numbered(path, list(loaded))
+
+
+def _read_hub(repo_id: str, subset: Optional[str], split: str) -> list[tuple[str, dict]]:
+    """One split of a Hub dataset through ``datasets.load_dataset`` (cached under ``HF_HOME``)."""
+    datasets = _import_datasets(f"data.path={repo_id!r} (a Hub dataset id)")
+
+    where = repo_id + (f" ({subset})" if subset else "")
+    try:
+        loaded = datasets.load_dataset(repo_id, subset, split=split)
+    except ValueError as err:
+        if "split" in str(err).lower() and "config" not in str(err).lower():
+            raise MissingSplitError(f"{where}: no {split!r} split ({err}); set data.split / data.eval_split") from None
+        raise DatasetError(f"{where}: {err} (a Hub dataset with several configurations needs data.subset)") from None
+    except (FileNotFoundError, ConnectionError, OSError) as err:
+        raise DatasetError(f"{repo_id!r} is not a local file or directory, and loading it from the Hugging Face "
+                           f"Hub failed: {err}") from None
+    return _numbered(Path(repo_id), list(loaded))
 
 
 def _numbered(path: Path, rows: list) -> list[tuple[str, dict]]:
@@ -194,11 +237,13 @@ def row_to_example(row: dict, mapping: FieldMapping, where: str, default_uid: st
 
 
 def load_examples(path: Union[str, Path], mapping: Optional[FieldMapping] = None,
-                  format: Optional[str] = None, limit: Optional[int] = None) -> list[Example]:
-    """Read and validate every row of ``path`` (the first ``limit`` rows if given)."""
+                  format: Optional[str] = None, limit: Optional[int] = None, split: str = "train",
+                  subset: Optional[str] = None) -> list[Example]:
+    """Read and validate every row of ``path`` (the first ``limit`` rows if given); a dataset
+    dict's ``split`` (see :func:`read_rows`)."""
     mapping = mapping or FieldMapping()
+    rows = read_rows(path, format, split, subset)
     path = Path(path)
-    rows = read_rows(path, format)
     if limit is not None:
         rows = rows[:limit]
     if not rows:
@@ -289,12 +334,24 @@ class ExampleDataset:
 
 def load_dataset(path: Union[str, Path], mapping: Optional[FieldMapping] = None,
                  format: Optional[str] = None, shuffle: bool = True, seed: int = 0,
-                 limit: Optional[int] = None) -> ExampleDataset:
-    """Load, validate and wrap a dataset file: the one call a recipe needs."""
-    return ExampleDataset(load_examples(path, mapping, format, limit), shuffle=shuffle, seed=seed)
+                 limit: Optional[int] = None, split: str = "train", subset: Optional[str] = None) -> ExampleDataset:
+    """Load, validate and wrap a dataset (file, directory or Hub id): the one call a recipe needs."""
+    return ExampleDataset(load_examples(path, mapping, format, limit, split, subset), shuffle=shuffle, seed=seed)
 
 
-# Presets for the reference data sets in ../shared/data (see its README), with the
+def examples_from_rows(rows, mapping: Optional[FieldMapping] = None, name: str = "dataset") -> list[Example]:
+    """Validated examples from rows given as Python objects: a list of dicts, an HF ``Dataset``
+    (what a TRL user passes), or ready ``Example`` objects (the Python API's datasets)."""
+    rows = list(rows)
+    if rows and all(isinstance(r, Example) for r in rows):
+        return rows
+    mapping = mapping or FieldMapping()
+    if not rows:
+        raise DatasetError(f"{name}: no rows")
+    return [row_to_example(dict(row), mapping, f"{name} row {i}", f"{name}:{i}") for i, row in enumerate(rows)]
+
+
+# Presets for the data sets that ship in asyncrl/data/sets (see its README), with the
 # prompts their evaluations use: GSM8K's "####" answer line, Qwen2.5-Math's \boxed{}.
 GSM8K_PROMPT = "{question}\nLet's think step by step and output the final answer after \"####\"."
 BOXED_PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."

@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from asyncrl.config_schema import ConfigError
-from asyncrl.data.datasets import ExampleDataset, FieldMapping, load_dataset, load_examples, preset_mapping
+from asyncrl.data.datasets import (ExampleDataset, FieldMapping, MissingSplitError, is_hub_id, load_dataset,
+                                   load_examples, preset_mapping)
 from asyncrl.data.tasks import SyntheticTask, build_task
 from asyncrl.data.templates import ChatTemplate
 from asyncrl.types import Completion, Example
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The data sets that ship inside the package (asyncrl/data/sets/README.md: sources, licences).
+SHIPPED_DATA = Path(__file__).resolve().parent / "sets"
 # The preset's (training file, held-out file) under the data root; math_eval has none
 # because it is a field mapping for any MATH-style file.
 PRESET_FILES = {
@@ -43,13 +46,17 @@ Encoder = Callable[[Example], list[int]]
 
 
 def data_root() -> Path:
-    """``$ASYNCRL_DATA_DIR``, else ``../shared/data`` next to the repository."""
-    return Path(os.environ.get("ASYNCRL_DATA_DIR") or REPO_ROOT.parent / "shared" / "data")
+    """Where the presets' files are: ``$ASYNCRL_DATA_DIR`` (another copy, same layout), else the
+    sets shipped inside the package, so a plain clone or a pip install has them."""
+    return Path(os.environ.get("ASYNCRL_DATA_DIR") or SHIPPED_DATA)
 
 
-def resolve_data_path(path: str) -> Path:
+def resolve_data_path(path: str):
     """A data path as given (absolute or from the working directory), else from the repo root,
-    so ``../shared/data/...`` in a recipe works from any directory."""
+    so a relative path in a recipe works from any directory; a Hub id (``org/name``, no such
+    local path) is returned as is, for ``datasets.load_dataset``."""
+    if is_hub_id(path):
+        return path
     given = Path(path).expanduser()
     if given.exists() or given.is_absolute():
         return given
@@ -79,8 +86,26 @@ def score_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequ
 
 def score_completions(reward_fn: RewardFn, example: Example, completions: Sequence[Completion]) -> list[float]:
     """Scores of one prompt's completions; rewards also receive ``finish_reason``."""
+    return grade_completions(reward_fn, example, completions)[0]
+
+
+def grade_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequence[str],
+                    fields: Sequence[dict]) -> tuple[list[float], list[float]]:
+    """(scores, correct) of many responses. Correct (1.0 / 0.0) means the task's verifier gave
+    full marks: with a reward pool, its first reward (the recipe lists the verifier first)
+    reached 1, so a shaping reward listed after it (format, length) adds to the score but never
+    makes a wrong answer correct; without a pool, the score reached 1."""
+    if hasattr(reward_fn, "grade_batch"):
+        return reward_fn.grade_batch(prompts, responses, fields)
+    scores = score_responses(reward_fn, prompts, responses, fields)
+    return scores, [float(s >= 1.0) for s in scores]
+
+
+def grade_completions(reward_fn: RewardFn, example: Example,
+                      completions: Sequence[Completion]) -> tuple[list[float], list[float]]:
+    """:func:`grade_responses` of one prompt's completions (rewards also receive ``finish_reason``)."""
     fields = [{**example.fields, "finish_reason": c.finish_reason} for c in completions]
-    return score_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
+    return grade_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
 
 
 class PoolReward:
@@ -95,13 +120,19 @@ class PoolReward:
         self._results: list = []
 
     def score_batch(self, prompts: Sequence[str], responses: Sequence[str], fields: Sequence[dict]) -> list[float]:
+        return self.grade_batch(prompts, responses, fields)[0]
+
+    def grade_batch(self, prompts: Sequence[str], responses: Sequence[str],
+                    fields: Sequence[dict]) -> tuple[list[float], list[float]]:
+        """(totals, correct): correct when the pool's first reward (the verifier) reached 1."""
         from asyncrl.rewards import RewardRequest
 
         requests = [RewardRequest(p, r, dict(f)) for p, r, f in zip(prompts, responses, fields)]
         results = self.pool.score(requests)
         if self.record:
             self._results.extend(results)
-        return [r.total for r in results]
+        verifier = self.pool.specs[0].name
+        return [r.total for r in results], [float(r.components.get(verifier, r.total) >= 1.0) for r in results]
 
     def __call__(self, prompt: str, response: str, **fields: Any) -> float:
         return self.score_batch([prompt], [response], [fields])[0]
@@ -250,32 +281,51 @@ def _train_file(data_cfg) -> Path:
     return resolve_data_path(data_cfg.path) if data_cfg.path else preset_file(data_cfg.preset, 0, "data.preset")
 
 
-def heldout_file_and_mapping(data_cfg) -> tuple[Optional[Path], Optional[FieldMapping]]:
-    """The held-out set: ``eval_path``, else ``eval_preset``'s file, else the training
-    preset's held-out split (gsm8k: test.jsonl), else none."""
+def heldout_file_and_mapping(data_cfg) -> tuple[Optional[Path], Optional[FieldMapping], Optional[str]]:
+    """(path, mapping, split) of the held-out set: ``eval_path``, else ``eval_preset``'s file,
+    else the training preset's held-out split (gsm8k: test.jsonl), else the ``eval_split`` of
+    ``data.path`` when it is a dataset dict (a Hub id or a ``save_to_disk`` directory), else none."""
     if data_cfg.eval_path:
         mapping = preset_mapping(data_cfg.eval_preset) if data_cfg.eval_preset else field_mapping(data_cfg,
                                                                                                 data_cfg.preset)
-        return resolve_data_path(data_cfg.eval_path), mapping
+        return resolve_data_path(data_cfg.eval_path), mapping, data_cfg.eval_split
     if data_cfg.eval_preset:
-        return preset_file(data_cfg.eval_preset, 1, "data.eval_preset"), preset_mapping(data_cfg.eval_preset)
+        return (preset_file(data_cfg.eval_preset, 1, "data.eval_preset"), preset_mapping(data_cfg.eval_preset),
+                None)
     if data_cfg.preset in PRESET_FILES and not data_cfg.path:
-        return preset_file(data_cfg.preset, 1, "data.preset"), field_mapping(data_cfg, data_cfg.preset)
-    return None, None
+        return preset_file(data_cfg.preset, 1, "data.preset"), field_mapping(data_cfg, data_cfg.preset), None
+    if data_cfg.path and _is_dataset_dict(resolve_data_path(data_cfg.path)):
+        return resolve_data_path(data_cfg.path), field_mapping(data_cfg, data_cfg.preset), data_cfg.eval_split
+    return None, None, None
+
+
+def _is_dataset_dict(path) -> bool:
+    """A Hub id, or a ``save_to_disk`` directory of a ``DatasetDict`` (it has dataset_dict.json)."""
+    return isinstance(path, str) or (Path(path) / "dataset_dict.json").is_file()
 
 
 def load_heldout(data_cfg) -> list[Example]:
-    path, mapping = heldout_file_and_mapping(data_cfg)
+    path, mapping, split = heldout_file_and_mapping(data_cfg)
     if path is None:
         return []
-    return load_examples(path, mapping, data_cfg.format if data_cfg.eval_path else None, data_cfg.eval_limit)
+    fmt = data_cfg.format if data_cfg.eval_path else None
+    try:
+        return load_examples(path, mapping, fmt, data_cfg.eval_limit, split=split or "test", subset=data_cfg.subset)
+    except MissingSplitError:
+        if data_cfg.eval_path:
+            raise
+        return []  # a dataset dict without a held-out split: as a plain file, no held-out set
 
 
 def build_reward_pool_from_config(reward_cfg, default: Sequence = DEFAULT_DATASET_REWARDS):
     """The ``RewardPool`` of ``reward.*``; ``default`` rewards when the list is empty."""
     from asyncrl.rewards import build_reward_pool
+    from asyncrl.rewards.extras import missing_reward_dependencies
 
     entries = list(reward_cfg.rewards) or list(default)
+    missing = missing_reward_dependencies(e for e in entries if isinstance(e, (str, dict)))
+    if missing:  # else every call fails in its worker: a run of zero rewards that exits 0
+        raise ConfigError("; ".join(missing))
     try:
         return build_reward_pool(entries, mode=reward_cfg.mode, num_workers=reward_cfg.num_workers,
                                  timeout_s=reward_cfg.timeout_s, default_score=reward_cfg.default_score)
@@ -298,10 +348,11 @@ def build_prompt_source(cfg, train: bool = True):
     dataset = None
     if train and data.enabled:
         dataset = load_dataset(_train_file(data), field_mapping(data, data.preset), data.format,
-                               shuffle=data.shuffle, seed=cfg.seed, limit=data.limit)
+                               shuffle=data.shuffle, seed=cfg.seed, limit=data.limit, split=data.split,
+                               subset=data.subset)
     heldout = load_heldout(data)
     if not train and not heldout and data.enabled:  # eval of a file without a held-out split: the file
         heldout = load_examples(_train_file(data), field_mapping(data, data.preset), data.format,
-                                data.eval_limit or data.limit)
-    name = data.preset or Path(data.path or data.eval_path or data.eval_preset).stem
+                                data.eval_limit or data.limit, split=data.split, subset=data.subset)
+    name = data.preset or Path(str(data.path or data.eval_path or data.eval_preset)).stem
     return DatasetSource(dataset, heldout, build_reward_pool_from_config(cfg.reward), data, name=name)

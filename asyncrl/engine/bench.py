@@ -187,31 +187,31 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
 def parse_args(argv):
     ap = argparse.ArgumentParser(prog="asyncrl bench rollout", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="random-weight model shape")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random-weight model shape")
     ap.add_argument("--model", default=None, help="HF checkpoint dir instead of a random model")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None, help="bfloat16 (GPU default) | float32 (CPU default)")
     ap.add_argument("--workloads", default="a,b,c")
-    ap.add_argument("--a-batch", type=int, default=256)
-    ap.add_argument("--a-prompt", type=int, default=256)
-    ap.add_argument("--a-response", type=int, default=256)
-    ap.add_argument("--b-prompts", type=int, default=32)
-    ap.add_argument("--b-samples", type=int, default=16)
-    ap.add_argument("--b-prompt", type=int, default=1024)
-    ap.add_argument("--b-response", type=int, default=128)
-    ap.add_argument("--c-seqs", type=int, default=256)
-    ap.add_argument("--c-max-in", type=int, default=1024)
-    ap.add_argument("--c-max-out", type=int, default=1024)
-    ap.add_argument("--hf-batch", type=int, default=256, help="HF generate static batch size")
-    ap.add_argument("--hf-max-seqs", type=int, default=256, help="HF runs on at most this many sequences")
-    ap.add_argument("--hf-c-seqs", type=int, default=64,
+    ap.add_argument("--a-batch", type=int, default=None)
+    ap.add_argument("--a-prompt", type=int, default=None)
+    ap.add_argument("--a-response", type=int, default=None)
+    ap.add_argument("--b-prompts", type=int, default=None)
+    ap.add_argument("--b-samples", type=int, default=None)
+    ap.add_argument("--b-prompt", type=int, default=None)
+    ap.add_argument("--b-response", type=int, default=None)
+    ap.add_argument("--c-seqs", type=int, default=None)
+    ap.add_argument("--c-max-in", type=int, default=None)
+    ap.add_argument("--c-max-out", type=int, default=None)
+    ap.add_argument("--hf-batch", type=int, default=None, help="HF generate static batch size")
+    ap.add_argument("--hf-max-seqs", type=int, default=None, help="HF runs on at most this many sequences")
+    ap.add_argument("--hf-c-seqs", type=int, default=None,
                     help="HF runs workload c on this many sequences (static batches run to the longest)")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-compile-sampler", action="store_true")
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--max-num-seqs", type=int, default=512)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--warmup-runs", type=int, default=0,
                     help="untimed engine runs of each workload before the timed one (steady state)")
@@ -229,7 +229,27 @@ def parse_args(argv):
     ap.add_argument("--qs-repeats", type=int, default=40, help="rollouts per backend for --cpu-quickstart")
     ap.add_argument("--random-weights", action="store_true",
                     help="--cpu-quickstart on the quickstart model before SFT (default: the SFT warm start)")
-    return ap.parse_args(argv)
+    return size_for_device(ap.parse_args(argv))
+
+
+#: Workload sizes when no flag sets them: a GPU's (the numbers in bench/RESULTS.md), and a
+#: CPU's, which finish in about a minute on two cores instead of hours.
+GPU_SIZES = dict(shape="qwen3-0.6b", a_batch=256, a_prompt=256, a_response=256, b_prompts=32, b_samples=16,
+                 b_prompt=1024, b_response=128, c_seqs=256, c_max_in=1024, c_max_out=1024, hf_batch=256,
+                 hf_max_seqs=256, hf_c_seqs=64, max_model_len=4096)
+CPU_SIZES = dict(shape="tiny", a_batch=32, a_prompt=64, a_response=64, b_prompts=4, b_samples=8, b_prompt=128,
+                 b_response=32, c_seqs=32, c_max_in=128, c_max_out=128, hf_batch=32, hf_max_seqs=32, hf_c_seqs=16,
+                 max_model_len=512)
+
+
+def size_for_device(args):
+    """Fill every sizing flag left unset from the device's sizes (GPU_SIZES / CPU_SIZES)."""
+    sizes = GPU_SIZES if args.device.startswith("cuda") else CPU_SIZES
+    args.sized_for = "GPU" if sizes is GPU_SIZES else "CPU"
+    for key, value in sizes.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                    torch=torch.__version__, model=args.model or f"random {args.shape}", dtype=str(dtype),
                    block_size=block, workloads={})
     wl = set(args.workloads.split(","))
+    print(f"asyncrl bench rollout on {results['device']}: {results['model']}, workloads {','.join(sorted(wl))} "
+          f"sized for a {args.sized_for} (a: {args.a_batch} x {args.a_prompt}+{args.a_response} tokens; "
+          f"flags override, see --help); building the engine...", flush=True)
     llm, startup = make_llm()
     results["engine_startup_s"] = startup
 
@@ -279,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     results["async_scheduling"] = llm.async_scheduling
 
     if "a" in wl:
+        print("workload a: running...", flush=True)
         prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
         params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
         r = dict(engine=run_engine(llm, prompts, params, dev), **_no_overlap(llm, prompts, params, dev, args))
@@ -290,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         print("a", json.dumps(r), flush=True)
 
     if "b" in wl:
+        print("workload b: running...", flush=True)
         prompts = _rand_prompts(args.b_prompts, args.b_prompt, vocab, 2)
         params = SamplingParams(n=args.b_samples, temperature=1.0, max_tokens=args.b_response, ignore_eos=True)
         r = dict(sharing_on=run_engine(llm, prompts, params, dev))
@@ -307,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print("b", json.dumps(r), flush=True)
 
     if "c" in wl:
+        print("workload c: running...", flush=True)
         if llm is None:
             llm, _ = make_llm()
         prompts, outs = nano_workload(args.c_seqs, args.c_max_in, args.c_max_out)

@@ -32,6 +32,7 @@ from asyncrl.engine.models.loader import build_model, fill_weights, model_source
 from asyncrl.engine.parallel import TensorParallel
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.hub import is_hub_id, model_snapshot
 from asyncrl.types import Completion, RequestOutput, SamplingParams
 
 PromptType = Union[str, list[int]]
@@ -71,9 +72,12 @@ def _on_engine_device(method):
 class LLM:
     def __init__(self, model, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
                  tokenizer=None, version: int = 0, **engine_kwargs):
-        """``model``: an HF checkpoint dir (config.json + safetensors [+ tokenizer]), or an
+        """``model``: an HF checkpoint dir (config.json + safetensors [+ tokenizer]), a Hugging
+        Face Hub id (``Qwen/Qwen3-0.6B``: downloaded into the HF cache once, as vLLM does), or an
         in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``).
         ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, ...)."""
+        if isinstance(model, str) and is_hub_id(model):
+            model = str(model_snapshot(model))
         self.config = EngineConfig(**engine_kwargs)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._device = torch.device(device)
@@ -226,7 +230,7 @@ class LLM:
         while len(comps) < parent.params.n:  # aborted before its siblings were forked
             comps.append(Completion([], "", [] if parent.params.logprobs else None, "abort", []))
         return RequestOutput(prompt_token_ids=parent.token_ids[: parent.num_prompt_tokens],
-                             prompt=parent.prompt_text, completions=comps)
+                             prompt=parent.prompt_text, outputs=comps)
 
     def _completion(self, s: Sequence) -> Completion:
         ids = s.completion_token_ids

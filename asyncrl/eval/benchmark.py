@@ -1,7 +1,7 @@
 """Benchmark evaluation: k samples per prompt through any rollout backend, scored by the
 configured rewards, summarised as mean@k, pass@k and maj@k (see ``eval.metrics``).
 
-    examples ──encode──► backend.generate(n=k) ──► reward (pool) ──► correct = total >= 1
+    examples ──encode──► backend.generate(n=k) ──► reward (pool) ──► correct = the verifier (first reward) >= 1
                                               └──► final_answer ──► majority vote
 
 ``evaluate_examples`` needs only the rollout protocol (``generate``), so the HF backend,
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
-from asyncrl.data.sources import score_completions
+from asyncrl.data.sources import grade_completions
 from asyncrl.eval.answers import final_answer
 from asyncrl.eval.metrics import majority_correct, pass_at_k, report_ks
 from asyncrl.types import Example, SamplingParams
@@ -47,9 +47,9 @@ def evaluate_examples(backend, encode: Callable[[Example], list[int]], examples:
     for start in range(0, len(examples), batch_size):
         chunk = list(examples[start:start + batch_size])
         for example, output in zip(chunk, backend.generate([encode(ex) for ex in chunk], params)):
-            scores = score_completions(reward_fn, example, output.completions)
+            scores, correct = grade_completions(reward_fn, example, output.completions)  # the verifier's verdict
             texts = [c.text for c in output.completions]
-            results.append(PromptResult(example.uid, scores, [s >= 1.0 for s in scores],
+            results.append(PromptResult(example.uid, scores, [c >= 1.0 for c in correct],
                                         [final_answer(t) for t in texts], texts,
                                         [c.finish_reason for c in output.completions]))
     return results

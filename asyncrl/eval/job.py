@@ -19,23 +19,10 @@ from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.benchmark import evaluate_examples, result_record, summarize
 from asyncrl.metrics.console import console
 from asyncrl.runtime.run_dir import make_run_dir
-from asyncrl.training.checkpoint import latest_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy, resolve_device
+from asyncrl.training.checkpoint import write_atomic_text
+from asyncrl.training.model import load_policy, quiet_transformers, resolve_device, resolve_model_path  # noqa: F401
 from asyncrl.types import SamplingParams
 from asyncrl.rollout.registry import resolve_backend_name_for_path
-
-
-def resolve_model_path(path: str) -> Path:
-    """An HF model directory: ``path`` itself, or the latest checkpoint of a run directory."""
-    given = Path(path)
-    if (given / "config.json").is_file():
-        return given
-    for run_dir in (given, given.parent):  # a run dir, or its checkpoints/ dir
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is not None:
-            return checkpoint
-    raise ConfigError(f"model.path={path!r} is neither an HF model directory (config.json) nor a run "
-                      "directory with checkpoints/latest")
 
 
 def load_backend(cfg, model_path: Path):
@@ -86,11 +73,12 @@ def run_eval(cfg) -> dict:
 
 def _evaluate(cfg, source, model_path: Path) -> dict:
     start = time.perf_counter()
+    quiet_transformers()
     torch.set_num_threads(cfg.trainer.torch_threads)
     examples = source.heldout_examples()
     if not examples:
         raise ConfigError("nothing to evaluate: set data.path, data.preset, data.eval_path or data.eval_preset")
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(cfg, job="eval")
     console.print(f"[bold]asyncrl eval[/] {model_path} on [cyan]{source.name}[/] ({len(examples)} prompts, "
                   f"k={cfg.eval.k}) -> {run_dir}")
     tokenizer, backend = load_backend(cfg, model_path)

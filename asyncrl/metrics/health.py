@@ -4,10 +4,16 @@ Each monitor watches one failure, reads the step's metrics (the dict the control
 returns, plus ``eval/accuracy`` on eval steps), and fires a :class:`HealthEvent` when its
 threshold in :class:`HealthConfig` is crossed. The :class:`HealthMonitor` runs them all::
 
-    monitor = HealthMonitor(HealthConfig(), events_path=run_dir / "health_events.jsonl")
+    monitor = HealthMonitor(HealthConfig(), events_path=run_dir / "health_events.jsonl", mode="async")
     events = monitor.observe(step, metrics, samples=SampleStats.from_batch(batch))
     metrics.update(monitor.step_metrics())      # health/<name> 0/1, counters, derived
-    monitor.warn(events, console)               # rich console warnings (throttled)
+    monitor.warn(events, console)               # an episode's start and end, once each
+    monitor.finish(console)                     # at the end: episodes still open, with counts
+
+An *episode* is a run of steps in which one monitor keeps firing; the console prints it when
+it starts and once when it ends (with its step count and worst value), not at every step.
+Monitors know the run's ``mode``: in async runs the rollout/trainer log-prob gap includes the
+expected policy lag, so ``logprob_gap`` reads the weight-sync probe (same weights on both sides).
 
 A monitor whose input metric is absent stays silent and reports nothing (KL without a
 reference model, staleness in synchronous mode), so one monitor set serves every runtime.
@@ -102,14 +108,18 @@ class Monitor:
     """Base: ``check`` returns (value, threshold, message) when firing, else None.
 
     ``active`` becomes True once the monitor has seen its input, so ``health/<name>`` is
-    only reported for monitors that are actually watching something.
+    only reported for monitors that are actually watching something; ``checked`` is True
+    when it saw its input in the current step (a step without input neither continues nor
+    ends an episode). ``worse``: which direction of ``value`` is worse ("higher"/"lower").
     """
 
     name = "monitor"
+    worse = "higher"
 
-    def __init__(self, cfg: HealthConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: HealthConfig, mode: str = "sync"):
+        self.cfg, self.mode = cfg, mode
         self.active = False
+        self.checked = False
 
     def check(self, step: int, metrics: Mapping[str, float], samples: Optional[SampleStats]):
         raise NotImplementedError
@@ -118,7 +128,7 @@ class Monitor:
         """``metrics[key]`` as a float, marking the monitor active; None when absent."""
         if key not in metrics:
             return None
-        self.active = True
+        self.active = self.checked = True
         return _as_float(metrics[key])
 
 
@@ -146,8 +156,8 @@ class RewardHacking(Monitor):
 
     name = "reward_hacking"
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
         self.rewards: deque[float] = deque(maxlen=cfg.window)
         self.best: Optional[tuple[float, float]] = None  # (accuracy, reward window mean) at best eval
         self.strikes = 0  # consecutive evals that met both conditions
@@ -211,9 +221,10 @@ class DropMonitor(Monitor):
     drop_field = ""
     what = ""
     causes = ""
+    worse = "lower"
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
         self.recent: deque[float] = deque(maxlen=max(cfg.window, 1))
         self.best = 0.0
         self.seen = 0
@@ -255,8 +266,8 @@ class DegenerateGroups(Monitor):
 
     name = "degenerate_groups"
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
         self.recent: deque[float] = deque(maxlen=max(cfg.window, 1))
 
     def check(self, step, metrics, samples):
@@ -274,8 +285,8 @@ class DegenerateGroups(Monitor):
 class _EntropyBaseline(Monitor):
     """Shared: the warm-up entropy (mean of the first ``warmup_steps`` finite values)."""
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
         self.warmup: list[float] = []
 
     def entropy(self, metrics) -> tuple[Optional[float], Optional[float]]:
@@ -293,6 +304,7 @@ class EntropyCollapse(_EntropyBaseline):
     """Policy entropy near zero: the policy became deterministic and stops exploring."""
 
     name = "entropy_collapse"
+    worse = "lower"
 
     def check(self, step, metrics, samples):
         entropy, baseline = self.entropy(metrics)
@@ -330,8 +342,8 @@ class LengthHacking(Monitor):
 
     name = "length_hacking"
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
         self.pool: deque[tuple[list, list, list]] = deque(maxlen=max(cfg.window, 1))
         self.last_corr: Optional[float] = None
 
@@ -344,7 +356,7 @@ class LengthHacking(Monitor):
                 "rewarded for length; check the reward and the loss aggregation (token-mean dilutes long answers)")
 
     def _pooled_corr(self, step, samples: SampleStats) -> Optional[float]:
-        self.active = True
+        self.active = self.checked = True
         groups = list(samples.group_ids) if samples.group_ids is not None else [0] * len(samples.lengths)
         # Group ids restart each step: tag them with the step so pooled groups stay distinct.
         self.pool.append((list(samples.lengths), list(samples.rewards), [(step, g) for g in groups]))
@@ -371,16 +383,24 @@ class NonFinite(Monitor):
 
 
 class LogprobGap(Monitor):
-    """Rollout engine and trainer disagree on the sampled tokens' log-probs (mismatch)."""
+    """Rollout engine and trainer disagree on the sampled tokens' log-probs under the same weights.
+
+    Sync: ``rollout/logprob_gap`` compares them on the step's own samples (same weights).
+    Async: those samples come from weights up to ``max_staleness`` versions old, so that gap
+    includes the policy's own drift, which the off-policy correction is there for; the
+    monitor reads ``weight_sync/probe_gap`` instead, the probe that samples the rollout
+    backend right after a sync and recomputes with the trainer (same weights on both sides).
+    """
 
     name = "logprob_gap"
 
     def check(self, step, metrics, samples):
-        gap = self.value(metrics, "rollout/logprob_gap")
+        key = "weight_sync/probe_gap" if self.mode == "async" else "rollout/logprob_gap"
+        gap = self.value(metrics, key)
         if gap is not None and (gap > self.cfg.logprob_gap_max or not math.isfinite(gap)):
             return gap, self.cfg.logprob_gap_max, (
-                f"rollout vs trainer log-prob gap {gap:.4f} nats/token (max {self.cfg.logprob_gap_max}): "
-                "engine and trainer numerics or weights differ; check weight sync and dtypes, use IS correction")
+                f"rollout vs trainer log-prob gap {gap:.4f} nats/token ({key}, max {self.cfg.logprob_gap_max}) "
+                "under the same weights: engine and trainer numerics or weights differ; check weight sync and dtypes")
 
 
 class ReplicaLost(Monitor):
@@ -388,8 +408,8 @@ class ReplicaLost(Monitor):
 
     name = "replica_lost"
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
         self.lost = 0.0
 
     def check(self, step, metrics, samples):
@@ -410,22 +430,48 @@ MONITORS = (KLBudget, RewardHacking, Staleness, VersionLag, ThroughputDrop, Pref
 
 
 @dataclass
+class Episode:
+    """Consecutive steps in which one monitor fired: first/last step, count, worst value."""
+
+    monitor: str
+    first: int
+    last: int
+    count: int
+    worst: float
+    threshold: float
+    message: str  # the first event's
+
+    def add(self, event: HealthEvent, worse: str) -> None:
+        self.last, self.count = event.step, self.count + 1
+        self.worst = _worst(self.worst, event.value, worse)
+
+    def ended_line(self) -> str:
+        return (f"[bold yellow]health[/] [yellow]{self.monitor}[/] fired {self.count} step(s), steps "
+                f"{self.first}-{self.last}, worst {self.worst:.4g} (threshold {self.threshold:.4g})")
+
+
+@dataclass
 class HealthMonitor:
-    """Runs every monitor each step, counts firings, logs events and prints warnings.
+    """Runs every monitor each step, counts firings, logs events and prints each episode once.
 
     ``events_path``: where events are appended as JSON lines (``health_events.jsonl``);
-    None keeps them in memory only (``self.events``).
+    None keeps them in memory only (``self.events``). ``mode``: the run's ``runtime.mode``.
+    Invariant: every event belongs to exactly one :class:`Episode` (open in ``self.open`` or
+    closed in ``self.closed``); an episode is printed when it opens and when it closes.
     """
 
     cfg: HealthConfig = field(default_factory=HealthConfig)
     events_path: Optional[Path] = None
+    mode: str = "sync"
 
     def __post_init__(self):
-        self.monitors = [cls(self.cfg) for cls in MONITORS]
+        self.monitors = [cls(self.cfg, self.mode) for cls in MONITORS]
         self.counts: dict[str, int] = {m.name: 0 for m in self.monitors}
         self.events: list[HealthEvent] = []
         self.firing: dict[str, bool] = {}
-        self._last_printed: dict[str, int] = {}
+        self.open: dict[str, Episode] = {}
+        self.closed: list[Episode] = []
+        self._ended: list[Episode] = []  # closed in the last observe, not yet printed
         self._length_corr: Optional[float] = None
         self._kl: Optional[float] = None
 
@@ -436,17 +482,30 @@ class HealthMonitor:
             return []
         events = []
         for monitor in self.monitors:
+            monitor.checked = False
             result = monitor.check(step, metrics, samples)
             self.firing[monitor.name] = result is not None
             if result is not None:
                 value, threshold, message = result
                 events.append(HealthEvent(step, monitor.name, message, float(value), float(threshold)))
                 self.counts[monitor.name] += 1
+                self._extend_episode(events[-1], monitor.worse)
+            elif monitor.checked and monitor.name in self.open:  # watched and quiet: the episode ended
+                self._ended.append(self.open.pop(monitor.name))
+                self.closed.append(self._ended[-1])
         self._length_corr = next(m.last_corr for m in self.monitors if isinstance(m, LengthHacking))
         self._kl = _as_float(metrics.get("kl/ref"))
         self.events.extend(events)
         self._append(events)
         return events
+
+    def _extend_episode(self, event: HealthEvent, worse: str) -> None:
+        episode = self.open.get(event.monitor)
+        if episode is None:
+            self.open[event.monitor] = Episode(event.monitor, event.step, event.step, 1, event.value,
+                                               event.threshold, event.message)
+        else:
+            episode.add(event, worse)
 
     def step_metrics(self) -> dict[str, float]:
         """The health metrics of the last observed step.
@@ -468,23 +527,43 @@ class HealthMonitor:
             metrics["reward/length_corr"] = self._length_corr
         return metrics
 
+    def episodes(self) -> list[Episode]:
+        """Every episode so far (closed and still open), by first step."""
+        return sorted([*self.closed, *self.open.values()], key=lambda e: (e.first, e.monitor))
+
     def summary(self) -> dict:
-        """JSON-ready ``{"events": total, "fired": {monitor: steps fired}}`` for summary.json."""
-        return {"events": sum(self.counts.values()), "fired": {k: v for k, v in self.counts.items() if v}}
+        """JSON-ready for summary.json: ``events`` (total), ``fired`` ({monitor: steps fired}) and
+        ``monitors``: one row per monitor that fired (see :func:`group_events`)."""
+        return {"events": sum(self.counts.values()), "fired": {k: v for k, v in self.counts.items() if v},
+                "monitors": group_events(self.events)}
 
     def warn(self, events: Sequence[HealthEvent], console=None) -> list[HealthEvent]:
-        """Print events on the rich console: a monitor's first firing, then every
-        ``repeat_every`` steps while it keeps firing. Returns the events printed."""
-        if console is None:
-            from asyncrl.metrics.console import console
+        """Print the start of each new episode (its first event's message), and the end of
+        each episode that closed at this step (steps fired, worst value). With
+        ``health.repeat_every`` > 0 an open episode is also re-printed every that many steps.
+        Returns the events printed."""
+        console = console or _console()
+        for episode in self._ended:
+            console.print(episode.ended_line() + f"; quiet from step {episode.last + 1}")
+        self._ended = []
         printed = []
         for event in events:
-            last = self._last_printed.get(event.monitor)
-            if last is None or event.step - last >= self.cfg.repeat_every:
-                console.print(f"[bold yellow]health[/] step {event.step} [yellow]{event.monitor}[/]: {event.message}")
-                self._last_printed[event.monitor] = event.step
+            episode = self.open[event.monitor]
+            again = self.cfg.repeat_every and episode.count > 1 and (episode.count - 1) % self.cfg.repeat_every == 0
+            if episode.count == 1 or again:
+                so_far = f" (firing for {episode.count} steps)" if episode.count > 1 else ""
+                console.print(f"[bold yellow]health[/] step {event.step} [yellow]{event.monitor}[/]{so_far}: "
+                              f"{event.message}")
                 printed.append(event)
         return printed
+
+    def finish(self, console=None) -> list[Episode]:
+        """At the end of a run: print each episode still open with its count; returns them."""
+        console = console or _console()
+        still = list(self.open.values())
+        for episode in still:
+            console.print(episode.ended_line() + "; still firing at the end of the run")
+        return still
 
     def _append(self, events: Sequence[HealthEvent]) -> None:
         if self.events_path is None or not events:
@@ -492,6 +571,42 @@ class HealthMonitor:
         with open(self.events_path, "a") as f:
             for event in events:
                 f.write(event.to_json() + "\n")
+
+
+#: Which direction of a monitor's value is worse, by monitor name.
+WORSE = {cls.name: cls.worse for cls in MONITORS}
+
+
+def group_events(events: Sequence[HealthEvent]) -> list[dict]:
+    """One row per monitor that fired, in order of first firing: ``monitor``, ``first`` and
+    ``last`` step, ``steps`` fired, ``episodes`` (runs of consecutive firings), ``worst``
+    value, ``threshold`` and the first ``message``. The report's health table and
+    summary.json's ``health.monitors`` are these rows."""
+    rows: dict[str, dict] = {}
+    for event in sorted(events, key=lambda e: e.step):
+        row = rows.get(event.monitor)
+        if row is None:
+            rows[event.monitor] = {"monitor": event.monitor, "first": event.step, "last": event.step, "steps": 1,
+                                   "episodes": 1, "worst": event.value, "threshold": event.threshold,
+                                   "message": event.message}
+            continue
+        row["episodes"] += event.step - row["last"] > 1
+        row["last"], row["steps"] = event.step, row["steps"] + 1
+        row["worst"] = _worst(row["worst"], event.value, WORSE.get(event.monitor, "higher"))
+    return [{k: _jsonable(v) for k, v in row.items()} for row in rows.values()]
+
+
+def _worst(a: float, b: float, worse: str) -> float:
+    if not math.isfinite(b):
+        return b
+    if not math.isfinite(a):
+        return a
+    return max(a, b) if worse == "higher" else min(a, b)
+
+
+def _console():
+    from asyncrl.metrics.console import console
+    return console
 
 
 def replay(rows, cfg: Optional[HealthConfig] = None) -> HealthMonitor:

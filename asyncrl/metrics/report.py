@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from asyncrl.metrics import report_plots as plots
-from asyncrl.metrics.health import HealthEvent, read_events, replay
-from asyncrl.metrics.profile import ASYNC_LANES, StageProfile, factor_label, headline, profile_from_rows
+from asyncrl.metrics.console import accuracy_rows
+from asyncrl.metrics.health import HealthEvent, group_events, read_events, replay
+from asyncrl.metrics.profile import PROFILE_HEADER, headline, profile_from_rows, profile_rows, throughput_line
+from asyncrl.metrics.sinks import SAMPLES_FILE
 
 REPORT_NAME = "report.html"
 
@@ -34,6 +36,7 @@ class RunData:
     events: list[HealthEvent] = field(default_factory=list)
     config_text: str = ""
     events_replayed: bool = False  # no health_events.jsonl: events recomputed from metrics.jsonl
+    samples: list[dict] = field(default_factory=list)  # samples.jsonl: completions per held-out eval
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -46,11 +49,14 @@ def load_run(run_dir: Path) -> RunData:
     summary_path, config_path = run_dir / "summary.json", run_dir / "config.yaml"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     config_text = config_path.read_text() if config_path.is_file() else ""
+    samples_path = run_dir / SAMPLES_FILE
+    samples = [json.loads(line) for line in samples_path.read_text().splitlines()
+               if line.strip()] if samples_path.is_file() else []
     events_path = run_dir / "health_events.jsonl"
     if events_path.is_file():
-        return RunData(run_dir, rows, summary, read_events(events_path), config_text)
+        return RunData(run_dir, rows, summary, read_events(events_path), config_text, samples=samples)
     # A run logged without the monitor: replay the metrics through it with default thresholds.
-    return RunData(run_dir, rows, summary, replay(rows).events, config_text, events_replayed=True)
+    return RunData(run_dir, rows, summary, replay(rows).events, config_text, events_replayed=True, samples=samples)
 
 
 def write_report(run_dir: Path, output: Optional[Path] = None) -> Path:
@@ -64,40 +70,50 @@ def write_report(run_dir: Path, output: Optional[Path] = None) -> Path:
 NO_MATPLOTLIB = "plot not drawn: matplotlib is not installed (pip install 'asyncrl[report]')"
 
 
+def run_profile(run: RunData) -> dict:
+    """The run's profile summary: summary.json's (what the console printed), else rebuilt from
+    metrics.jsonl by the same code (a run in progress), so both show the same figures."""
+    return run.summary.get("profile") or profile_from_rows(run.rows).summary()
+
+
 def render(run: RunData) -> str:
-    """The whole HTML page. Without matplotlib the tables are still written, the plots not."""
-    async_run = any("async/version_lag" in r or "time/wall" in r for r in run.rows)
-    profile = profile_from_rows(run.rows, lanes=ASYNC_LANES if async_run else None)
+    """The whole HTML page: what a user looks for first (held-out accuracy before/after, the
+    reward curve), then the stage profile, the health table, sampled completions, the rest.
+    Without matplotlib the tables are still written, the plots not (the page says so)."""
     draw = plots.available()
 
     def figure(plot, alt, missing="no data for this plot in metrics.jsonl"):
         return _image(plot() if draw else None, alt, missing if draw else NO_MATPLOTLIB)
 
-    rows = run.rows
+    rows, profile = run.rows, run_profile(run)
     sections = [
-        _section("Summary", _summary_table(run)),
+        _section("Held-out accuracy and reward", _accuracy_html(run.summary)
+                 + figure(lambda: plots.heldout_accuracy(rows, run.summary), "held-out accuracy",
+                          "no held-out evaluation in this run")
+                 + figure(lambda: plots.reward(rows), "train reward")),
+        *([_section("SFT loss", figure(lambda: plots.sft_loss(rows), "SFT loss"))] if plots.has(rows, "sft/loss") else []),
         _section("Stage profile", _profile_html(profile)),
         _section("Health", _health_html(run.events, run.events_replayed)),
-        _section("Reward and accuracy", figure(lambda: plots.reward_accuracy(rows, run.summary), "reward and accuracy")),
+        _section("Sampled completions", _samples_html(run.samples)),
         _section("KL", figure(lambda: plots.kl(rows), "KL",
                               "no KL metrics: the run has no reference model (algorithm.kl_coef = 0)")),
         _section("Entropy", figure(lambda: plots.entropy(rows), "entropy")),
         _section("Response length", figure(lambda: plots.response_length(rows), "response length")),
         _section("Stage time", figure(lambda: plots.stage_times(rows), "stage time stacked area")),
         _section("Throughput", figure(lambda: plots.throughput(rows), "throughput")),
-        _section("Staleness", figure(lambda: plots.staleness(rows), "staleness histogram",
-                                     "not applicable: synchronous run, every sample is trained on-policy "
-                                     "(no async/staleness_hist/* or async/version_lag metrics)")),
+        _section("Staleness", figure(lambda: plots.staleness(rows), "staleness",
+                                     "not applicable: synchronous run, every sample is trained on-policy")),
         _section("Health timeline", figure(lambda: plots.health_timeline(run.events), "health timeline",
                                            "no health warning fired")),
         _section("Memory", _memory_html(run)),
+        _section("Run", _summary_table(run)),
     ]
     if run.config_text:
         sections.append(_section("Config", f"<details><summary>config.yaml</summary><pre>"
                                            f"{html.escape(run.config_text)}</pre></details>"))
     title = f"asyncrl report: {run.summary.get('name') or run.run_dir.name}"
     return _PAGE.format(title=html.escape(title), run_dir=html.escape(str(run.run_dir)),
-                        steps=len(run.rows), body="\n".join(sections))
+                        steps=len(run.rows), mode=profile.get("mode", "sync"), body="\n".join(sections))
 
 
 def _section(title: str, body: str) -> str:
@@ -111,10 +127,11 @@ def _image(png: Optional[bytes], alt: str, missing: str = "no data for this plot
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+def _table(header: Sequence[str], rows: Sequence[Sequence], cls: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    attr = f' class="{cls}"' if cls else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _fmt(value) -> str:
@@ -123,9 +140,16 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def _accuracy_html(summary: dict) -> str:
+    rows = accuracy_rows(summary)
+    if not rows:
+        note = "absent (run in progress or interrupted)" if not summary else "no held-out set"
+        return f'<p class="na">held-out accuracy before/after RL: {note}</p>'
+    return _table(("held-out accuracy", "before RL -> after RL"), rows, cls="headline")
+
+
 def _summary_table(run: RunData) -> str:
-    keys = ("name", "seed", "steps", "sft_accuracy", "final_accuracy", "accuracy_gain", "rl_seconds",
-            "wall_seconds", "checkpoint")
+    keys = ("name", "seed", "steps", "rl_seconds", "wall_seconds", "source", "model_path", "checkpoint")
     rows = [(k, run.summary[k]) for k in keys if run.summary.get(k) is not None]
     rows += _efficiency_rows(run.rows)
     if not run.summary:
@@ -147,45 +171,45 @@ def _efficiency_rows(rows: list[dict]) -> list[tuple[str, float]]:
             ("reward gain per 1k samples", 1000 * gain / samples if samples else 0.0)]
 
 
-def _profile_html(profile: StageProfile) -> str:
-    if not profile.steps:
+def _profile_html(profile: dict) -> str:
+    if not profile.get("steps"):
         return '<p class="na">no time/&lt;stage&gt; metrics in metrics.jsonl</p>'
-    summary = profile.summary()
-    labels = [factor_label(k) for k in profile.factors]
-    header = ["stage", "total s", "share", "per step s"] + [
-        f"step speed-up if {l} faster" if l != "inf" else "step speed-up if free" for l in labels]
-    rows = []
-    for stage, seconds in sorted(summary["stage_seconds"].items(), key=lambda kv: -kv[1]):
-        speedups = [f"{summary['amdahl'][stage][l]:.2f}x" if stage in summary["amdahl"] else "-" for l in labels]
-        rows.append([stage, seconds, f"{100 * summary['stage_share'][stage]:.1f}%",
-                     seconds / profile.steps, *speedups])
-    tps = summary["tokens_per_s"]
-    notes = [headline(profile), f"rollout {tps['rollout']:.0f} tokens/s, training {tps['train']:.0f} tokens/s, "
-                                f"{summary['step_seconds_mean']:.3f} s per step over {profile.steps} steps"]
-    if "async" in summary:
-        notes.append(f"async overlap {100 * summary['async']['overlap']:.0f}% of the work "
-                     f"({100 * summary['async']['overlap_efficiency']:.0f}% of what perfect overlap would hide)")
-    return "".join(f"<p>{html.escape(n)}</p>" for n in notes) + _table(header, rows)
+    notes = [headline(profile), throughput_line(profile)]
+    if profile.get("mode") == "async":
+        notes.append("async: the rollout lane (generation) and the trainer lane (its stages, between_steps and "
+                     "wait_rollout) run at the same time, so each adds up to about 100% of the wall time; "
+                     f"rollout workers waited {profile['async']['rollout_wait_seconds']:.1f} s on the staleness "
+                     "bound (time/wait_trainer, summed over workers)")
+    return "".join(f"<p>{html.escape(n)}</p>" for n in notes) + _table(PROFILE_HEADER, profile_rows(profile))
 
 
 def _health_html(events: list[HealthEvent], replayed: bool = False) -> str:
-    """Events grouped into episodes: consecutive firing steps of one monitor are one row."""
+    """One row per monitor that fired: first and last step, steps fired, episodes, worst value."""
     note = ('<p class="na">no health_events.jsonl: monitors replayed over metrics.jsonl with default '
             'thresholds (length_hacking needs per-sample data and is not replayed)</p>' if replayed else "")
     if not events:
         return note + '<p class="ok">no health warning fired</p>'
-    episodes: list[dict] = []
-    for event in sorted(events, key=lambda e: (e.monitor, e.step)):
-        last = episodes[-1] if episodes else None
-        if last and last["monitor"] == event.monitor and event.step - last["last"] <= 1:
-            last.update(last=event.step, count=last["count"] + 1, value=event.value)
-        else:
-            episodes.append({"monitor": event.monitor, "first": event.step, "last": event.step, "count": 1,
-                             "value": event.value, "threshold": event.threshold, "message": event.message})
-    episodes.sort(key=lambda e: e["first"])
-    rows = [(e["monitor"], e["first"], e["last"], e["count"], e["value"], e["threshold"], e["message"])
-            for e in episodes]
-    return note + _table(("monitor", "first step", "last step", "steps", "last value", "threshold", "message"), rows)
+    rows = [(g["monitor"], g["first"], g["last"], g["steps"], g["episodes"], g["worst"], g["threshold"], g["message"])
+            for g in group_events(events)]
+    return note + _table(("monitor", "first step", "last step", "steps fired", "episodes", "worst value",
+                          "threshold", "first message"), rows)
+
+
+def _samples_html(samples: list[dict]) -> str:
+    """A few completions per held-out eval (step 0: before RL), the last eval open."""
+    if not samples:
+        return '<p class="na">no samples.jsonl (runs before this version, or no held-out set)</p>'
+    by_step: dict[int, list[dict]] = {}
+    for sample in samples:
+        by_step.setdefault(int(sample["step"]), []).append(sample)
+    parts = []
+    for i, (step, items) in enumerate(sorted(by_step.items())):
+        rows = [(s.get("tag", "").removeprefix("samples/"), s["prompt"], s["response"], s["reward"]) for s in items]
+        is_open = " open" if i == len(by_step) - 1 else ""
+        label = "before RL" if step == 0 else f"step {step}"
+        parts.append(f"<details{is_open}><summary>{label}</summary>"
+                     f"{_table(('kind', 'prompt', 'response', 'reward'), rows, cls='samples')}</details>")
+    return "".join(parts)
 
 
 def _memory_html(run: RunData) -> str:
@@ -215,23 +239,32 @@ th {{ background: #f3f3f3; }}
 img {{ max-width: 100%; }}
 .na {{ color: #777; font-style: italic; }}
 .ok {{ color: #2a7a2a; }}
+table.headline td {{ font-size: 1.15em; }}
+table.samples td {{ font-family: ui-monospace, monospace; white-space: pre-wrap; max-width: 40em; }}
 </style></head>
 <body>
 <h1>{title}</h1>
-<p>run directory: <code>{run_dir}</code> · {steps} logged steps</p>
+<p>run directory: <code>{run_dir}</code> · {steps} logged steps · {mode} runtime</p>
 {body}
 </body></html>
 """
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI entry: ``asyncrl report RUN_DIR [-o OUTPUT]``; prints the report's path."""
+    """CLI entry: ``asyncrl report RUN_DIR [RUN_DIR ...] [-o OUTPUT]``; prints the page's path.
+    One run: its report. Several: one page overlaying them (report_compare.py)."""
     parser = argparse.ArgumentParser(prog="asyncrl report", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path, help="a run directory (runs/<time>-<name>)")
-    parser.add_argument("-o", "--output", type=Path, default=None, help="HTML path (default RUN_DIR/report.html)")
+    parser.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="a run directory (runs/<time>-<job>-<name>); two or more: overlay them on one page")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="HTML path (default RUN_DIR/report.html; several runs: compare.html in the first)")
     args = parser.parse_args(argv)
     try:
-        path = write_report(args.run_dir, args.output)
+        if len(args.run_dirs) == 1:
+            path = write_report(args.run_dirs[0], args.output)
+        else:
+            from asyncrl.metrics.report_compare import write_comparison
+            path = write_comparison(args.run_dirs, args.output)
     except FileNotFoundError as err:
         print(f"asyncrl report: {err}", file=sys.stderr)
         return 2

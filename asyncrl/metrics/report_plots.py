@@ -17,7 +17,7 @@ Rows = Sequence[Mapping]
 #: Stage colours, fixed so every report reads the same way.
 STAGE_COLORS = {"rollout": "#4C72B0", "reward": "#DD8452", "old_logprobs": "#55A868",
                 "ref_logprobs": "#C44E52", "actor_update": "#8172B3", "critic_update": "#937860",
-                "weight_sync": "#DA8BC3", "rollout_wait": "#BBBBBB", "trainer_wait": "#888888"}
+                "weight_sync": "#DA8BC3", "between_steps": "#8C8C8C", "wait_rollout": "#CCCCCC"}
 
 
 def available() -> bool:
@@ -83,22 +83,79 @@ def _lines(rows: Rows, keys: Sequence[str], title: str, ylabel: str, markers: Se
     return _png(fig)
 
 
-def reward_accuracy(rows: Rows, summary: Mapping) -> Optional[bytes]:
-    """Train reward and accuracy per step, held-out accuracy at each eval, before and after RL."""
-    if not (has(rows, "reward/mean") or has(rows, "eval/accuracy")):
+def smooth(values: Sequence[float], window: Optional[int] = None) -> list[float]:
+    """Trailing mean over ``window`` points (default: 1/30 of the series, at least 1), the
+    curve drawn over the raw values: an RL reward is a noisy per-batch mean."""
+    window = window or max(1, round(len(values) / 30))
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _smoothed(ax, steps, values, label: str, color: Optional[str] = None) -> None:
+    """The raw series faint behind its smoothed curve (one legend entry, for the smooth one)."""
+    raw = ax.plot(steps, values, alpha=0.25, linewidth=0.8, color=color)[0]
+    window = max(1, round(len(values) / 30))
+    ax.plot(steps, smooth(values, window), color=raw.get_color(), linewidth=1.8,
+            label=f"{label} (mean of {window} steps)" if window > 1 else label)
+
+
+def _same_series(rows: Rows, a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` hold the same values at every step (a 0/1 reward: mean = accuracy)."""
+    sa, sb = series(rows, a), series(rows, b)
+    return sa[0] == sb[0] and all(abs(x - y) < 1e-12 for x, y in zip(sa[1], sb[1]))
+
+
+def reward(rows: Rows) -> Optional[bytes]:
+    """Train reward per step, smoothed with the raw values behind; ``reward/accuracy`` too when it
+    differs from ``reward/mean`` (with a 0/1 reward they are the same curve)."""
+    if not has(rows, "reward/mean"):
         return None
-    fig, ax = _figure("reward and accuracy", "value")
-    for key in ("reward/mean", "reward/accuracy"):
-        if has(rows, key):
-            ax.plot(*series(rows, key), label=key, alpha=0.8)
-    if has(rows, "eval/accuracy"):
-        ax.plot(*series(rows, "eval/accuracy"), marker="o", linestyle="--", label="eval/accuracy (held-out)")
-    steps = [int(r["step"]) for r in rows if "step" in r]
-    if summary.get("sft_accuracy") is not None and steps:
-        ax.scatter([0], [summary["sft_accuracy"]], marker="s", color="black", zorder=3, label="held-out before RL")
-    if summary.get("final_accuracy") is not None and steps:
-        ax.scatter([max(steps)], [summary["final_accuracy"]], marker="*", s=120, color="black", zorder=3,
-                   label="held-out after RL")
+    fig, ax = _figure("train reward (this step's rollouts)", "reward")
+    _smoothed(ax, *series(rows, "reward/mean"), "reward/mean")
+    if has(rows, "reward/accuracy") and not _same_series(rows, "reward/mean", "reward/accuracy"):
+        _smoothed(ax, *series(rows, "reward/accuracy"), "reward/accuracy")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+#: (metrics.jsonl key, summary.json key before RL, after RL, label) of the held-out accuracies.
+HELDOUT = (("eval/accuracy", "sft_accuracy", "final_accuracy", "greedy"),
+           ("eval/sampled_accuracy", "sft_sampled_accuracy", "final_sampled_accuracy", "sampled (mean@k)"))
+
+
+def heldout_accuracy(rows: Rows, summary: Mapping) -> Optional[bytes]:
+    """Held-out accuracy, greedy and sampled: before RL (step 0), every mid-run eval, after RL."""
+    last = max((int(r["step"]) for r in rows if "step" in r), default=summary.get("steps") or 0)
+    curves = []
+    for key, before_key, after_key, label in HELDOUT:
+        steps, values = series(rows, key)
+        if summary.get(before_key) is not None:
+            steps, values = [0] + steps, [float(summary[before_key])] + values
+        if summary.get(after_key) is not None and (not steps or steps[-1] != last):
+            steps, values = steps + [last], values + [float(summary[after_key])]
+        if steps:
+            curves.append((steps, values, label))
+    if not curves:
+        return None
+    fig, ax = _figure("held-out accuracy (step 0: before RL)", "accuracy")
+    for steps, values, label in curves:
+        ax.plot(steps, values, marker="o", label=label)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def sft_loss(rows: Rows) -> Optional[bytes]:
+    """``asyncrl sft``: the NLL of the response tokens per step, smoothed over the raw values."""
+    if not has(rows, "sft/loss"):
+        return None
+    fig, ax = _figure("SFT loss", "nats / token")
+    _smoothed(ax, *series(rows, "sft/loss"), "sft/loss")
     ax.legend(fontsize=8)
     return _png(fig)
 
@@ -121,48 +178,56 @@ def throughput(rows: Rows) -> Optional[bytes]:
 
 
 def stage_times(rows: Rows) -> Optional[bytes]:
-    """Stacked area of ``time/<stage>`` per step: the step's time, split by stage."""
-    stages = sorted({k[5:] for row in rows for k in row if k.startswith("time/") and k not in ("time/step", "time/wall")},
+    """Stacked area of each step's stage seconds, as the profile reads them (async: the
+    rollout lane's time is its own layer; the trainer lane's layers add up to the wall time)."""
+    from asyncrl.metrics.profile import StepTimes
+
+    timed = [(int(row["step"]), t) for row in rows if "step" in row for t in [StepTimes.from_row(row)] if t]
+    stages = sorted({s for _, t in timed for s in t.stage_seconds},
                     key=lambda s: list(STAGE_COLORS).index(s) if s in STAGE_COLORS else len(STAGE_COLORS))
-    timed = [row for row in rows if any(f"time/{s}" in row for s in stages)]
-    if not stages or not timed:
+    if not timed:
         return None
-    steps = [int(row["step"]) for row in timed]
-    layers = [[_number(row.get(f"time/{s}")) for row in timed] for s in stages]
+    steps = [step for step, _ in timed]
+    layers = [[t.stage_seconds.get(s, 0.0) for _, t in timed] for s in stages]
     fig, ax = _figure("stage time per step (stacked)", "seconds")
     ax.stackplot(steps, layers, labels=stages, colors=[STAGE_COLORS.get(s, "#999999") for s in stages], alpha=0.85)
     ax.legend(fontsize=8, loc="upper left", ncols=3)
     return _png(fig)
 
 
-def staleness_counts(rows: Rows) -> tuple[Optional[Counter], str]:
-    """Histogram data and what it counts.
-
-    Preferred: per-sample staleness counts the async runtime logs as
-    ``async/staleness_hist/<versions>`` (samples per step trained that many versions after the
-    policy that generated them), summed over the run. Else: the per-step ``async/version_lag``.
-    """
+def staleness_counts(rows: Rows) -> Optional[Counter]:
+    """Samples by staleness (versions between the policy that generated a sample and the one
+    trained on it), summed over the run from the per-step ``async/staleness_hist/<k>``."""
     counts: Counter = Counter()
     for row in rows:
         for key, value in row.items():
             if key.startswith("async/staleness_hist/"):
                 counts[int(key.rsplit("/", 1)[1])] += _number(value)
-    if counts:
-        return counts, "samples"
-    _, lags = series(rows, "async/version_lag")
-    if lags:
-        return Counter(int(round(v)) for v in lags if math.isfinite(v)), "steps (async/version_lag)"
-    return None, ""
+    return counts or None
 
 
 def staleness(rows: Rows) -> Optional[bytes]:
-    counts, what = staleness_counts(rows)
-    if not counts:
+    """Histogram of per-sample staleness, and the per-step mean beside it (async runs)."""
+    counts = staleness_counts(rows)
+    if not counts and not has(rows, "async/staleness_mean"):
         return None
-    fig, ax = _figure("staleness", what, xlabel="policy versions behind")
-    keys = sorted(counts)
-    ax.bar(keys, [counts[k] for k in keys], color="#4C72B0")
-    ax.set_xticks(keys)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 3.2), dpi=100, layout="constrained")
+    left, right = fig.subplots(1, 2)
+    if counts:
+        keys = sorted(counts)
+        left.bar(keys, [counts[k] for k in keys], color="#4C72B0")
+        left.set_xticks(keys)
+    left.set_title("samples by staleness", fontsize=10)
+    left.set_xlabel("versions behind the trainer")
+    left.set_ylabel("samples")
+    for key in ("async/staleness_mean", "async/staleness_max", "async/version_lag"):
+        if has(rows, key):
+            right.plot(*series(rows, key), label=key, linewidth=1)
+    right.set_title("per step", fontsize=10)
+    right.set_xlabel("step")
+    right.legend(fontsize=7)
     return _png(fig)
 
 
@@ -188,3 +253,21 @@ def _number(value) -> float:
     except (TypeError, ValueError):
         return 0.0
     return number if math.isfinite(number) else 0.0
+
+
+def overlay(runs: Sequence[tuple[str, Rows]], key: str, title: str, ylabel: str,
+            smoothed: bool = True) -> Optional[bytes]:
+    """``key`` of several runs on one axis (``asyncrl report RUN_A RUN_B``), each run's curve
+    smoothed over its raw values, or as points joined by lines for sparse keys (evals)."""
+    present = [(name, rows) for name, rows in runs if has(rows, key)]
+    if not present:
+        return None
+    fig, ax = _figure(title, ylabel)
+    for name, rows in present:
+        steps, values = series(rows, key)
+        if smoothed:
+            _smoothed(ax, steps, values, name)
+        else:
+            ax.plot(steps, values, marker="o", label=name)
+    ax.legend(fontsize=8)
+    return _png(fig)

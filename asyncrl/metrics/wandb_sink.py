@@ -34,6 +34,14 @@ class WandbSink:
         row["step"] = step
         self.run.log(row, step=step, commit=True)  # flush now: a crash mid-run loses no step
 
+    def write_samples(self, step: int, tag: str, samples: list[dict]) -> None:
+        """Sampled completions as a ``wandb.Table`` (prompt, response, reward)."""
+        import wandb
+
+        table = wandb.Table(columns=["prompt", "response", "reward"],
+                            data=[[s["prompt"], s["response"], s["reward"]] for s in samples])
+        self.run.log({tag: table}, step=step, commit=False)  # the step's scalars commit it
+
     def write_summary(self, summary: Mapping) -> None:
         """Copy the run's summary.json scalars into the W&B run summary."""
         for key, value in _flatten(summary).items():

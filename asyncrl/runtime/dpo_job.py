@@ -62,7 +62,7 @@ def split_pairs(pairs: list[PreferencePair], seed: int) -> tuple[list[Preference
 
 def run_dpo_job(cfg) -> dict:
     """Run ``asyncrl dpo``; returns the summary also written to ``summary.json``."""
-    device, run_dir = start_run(cfg, "[bold]asyncrl dpo[/]")
+    device, run_dir = start_run(cfg, "[bold]asyncrl dpo[/]", job="dpo")
     task = build_task(cfg.task, cfg.seed)
     model, tokenizer, model_info = prepare_policy(cfg, task, device)
     if cfg.dpo.data_path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.accuracy import heldout_accuracy
@@ -22,15 +23,16 @@ from asyncrl.runtime.run_dir import start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
-from asyncrl.training.model import load_policy
+from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
 
 
 def prepare_policy(cfg, task, device, announce: bool = True):
     """(model, tokenizer, info): a local checkpoint, or the tiny model warm-started by SFT."""
-    if cfg.model.path:
-        model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
-        return model, tokenizer, {"model_path": cfg.model.path}
+    if cfg.model.path:  # a checkpoint dir, a run dir (its latest checkpoint) or a Hub id
+        path = resolve_model_path(cfg.model.path)
+        model, tokenizer = load_policy(path, cfg.model.dtype, device)
+        return model, tokenizer, {"model_path": str(path)}
     if announce:
         console.print(f"[dim]warm start: tiny Qwen3 + SFT on {task.name} ({cfg.sft.steps} steps)...[/]")
     path, info = tiny_checkpoint(cfg, task, device)
@@ -41,13 +43,14 @@ def prepare_policy(cfg, task, device, announce: bool = True):
     return model, tokenizer, {"model_path": str(path), **info}
 
 
-def run_training(cfg) -> dict:
+def run_training(cfg, source=None) -> dict:
     """Run ``asyncrl train``; returns the summary also written to ``summary.json``.
 
-    The prompt source (synthetic task, or dataset + reward pool) is built first, so bad
-    data or reward names fail before any model loads; its pool is closed at the end.
+    The prompt source (synthetic task, or dataset + reward pool; ``source`` when the Python
+    API built it from Python objects) is built first, so bad data or reward names fail
+    before any model loads; its pool is closed at the end.
     """
-    source = build_prompt_source(cfg)
+    source = source if source is not None else build_prompt_source(cfg)
     try:
         return _train(cfg, source)
     finally:
@@ -56,25 +59,29 @@ def run_training(cfg) -> dict:
 
 def _train(cfg, source) -> dict:
     wall_start = time.perf_counter()
-    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]")
+    device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]", job="train")
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
-    def evaluate() -> dict:
+    def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
         trainer's current weights. The sync controller pushes them into ``backend`` after each
         update; the async one generates with a backend of its own, so ``backend`` (an engine
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
-        start. A no-op copy for HF generate sharing the trainer's tensors."""
+        start. A no-op copy for HF generate sharing the trainer's tensors. ``samples`` receives
+        a few (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
         backend.update_weights(model.named_parameters(), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
-        result = {"accuracy": heldout_accuracy(*common, encode=encode)}
+        record = samples if samples is not None else {}
+        result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []))}
         if cfg.trainer.eval_samples:
             result["sampled_accuracy"] = heldout_accuracy(*common, encode=encode, temperature=cfg.rollout.temperature,
-                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed)
+                                                          samples=cfg.trainer.eval_samples, seed=cfg.seed,
+                                                          record=record.setdefault("sampled", []))
         return result
 
-    before = evaluate()
+    before_samples: dict = {}
+    before = evaluate(before_samples)
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
     controller = build_controller(cfg, model, backend, tokenizer, source, encode, run_dir)
@@ -84,10 +91,12 @@ def _train(cfg, source) -> dict:
         from asyncrl.metrics.wandb_sink import WandbSink
         sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),
                                      cfg.logging.wandb_mode, cfg.logging.wandb_entity))
-    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl")
+    _write_samples(sinks, 0, before_samples)
+    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
     fleet = FleetProfile()  # rollout replicas, if any (rollout.engines / tensor_parallel_size)
     steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
+    failed: list[float] = []  # reward/failed_fraction per step (a dataset's reward pool)
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
             for step in range(1, cfg.trainer.steps + 1):
@@ -95,11 +104,14 @@ def _train(cfg, source) -> dict:
                 metrics = {**controller.step(step), **source.step_metrics()}  # + reward/<name>, failures
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
-                    metrics.update({f"eval/{k}": v for k, v in evaluate().items()})
-                # async: generation runs beside the trainer, its busy time is async/rollout_seconds
-                rollout_s = metrics.get("async/rollout_seconds", controller.timer.step_seconds["rollout"])
-                metrics.update(profile.observe(controller.timer.step_seconds, rollout_seconds=rollout_s,
-                                               rollout_tokens=metrics["throughput/rollout_tokens_per_s"] * rollout_s))
+                    samples: dict = {}
+                    result = evaluate(samples)
+                    metrics.update({f"eval/{k}": v for k, v in result.items()})
+                    _write_samples(sinks, step, samples)
+                    progress.print(f"step {step}: held-out accuracy {_fmt(result)} (before RL: {_fmt(before)})")
+                metrics.update(profile.observe_row(metrics))  # the same row metrics.jsonl gets
+                if "reward/failed_fraction" in metrics:
+                    failed.append(metrics["reward/failed_fraction"])
                 fleet.observe(metrics)
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
@@ -116,8 +128,11 @@ def _train(cfg, source) -> dict:
         sinks.close()
         if cfg.runtime.mode == "async":
             controller.close()  # stop the rollout side before the final eval and checkpoint
+    if cfg.health.enabled:
+        health.finish(console)  # episodes still open, once, with their counts
     rl_seconds = time.perf_counter() - rl_start
-    after = evaluate()
+    after_samples: dict = {}
+    after = evaluate(after_samples)
     final_accuracy = after["accuracy"]
     checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
     gain = final_accuracy - sft_accuracy if heldout else None
@@ -127,19 +142,29 @@ def _train(cfg, source) -> dict:
         "sft_sampled_accuracy": before.get("sampled_accuracy"), "final_sampled_accuracy": after.get("sampled_accuracy"),
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": time.perf_counter() - wall_start,
-        "step_wall_seconds": step_wall, "stage_seconds": dict(controller.timer.total_seconds),
+        "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),
         "checkpoint": str(checkpoint),
-        "profile": profile.summary(), **({"fleet": fleet.summary()} if fleet.active else {}), "memory": controller.memory.summary(), "health": health.summary(),
+        "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
+        "profile": profile.summary(), **({"fleet": fleet.summary()} if fleet.active else {}),
+        "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    _write_final_samples(run_dir, steps_done, after_samples, cfg.logging.tensorboard)
     console.print(summary_table(summary))
-    console.print(profile_table(profile))
-    console.print(headline(profile))
+    if summary["reward_failed_fraction"]:
+        console.print(f"[bold yellow]reward calls failed on {100 * summary['reward_failed_fraction']:.1f}% of the "
+                      "samples (scored reward.default_score): see reward/failed_fraction and the pool's failures[/]")
+    console.print(profile_table(summary["profile"]))
+    console.print(headline(summary["profile"]))
     if fleet.active:
         console.print(fleet.line())
     if cfg.logging.report:
         from asyncrl.metrics.report import write_report
+        from asyncrl.metrics.report_plots import available
+        if not available():
+            console.print("[yellow]report written without plots: matplotlib is not installed "
+                          "(pip install 'asyncrl[report]')[/]")
         console.print(f"report: {write_report(run_dir)}")
     if heldout:
         console.print(f"held-out accuracy before RL: {_fmt(before)}")
@@ -157,6 +182,22 @@ def build_controller(cfg, model, backend, tokenizer, source, encode, run_dir=Non
         return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode,
                                       log_dir=log_dir)
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
+
+
+def _write_samples(sinks: MetricSinks, step: int, samples: dict) -> None:
+    """The eval's recorded completions, one tag per kind (``samples/greedy``, ``samples/sampled``)."""
+    for kind, rows in samples.items():
+        if rows:
+            sinks.write_samples(step, f"samples/{kind}", rows)
+
+
+def _write_final_samples(run_dir: Path, step: int, samples: dict, tensorboard: bool) -> None:
+    """The final eval's completions (the step sinks are closed by then): samples.jsonl, TensorBoard."""
+    sinks = MetricSinks(run_dir, tensorboard)
+    try:
+        _write_samples(sinks, step, samples)
+    finally:
+        sinks.close()
 
 
 def _gains(before: dict, after: dict) -> str:

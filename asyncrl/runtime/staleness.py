@@ -110,8 +110,13 @@ def sample_staleness(trainer_version: int, token_versions: torch.Tensor) -> torc
 def staleness_metrics(trainer_version: int, token_versions: torch.Tensor, max_staleness: int,
                       rollout_version: int) -> dict[str, float]:
     """``async/staleness_mean|max``, ``async/staleness_violations`` (samples over the bound: must
-    stay 0) and ``async/version_lag`` (trainer version − rollout weights' version)."""
-    s = sample_staleness(trainer_version, token_versions).float()
+    stay 0), ``async/staleness_hist/<k>`` (samples whose staleness is k, for k = 0 .. the step's
+    max: the report's histogram) and ``async/version_lag`` (trainer version − rollout weights'
+    version)."""
+    staleness = sample_staleness(trainer_version, token_versions)
+    s = staleness.float()
+    hist = torch.bincount(staleness.clamp(min=0).long()).tolist()
     return {"async/staleness_mean": float(s.mean()), "async/staleness_max": float(s.max()),
             "async/staleness_violations": float((s > max_staleness).sum()),
+            **{f"async/staleness_hist/{k}": float(count) for k, count in enumerate(hist)},
             "async/version_lag": float(trainer_version - rollout_version)}

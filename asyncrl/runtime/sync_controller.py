@@ -15,7 +15,7 @@ import torch
 
 from asyncrl.algorithms import (AdvantageInput, build_kl_controller, compute_advantages, kl_in_reward,
                                 overlong_penalty)
-from asyncrl.data.sources import PromptEncoder, encode_batch, score_completions
+from asyncrl.data.sources import PromptEncoder, encode_batch, grade_completions
 from asyncrl.metrics.health import SampleStats
 from asyncrl.metrics.memory import MemoryTracker
 from asyncrl.metrics.timer import StageTimer
@@ -140,8 +140,8 @@ class SyncController:
     def score(self, example: Example, output: RequestOutput) -> tuple[list[float], list[float]]:
         """(shaped scores, correctness) of one prompt's completions. The shaped score is the
         task reward plus DAPO's overlong penalty when ``algorithm.overlong_buffer.enable``."""
-        raw = score_completions(self.reward_fn, example, output.completions)  # one pool submission per group
-        correct = [float(r >= 1.0) for r in raw]
+        # one pool submission per group; correct = the verifier's full marks (not a shaping reward's)
+        raw, correct = grade_completions(self.reward_fn, example, output.completions)
         buffer = self.algo.overlong_buffer
         if buffer.enable:
             lengths = torch.tensor([len(c.token_ids) for c in output.completions])

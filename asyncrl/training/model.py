@@ -3,6 +3,11 @@
 A tiny model is a ``Qwen3ForCausalLM`` built from a config with random weights; it is
 saved with ``save_pretrained`` (safetensors) and loaded back with
 ``AutoModelForCausalLM.from_pretrained`` exactly like a real local checkpoint.
+
+``model.path`` may be an HF checkpoint directory, a run directory or its ``checkpoints/``
+(the latest checkpoint), or a Hugging Face Hub id (``Qwen/Qwen2.5-0.5B-Instruct``), which
+``huggingface_hub.snapshot_download`` brings into the HF cache once (offline afterwards,
+``HF_HUB_OFFLINE=1``) as vLLM does, so everything downstream reads a local directory.
 """
 from __future__ import annotations
 
@@ -10,6 +15,10 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from asyncrl.config_schema import ConfigError
+from asyncrl.hub import HubError, is_hub_id, model_snapshot
+from asyncrl.training.checkpoint import latest_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,11 +37,40 @@ def build_tiny_model(tiny_cfg, tokenizer, seed: int) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(config)
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' per-file "Loading weights" / "Writing model shards" bars (noise
+    around our own progress bar), keeping the hub's download bars, which show real waiting."""
+    from huggingface_hub.utils import enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # also turns the hub's off...
+    enable_progress_bars()             # ...which a download should keep
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """A local HF model directory for ``model.path``: the directory itself (config.json), the
+    latest checkpoint of a run directory (or of its checkpoints/), or the cached snapshot of a
+    Hub id. Anything else is a one-line :class:`ConfigError` naming what was looked for."""
+    given = Path(path).expanduser()
+    if (given / "config.json").is_file():
+        return given
+    for run_dir in (given, given.parent):  # a run dir, or its checkpoints/ dir
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is not None:
+            return checkpoint
+    if not is_hub_id(str(path)):
+        raise ConfigError(f"model.path={str(path)!r} is neither an HF model directory (config.json) nor a run "
+                          "directory with checkpoints/latest, nor a Hugging Face Hub id (org/name)")
+    try:
+        return model_snapshot(str(path))
+    except HubError as err:
+        raise ConfigError(f"model.path={err}") from None
+
+
 def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) from a local HF checkpoint directory."""
-    path = str(path)
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"model path '{path}' is not a directory with config.json and weights")
+    """(model, tokenizer) from ``path`` as :func:`resolve_model_path` reads it."""
+    quiet_transformers()
+    path = str(resolve_model_path(path))
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device)
     if tokenizer.pad_token_id is None:

@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.data.sources import SHIPPED_DATA
 from asyncrl.data.datasets import (
     GSM8K, MINERVA, DatasetError, preset_mapping, ExampleDataset, FieldMapping, load_dataset, load_examples,
 )
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
 
 ROWS = [
     {"question": "1+1?", "solution": "#### 2", "level": 1, "meta": {"src": "a"}, "id": "q0"},
@@ -120,7 +121,7 @@ def test_resume_continues_exactly_across_epochs():
     assert [next(stream).uid for _ in range(9)] == [str(i) for i in range(7)] + ["0", "1"]  # endless
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+@pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not present")
 def test_reference_data_sets_load_with_their_mappings():
     gsm8k = load_dataset(DATA / "gsm8k" / "test.jsonl", GSM8K, seed=0)
     assert len(gsm8k) == 1319 and "####" in gsm8k[0].answer

@@ -9,12 +9,13 @@ import pytest
 from asyncrl.config import ConfigError, load_config
 from asyncrl.data.char_tokenizer import build_char_tokenizer
 from asyncrl.data.datasets import PRESETS, DatasetError
-from asyncrl.data.sources import (PRESET_FILES, DatasetSource, PoolReward, TaskSource, build_prompt_source,
-                                  field_mapping, heldout_file_and_mapping, score_completions)
+from asyncrl.data.sources import (PRESET_FILES, SHIPPED_DATA, DatasetSource, PoolReward, TaskSource, build_prompt_source,
+                                  field_mapping, grade_completions, heldout_file_and_mapping,
+                                  score_completions)
 from asyncrl.types import Completion, Example
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
+needs_data = pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not present")
 INLINE = ["reward.mode=inline", "model.path=/unused"]  # a dataset needs model.path; nothing loads it here
 
 
@@ -72,7 +73,7 @@ def test_field_mapping_from_config_over_a_preset():
 
 def test_heldout_resolution(tmp_path):
     def resolve(*overrides):
-        path, _ = heldout_file_and_mapping(load_config(None, list(overrides)).data)
+        path, _, _ = heldout_file_and_mapping(load_config(None, list(overrides)).data)
         return path and (path.parent.name, path.name)
 
     assert resolve("data.preset=gsm8k") == ("gsm8k", "test.jsonl")       # the preset's held-out split
@@ -172,3 +173,49 @@ def test_batch_encoding_equals_one_by_one(tmp_path, tiny_chat_checkpoint):
     assert encode_batch(encoder, examples) == [encoder(e) for e in examples]
     assert encode_batch(lambda e: [len(e.prompt)], examples) == [[4], [7], [1], [4]]
     chat.close()
+
+
+def test_presets_read_the_sets_that_ship_with_the_package(monkeypatch):
+    """No data directory beside the checkout: the presets' files are inside asyncrl/data/sets."""
+    monkeypatch.delenv("ASYNCRL_DATA_DIR", raising=False)
+    path, _, _ = heldout_file_and_mapping(load_config(None, ["data.preset=gsm8k"]).data)
+    assert path == SHIPPED_DATA / "gsm8k" / "test.jsonl" and path.is_file()
+    assert (SHIPPED_DATA / "gsm8k" / "LICENSE").is_file() and (SHIPPED_DATA / "math_eval" / "LICENSE").is_file()
+
+
+def test_a_dataset_dicts_test_split_is_the_heldout_set(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"prompt": f"{i}+1", "answer": str(i + 1)} for i in range(6)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:4]),
+                          "test": datasets.Dataset.from_list(rows[4:])}).save_to_disk(str(tmp_path / "dd"))
+    source = build_prompt_source(load_config("quickstart", [f"data.path={tmp_path / 'dd'}", *INLINE]))
+    assert [ex.prompt for ex in source.heldout_examples()] == ["4+1", "5+1"]  # the test split, not nothing
+    assert len(source.train) == 4
+    source.close()
+    with pytest.raises(DatasetError, match="without a 'dev' split \\(splits: train, test\\)"):
+        build_prompt_source(load_config("quickstart", [f"data.path={tmp_path / 'dd'}", "data.split=dev", *INLINE]))
+
+
+def test_a_missing_reward_dependency_is_a_named_error_at_start(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+    good = _write_jsonl(tmp_path / "good.jsonl", [{"prompt": "1+1", "answer": "2"}])
+    with pytest.raises(ConfigError, match=r"^reward 'math' needs math-verify: pip install 'asyncrl\[tasks\]'$"):
+        build_prompt_source(load_config("quickstart", [f"data.path={good}", *INLINE]))
+
+
+def test_a_shaping_reward_never_counts_as_accuracy(tmp_path):
+    """math (the verifier, listed first) + format with weight 1: a wrong answer in the right format
+    scores 1.0 in total, and is still wrong."""
+    train = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "1+1", "answer": "2"}])
+    cfg = load_config("quickstart", [f"data.path={train}", "reward.rewards=[math, {fn: regex, weight: 1.0, "
+                                     "kwargs: {pattern: '####'}}]", *INLINE])
+    source = build_prompt_source(cfg)
+    ex = next(source.train_stream())
+    done = [Completion([1], "#### 2", None, "stop"), Completion([1], "#### 3", None, "stop"),
+            Completion([1], "2", None, "stop")]
+    scores, correct = grade_completions(source.reward, ex, done)
+    assert scores == [2.0, 1.0, 1.0] and correct == [1.0, 0.0, 1.0]  # "#### 3" scores 1.0 but is wrong
+    source.close()

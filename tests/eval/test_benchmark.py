@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.data.sources import SHIPPED_DATA
 from asyncrl.cli import main
 from asyncrl.data.sources import PoolReward
 from asyncrl.eval.benchmark import evaluate_examples, summarize
@@ -16,7 +17,7 @@ from asyncrl.eval.metrics import majority_correct, pass_at_k
 from asyncrl.rewards import build_reward_pool
 from asyncrl.types import Completion, Example, RequestOutput, SamplingParams
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
 
 # uid -> (reference answer, the 4 responses the mocked model gives)
 SCRIPT = {
@@ -80,7 +81,7 @@ def test_a_run_directory_resolves_to_its_latest_checkpoint(tiny_chat_checkpoint,
         resolve_model_path(str(tmp_path))
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+@pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not present")
 def test_asyncrl_eval_on_gsm8k_test_with_a_tiny_model(tiny_chat_checkpoint, tmp_path, capsys):
     out = tmp_path / "eval"
     rc = main(["eval", "gsm8k_grpo_cpu", f"model.path={tiny_chat_checkpoint}", f"logging.run_dir={out}",
@@ -102,12 +103,16 @@ def test_asyncrl_eval_on_gsm8k_test_with_a_tiny_model(tiny_chat_checkpoint, tmp_
     assert all(0.0 <= v <= 1.0 for k, v in m.items() if k != "num_prompts")
 
 
-def test_asyncrl_eval_needs_a_model(capsys):
-    assert main(["eval", "eval_math"]) == 2
+def test_asyncrl_eval_needs_a_model(capsys, tmp_path):
+    assert main(["eval", "eval_math", "model.path=null"]) == 2
     assert "needs model.path" in capsys.readouterr().err
+    # a path that is no model, run directory or Hub id: one line naming what was looked for
+    assert main(["eval", "eval_math", f"model.path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "is neither an HF model directory" in err and err.count("\n") == 1
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+@pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not present")
 @pytest.mark.parametrize("preset,rows", [("aime24", 30), ("amc23", 40), ("minerva_math", 272), ("gsm8k", 1319)])
 def test_eval_math_recipe_reads_each_benchmark(preset, rows):
     from asyncrl.config import load_config

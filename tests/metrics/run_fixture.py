@@ -31,11 +31,13 @@ def synthetic_row(step: int, rng: random.Random, async_run: bool) -> dict:
     }
     if step % 5 == 0:
         row["eval/accuracy"] = 0.4 + 0.005 * step
-    if async_run:
-        row["async/version_lag"] = float(step % 3)
-        row["async/staleness_violations"] = 0.0
-        row["time/wall"] = 0.7 * total
-        row.update({f"async/staleness_hist/{k}": float(rng.randint(0, 40)) for k in range(3)})
+    if async_run:  # the trainer's timer has no rollout: generation runs beside it (async/rollout_seconds)
+        row.update({"time/rollout": 0.0, "time/wait_rollout": 0.1, "async/rollout_seconds": stages["rollout"],
+                    "async/window_seconds": total - stages["rollout"] + 0.15, "time/wait_trainer": 0.02,
+                    "async/version_lag": float(step % 2), "async/staleness_violations": 0.0,
+                    "async/staleness_mean": 0.8})
+        row["time/step"] = total - stages["rollout"] + 0.1
+        row.update({f"async/staleness_hist/{k}": float(rng.randint(0, 40)) for k in range(2)})
     return row
 
 
@@ -52,11 +54,12 @@ def make_run_dir(root: Path, steps: int = 30, async_run: bool = False) -> Path:
         row = synthetic_row(step, rng, async_run)
         health.observe(step, row)
         row.update(health.step_metrics())
-        profile.observe({k[5:]: v for k, v in row.items() if k.startswith("time/") and k not in ("time/step", "time/wall")})
+        row.update(profile.observe_row(row))
         sink.write(step, row)
     sink.close()
     summary = {"name": "synthetic", "seed": 0, "run_dir": str(run_dir), "steps": steps, "sft_accuracy": 0.4,
-               "final_accuracy": 0.55, "accuracy_gain": 0.15, "rl_seconds": 30.0, "wall_seconds": 40.0,
+               "final_accuracy": 0.55, "accuracy_gain": 0.15, "sft_sampled_accuracy": 0.25,
+               "final_sampled_accuracy": 0.5, "rl_seconds": 30.0, "wall_seconds": 40.0,
                "stage_seconds": dict(profile.stage_seconds), "profile": profile.summary(),
                "checkpoint": str(run_dir / "checkpoints" / "step_000030")}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

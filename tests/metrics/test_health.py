@@ -183,16 +183,58 @@ def test_events_are_logged_and_read_back(tmp_path):
     assert events[0].value == pytest.approx(0.3) and math.isinf(events[1].value)
 
 
-def test_console_warning_is_printed_then_throttled():
+def test_an_episode_is_printed_once_when_it_starts_and_once_when_it_ends():
     out = io.StringIO()
-    console = Console(file=out, width=200)
+    console = Console(file=out, width=300)
+    monitor = HealthMonitor(HealthConfig())
+    printed = []
+    kl = {**{s: 0.5 for s in range(1, 16)}, 13: 0.9, 16: 0.01, 17: 0.01, 18: 0.4, 19: 0.4}
+    for step in range(1, 20):  # steps 1-15 over budget (worst 0.9 at 13), 16-17 fine, 18-19 over again
+        printed += monitor.warn(monitor.observe(step, {"kl/ref": kl[step]}), console)
+    assert [e.step for e in printed] == [1, 18]  # two episodes, each printed once at its start
+    text = out.getvalue()
+    assert text.count("exceeds the budget") == 2
+    assert "kl_budget fired 15 step(s), steps 1-15, worst 0.9 (threshold 0.1); quiet from step 16" in text
+    [still] = monitor.finish(console)
+    assert (still.first, still.last, still.count) == (18, 19, 2)
+    assert "fired 2 step(s), steps 18-19, worst 0.4" in out.getvalue() and "still firing" in out.getvalue()
+    [row] = monitor.summary()["monitors"]
+    assert (row["first"], row["last"], row["steps"], row["episodes"], row["worst"]) == (1, 19, 17, 2, 0.9)
+
+
+def test_repeat_every_reprints_a_long_episode_with_its_count():
+    out = io.StringIO()
     monitor = HealthMonitor(HealthConfig(repeat_every=10))
     printed = []
     for step in range(1, 16):
-        printed += monitor.warn(monitor.observe(step, {"kl/ref": 0.5}), console)
+        printed += monitor.warn(monitor.observe(step, {"kl/ref": 0.5}), Console(file=out, width=300))
     assert [e.step for e in printed] == [1, 11]
-    text = out.getvalue()
-    assert "kl_budget" in text and "exceeds the budget" in text
+    assert "(firing for 11 steps)" in out.getvalue()
+
+
+def test_a_step_without_the_monitors_input_does_not_end_its_episode():
+    """reward_hacking reads eval/accuracy, present on eval steps only: the steps between two
+    evals neither continue nor end an episode."""
+    monitor = HealthMonitor(HealthConfig(window=1, hacking_patience=1))
+    monitor.observe(1, {"reward/mean": 0.2, "eval/accuracy": 0.6})
+    for step in range(2, 8):
+        row = {"reward/mean": 0.5 + step / 10}
+        if step in (3, 6):
+            row["eval/accuracy"] = 0.4  # fired at both evals
+        monitor.observe(step, row)
+    [episode] = monitor.episodes()
+    assert (episode.first, episode.last, episode.count) == (3, 6, 2) and monitor.open
+
+
+def test_logprob_gap_knows_the_run_mode():
+    """Async: rollout/logprob_gap carries the expected one-version lag, so the monitor reads the
+    weight-sync probe (same weights on both sides); a large probe gap still fires."""
+    lagged = {"rollout/logprob_gap": 0.5, "weight_sync/probe_gap": 1e-4}
+    assert HealthMonitor(HealthConfig(), mode="sync").observe(1, lagged)[0].monitor == "logprob_gap"
+    async_monitor = HealthMonitor(HealthConfig(), mode="async")
+    assert async_monitor.observe(1, lagged) == []
+    [event] = async_monitor.observe(2, {**lagged, "weight_sync/probe_gap": 0.3})
+    assert event.monitor == "logprob_gap" and "weight_sync/probe_gap" in event.message
 
 
 def test_length_reward_correlation_hand_values():

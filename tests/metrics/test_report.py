@@ -21,7 +21,8 @@ from .run_fixture import make_run_dir
 pytestmark_plots = pytest.mark.skipif(not available(), reason="the report's plots need matplotlib "
                                                                "(pip install 'asyncrl[report]')")
 
-PLOTS = ("reward and accuracy", "KL", "entropy", "response length", "stage time stacked area", "throughput")
+PLOTS = ("held-out accuracy", "train reward", "KL", "entropy", "response length", "stage time stacked area",
+         "throughput")
 
 
 def _img_alts(page: str) -> list[str]:
@@ -37,10 +38,15 @@ def test_report_renders_sync_run(tmp_path):
     alts = _img_alts(page)
     for alt in PLOTS + ("health timeline",):
         assert alt in alts
-    assert "staleness histogram" not in alts  # synchronous: no staleness data...
+    assert "staleness" not in alts  # synchronous: no staleness data...
     assert "not applicable: synchronous run" in page  # ...and the page says why
-    assert "step speed-up if 5x faster" in page and "rollout is" in page  # Amdahl table and headline
+    assert "if 5x faster" in page and "rollout is" in page  # Amdahl table and headline
     assert "kl_budget" in page and "nonfinite" in page  # health events table (from health_events.jsonl)
+    # what a user looks for comes first: accuracy, then the profile, then health, then the rest
+    order = [page.index(f"<h2>{h}</h2>") for h in ("Held-out accuracy and reward", "Stage profile", "Health",
+                                                     "Sampled completions", "KL")]
+    assert order == sorted(order)
+    assert "0.400 -&gt; 0.550 (+15.0 points)" in page and "0.250 -&gt; 0.500 (+25.0 points)" in page
     assert "reward gain per 1k samples" in page
     assert "http://" not in page and "https://" not in page  # self-contained: nothing fetched
 
@@ -48,8 +54,8 @@ def test_report_renders_sync_run(tmp_path):
 @pytestmark_plots
 def test_report_renders_async_run_with_staleness(tmp_path):
     page = write_report(make_run_dir(tmp_path, async_run=True)).read_text()
-    assert "staleness histogram" in _img_alts(page)
-    assert "async overlap" in page
+    assert "staleness" in _img_alts(page)
+    assert "async overlap" in page and "async runtime" in page
 
 
 def test_report_without_summary_or_events_replays_health(tmp_path):
@@ -69,7 +75,7 @@ def test_report_without_matplotlib_keeps_the_tables(tmp_path, monkeypatch):
     monkeypatch.setattr(report_plots, "available", lambda: False)
     page = write_report(make_run_dir(tmp_path)).read_text()
     assert _img_alts(page) == []
-    assert "matplotlib is not installed" in page and "step speed-up if 5x faster" in page
+    assert "matplotlib is not installed" in page and "if 5x faster" in page
 
 
 def test_load_run_reads_nan_rows(tmp_path):

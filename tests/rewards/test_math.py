@@ -1,14 +1,15 @@
-"""Math reward on real reference answers from ../shared/data (skipped if absent)."""
+"""Math reward on real reference answers from the data sets that ship in asyncrl/data/sets."""
 import json
 import random
 from pathlib import Path
 
 import pytest
 
+from asyncrl.data.sources import SHIPPED_DATA
 from asyncrl.rewards.math import extract_gsm8k, math_reward
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
+needs_data = pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not present")
 
 
 def _rows(relative: str) -> list[dict]:

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 import asyncrl.runtime.pipeline as pipeline
+from asyncrl.data.sources import SHIPPED_DATA
 from asyncrl.config import load_config
 from asyncrl.data.sources import build_prompt_source
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
+@pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not present")
 def test_gsm8k_cpu_recipe_trains_through_the_reward_pool(tiny_chat_checkpoint, tmp_path, monkeypatch):
     built = []
 

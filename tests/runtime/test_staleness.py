@@ -131,3 +131,5 @@ def test_sample_staleness_uses_the_oldest_token():
     m = staleness_metrics(5, versions, max_staleness=1, rollout_version=4)
     assert m["async/staleness_max"] == 2 and m["async/staleness_violations"] == 1
     assert m["async/staleness_mean"] == pytest.approx(2 / 3) and m["async/version_lag"] == 1
+    # staleness 2, 0, 0: two samples at 0 versions, none at 1, one at 2 (the report's histogram)
+    assert [m[f"async/staleness_hist/{k}"] for k in range(3)] == [2.0, 0.0, 1.0]
