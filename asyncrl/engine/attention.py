@@ -38,6 +38,9 @@ class AttentionMetadata:
       block_tables [B, max_blocks] int32, context_lens [B] int32
       -- cascade decode (shared prefixes; ``cascade.py`` layout), both or neither --
       suffix_start [B] int32, cascade_tiles [T, 2 + MPT] int32
+      -- recurrent-state layers (hybrid models; ``state_pool.py``) --
+      state_slots [B] int64 (paged decode: [rows], padding -> scratch slot); gathered steps also
+      state_lens [B] int64 (tokens this step) and state_init [B] int64 (0: start from a zero state)
     """
 
     slot_mapping: torch.Tensor
@@ -50,6 +53,9 @@ class AttentionMetadata:
     paged_decode: bool = False
     suffix_start: Optional[torch.Tensor] = None
     cascade_tiles: Optional[torch.Tensor] = None
+    state_slots: Optional[torch.Tensor] = None
+    state_lens: Optional[torch.Tensor] = None
+    state_init: Optional[torch.Tensor] = None
 
 
 @dataclass

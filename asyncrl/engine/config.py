@@ -23,3 +23,4 @@ class EngineConfig:
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none
     tensor_parallel_size: int = 1     # ranks the model is split over (processes; GPUs from the engine's device on)
+    return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)

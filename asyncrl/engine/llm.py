@@ -32,6 +32,7 @@ from asyncrl.engine.models.loader import build_model, fill_weights, model_source
 from asyncrl.engine.parallel import TensorParallel
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.state_pool import StateSlotManager
 from asyncrl.hub import is_hub_id, model_snapshot
 from asyncrl.types import Completion, RequestOutput, SamplingParams
 
@@ -99,11 +100,17 @@ class LLM:
         self.runner = ModelRunner(self.model, self.config, self.max_model_len, self.followers)
         if self.followers is not None:
             self.followers.wait_ready()
-        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching,
-                                          max_blocks_per_seq=self.runner._bt_width())
+        if self.runner.state_pool is not None:  # hybrid: block-table rows are state slots, no prefix cache
+            self.block_manager = StateSlotManager(self.runner.num_blocks, self.config.block_size,
+                                                  self.runner._bt_width(), self.runner.num_state_slots)
+        else:
+            self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                              self.config.enable_prefix_caching,
+                                              max_blocks_per_seq=self.runner._bt_width())
         self.scheduler = Scheduler(self.config, self.block_manager, self.max_model_len, self.eos_token_ids,
                                    self._hit_stop_string)
+        if self.runner.routing is not None:
+            self.scheduler.on_finish = self.runner.routing.gather
         self.version = version
         self.block_manager.set_namespace(version)
         self._rng = random.Random(self.config.seed)
@@ -218,6 +225,25 @@ class LLM:
             pending = {r for r in pending if not self._request_done(r)}
         return [self._collect(r) for r in ids]
 
+    # ---- per-request progress (a server driving ``step`` itself: asyncrl.serve) -------------
+    def request_sequences(self, request_id: str) -> list[Sequence]:
+        """The live samples of a queued request (read them from the thread that calls ``step``)."""
+        return self._requests[request_id].group
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether one sequence of ``num_tokens`` tokens fits ``max_model_len`` and the KV pool
+        (``add_request`` refuses one that does not)."""
+        bm = self.block_manager
+        return num_tokens <= self.max_model_len and -(-num_tokens // bm.block_size) <= len(bm.blocks)
+
+    def request_finished(self, request_id: str) -> bool:
+        """True once every sample of the request finished (then :meth:`pop_output` it)."""
+        return self._request_done(request_id)
+
+    def pop_output(self, request_id: str) -> RequestOutput:
+        """The finished request's output; the engine forgets the request."""
+        return self._collect(request_id)
+
     def _request_done(self, request_id: str) -> bool:
         parent = self._requests[request_id]
         complete = len(parent.group) == parent.params.n or parent.finish_reason == "abort"
@@ -235,8 +261,9 @@ class LLM:
     def _completion(self, s: Sequence) -> Completion:
         ids = s.completion_token_ids
         text = s.text or self._decode(ids)
+        routed = None if s.routed_experts is None else s.routed_experts.cpu()
         return Completion(token_ids=ids, text=text, logprobs=list(s.logprobs) if s.params.logprobs else None,
-                          finish_reason=s.finish_reason or "abort", versions=list(s.versions))
+                          finish_reason=s.finish_reason or "abort", versions=list(s.versions), routed_experts=routed)
 
     # ---- RL controls -------------------------------------------------------------
     @_on_engine_device

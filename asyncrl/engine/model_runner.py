@@ -15,6 +15,9 @@ pending input ids live on every rank's device).
 
 KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]``; block ``num_blocks`` is the
 scratch block that padded rows write to (never handed out by the BlockManager).
+Hybrid models (Qwen3.5) have K/V in their full-attention layers only, and a ``StatePool`` of
+per-sequence recurrent state for the others (``state_pool.py``; slot = block-table row).
+MoE models can record the experts chosen per token (``RoutingRecorder``, routing replay).
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
+from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, state_host_arrays
 
 
 @dataclass
@@ -39,9 +43,11 @@ class StepInputs:
     host->device copy, and how to read them. Picklable: TP rank 0 sends it to the other ranks.
 
     ``arrays`` = inputs (``num_inputs``), then sampling (``num_sampling``: floats ``[2, S]``,
-    ints ``[2, S]`` [, sample rows]), then forked-block copies (src, dst: 0 or 2 arrays).
-      gathered step: ids, positions, src, the 6 ``GatheredHost`` arrays, logit ends
-      paged decode:  ids, positions, slots, src, block tables, context lengths [, cascade plan]
+    ints ``[2, S]`` [, sample rows]), then forked-block copies (src, dst: 0 or 2 arrays), then
+    forked recurrent-state slots (src, dst: 0 or 2 arrays; hybrid models).
+      gathered step: ids, positions, src, the ``GatheredHost`` arrays, [state arrays,] logit ends
+      paged decode:  ids, positions, slots, src, block tables, context lengths [, state slots]
+                     [, cascade plan]
     """
 
     arrays: list
@@ -54,6 +60,8 @@ class StepInputs:
     paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
     real_rows: int = 0        # paged decode: real sequences among them
     graphed: bool = False     # paged decode: replay the bucket's CUDA graph
+    num_state: int = 0        # hybrid: recurrent-state arrays among the inputs (``state_host_arrays``)
+    state_copies: bool = False  # hybrid: the last two arrays fork recurrent-state slots
 
 
 class ModelRunner:
@@ -70,11 +78,18 @@ class ModelRunner:
         c = model.config
         self.num_heads = self.tp.heads(c.num_attention_heads)  # this rank's (all of them at TP=1)
         self.num_kv_heads = self.tp.kv_heads(c.num_key_value_heads)
+        linear = model.linear_layers() if hasattr(model, "linear_layers") else []
+        # before sizing the KV pool from free memory: the states take their share first
+        self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
         self.num_blocks = self._num_kv_blocks()
         if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
             self.num_blocks = self.tp.comm.min_int(self.num_blocks)
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
+        self.routing = None
+        if config.return_routed_experts and hasattr(model, "routers") and model.routers():
+            from asyncrl.engine.routing import RoutingRecorder
+            self.routing = RoutingRecorder(model.routers(), self.num_blocks, self.block_size, self.device)
         self.sampler = Sampler(self.device, compile=config.compile_sampler, triton=config.triton_sampler)
         self.h2d, self.d2h = HostToDevice(self.device), DeviceToHost(self.device)
         if self.is_cuda and (config.compile_sampler or config.triton_sampler) and self.tp.rank == 0:
@@ -90,9 +105,18 @@ class ModelRunner:
             self._capture_cudagraphs()
 
     # ---- KV cache --------------------------------------------------------------
+    @property
+    def num_state_slots(self) -> int:
+        """Recurrent-state slots: one per running sequence plus one partly prefilled waiting one."""
+        return self.config.max_num_seqs + 1
+
+    def _attention_layers(self) -> list:
+        """The layers with a K/V cache (all of them, but the full-attention ones of a hybrid model)."""
+        return [layer.self_attn for layer in self.model.model.layers if hasattr(layer, "self_attn")]
+
     def _block_bytes(self) -> int:
-        c = self.model.config
-        return 2 * c.num_hidden_layers * self.block_size * self.num_kv_heads * c.head_dim * self.dtype.itemsize
+        per_layer = self.block_size * self.num_kv_heads * self.model.config.head_dim * self.dtype.itemsize
+        return 2 * len(self._attention_layers()) * per_layer
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
@@ -116,18 +140,22 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         c = self.model.config
         shape = (self.num_blocks + 1, self.block_size, self.num_kv_heads, c.head_dim)
-        for layer in self.model.model.layers:
-            layer.self_attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.self_attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for attn in self._attention_layers():
+            attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def release(self) -> None:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""
         self.graphs.clear()
         self.cascade_graphs.clear()
         self.graph_vars = {}
-        for layer in self.model.model.layers:
-            layer.self_attn.k_cache = torch.empty(0)
-            layer.self_attn.v_cache = torch.empty(0)
+        for attn in self._attention_layers():
+            attn.k_cache = torch.empty(0)
+            attn.v_cache = torch.empty(0)
+        if self.state_pool is not None:
+            self.state_pool.release(self.model.linear_layers())
+        if self.routing is not None:
+            self.routing.release(self.model.routers())
 
     @staticmethod
     def _copy_arrays(copies: list[tuple[int, int, int]]) -> list[np.ndarray]:
@@ -140,10 +168,11 @@ class ModelRunner:
         """Copy forked partial blocks ``src -> dst`` (block ids ``[C]`` on the device, sent with
         the step's transfer by ``_copy_arrays``): only the first ``m`` = max(num_tokens) slots
         (short GRPO prompts fill a fraction of a block)."""
-        for layer in self.model.model.layers:
-            attn = layer.self_attn
+        for attn in self._attention_layers():
             attn.k_cache[dst, :m] = attn.k_cache[src, :m]
             attn.v_cache[dst, :m] = attn.v_cache[src, :m]
+        if self.routing is not None:
+            self.routing.copy_blocks(src, dst, m)
 
     @torch.inference_mode()
     def _warmup_sampler(self) -> None:
@@ -259,6 +288,8 @@ class ModelRunner:
             context_lens=torch.ones(max_bs, dtype=torch.int32, device=self.device),
             hidden=torch.zeros(max_bs, c.hidden_size, dtype=self.dtype, device=self.device),
         )
+        if self.state_pool is not None:
+            g["state_slots"] = torch.full((max_bs,), self.state_pool.scratch, dtype=torch.long, device=self.device)
         pool = None
         variants = [(self.graphs, lambda bs: {})]
         if self.cascade is not None:
@@ -266,7 +297,9 @@ class ModelRunner:
         for bs in reversed(sizes):
             for graphs, extra in variants:
                 meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
-                                         context_lens=g["context_lens"][:bs], paged_decode=True, **extra(bs))
+                                         context_lens=g["context_lens"][:bs], paged_decode=True,
+                                         state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
+                                         **extra(bs))
                 args = (g["input_ids"][:bs], g["positions"][:bs], meta)
                 g["hidden"][:bs] = self.model(*args)  # warmup (Triton compile, allocator)
                 graph = torch.cuda.CUDAGraph()
@@ -310,38 +343,53 @@ class ModelRunner:
             if batch.is_prefill:  # forked siblings repeat their parent's row
                 sampling.append(np.asarray(batch.sample_rows, dtype=np.int64))
         copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
+        state_copies = fork_slots(batch) if self.state_pool is not None else []
         common = dict(num_sampling=len(sampling), use_filter=use_filter,
                       copy_tokens=max((c[2] for c in batch.copies), default=0),
-                      max_src=-1 if batch.is_prefill else max(batch.input_src, default=-1))
+                      max_src=-1 if batch.is_prefill else max(batch.input_src, default=-1),
+                      state_copies=bool(state_copies))
+        copies = copies + state_copies
         if batch.is_prefill or not self.is_cuda:
             inputs, uniform = self._gathered_inputs(batch)
-            return StepInputs(inputs + sampling + copies, len(inputs), uniform=uniform, **common)
+            state = self._state_arrays(batch, 0)
+            inputs = inputs[:-1] + state + inputs[-1:]  # the logit ends stay last
+            return StepInputs(inputs + sampling + copies, len(inputs), uniform=uniform, num_state=len(state), **common)
         n = len(batch.seqs)
         bs = min((b for b in self.graphs if b >= n), default=None)
         rows = n if bs is None else bs
         inputs = self._decode_paged_inputs(batch, rows)
         plan = self._cascade_plan(inputs, n, rows)
-        return StepInputs(inputs + plan + sampling + copies, len(inputs) + len(plan), paged_rows=rows, real_rows=n,
-                          graphed=bs is not None, **common)
+        state = self._state_arrays(batch, rows)
+        inputs = inputs + state + plan
+        return StepInputs(inputs + sampling + copies, len(inputs), paged_rows=rows, real_rows=n,
+                          graphed=bs is not None, num_state=len(state), **common)
+
+    def _state_arrays(self, batch: ScheduledBatch, rows: int) -> list[np.ndarray]:
+        """Hybrid models: the step's recurrent-state host arrays (``state_host_arrays``); else none."""
+        return [] if self.state_pool is None else state_host_arrays(batch, rows, self.state_pool.scratch)
 
     def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
         """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
         ``inputs`` on the device (called by ``execute``, under its inference mode)."""
         if not step.paged_rows:
             ids, pos, src, *meta_arrays, ends = inputs
-            meta = gathered_metadata(*meta_arrays, step.uniform)
+            k = len(meta_arrays) - step.num_state
+            meta = gathered_metadata(*meta_arrays[:k], step.uniform)
+            attach_state(meta, meta_arrays[k:])
             return self.model(self._resolve_ids(ids, src, step.max_src), pos, meta)[ends]
-        ids, pos, slots, src, bt, ctx, *plan = inputs
+        ids, pos, slots, src, bt, ctx, *rest = inputs
         ids = self._resolve_ids(ids, src, step.max_src)
         rows, n = step.paged_rows, step.real_rows
-        cascade = self._cascade_meta(plan, rows)
+        state_slots = rest[0] if step.num_state else None
+        cascade = self._cascade_meta(rest[step.num_state:], rows)
         if not step.graphed:  # eager paged decode (no graphs, or batch above the largest)
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
-                                     **cascade)
+                                     state_slots=state_slots, **cascade)
             return self.model(ids, pos, meta)
         g = self.graph_vars
-        for name, t in (("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
-                        ("context_lens", ctx)):
+        graph_inputs = [("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
+                        ("context_lens", ctx)] + ([("state_slots", state_slots)] if step.num_state else [])
+        for name, t in graph_inputs:
             g[name][:rows].copy_(t)
         graphs = self.cascade_graphs if cascade else self.graphs
         graphs[rows].replay()
@@ -364,8 +412,7 @@ class ModelRunner:
         arrays = self.h2d.put(step.arrays)
         k, m = step.num_inputs, step.num_inputs + step.num_sampling
         hidden = self.forward(step, arrays[:k])
-        if step.copy_tokens:
-            self.copy_blocks(step.copy_tokens, *arrays[m:])
+        self._copy_forked(step, arrays[m:])
         if not step.num_sampling:  # a prefill chunk that completes no sequence
             self.last_tokens = None
             return None
@@ -377,6 +424,14 @@ class ModelRunner:
         tokens, logprobs = self.sample(hidden, floats, ints, step.use_filter)
         self.last_tokens = tokens
         return None if logprobs is None else self.d2h.start(tokens, logprobs)
+
+    def _copy_forked(self, step: StepInputs, copies: list[torch.Tensor]) -> None:
+        """After the forward: forked partial KV blocks (the first two arrays, if any), then
+        forked recurrent states (the last two, hybrid models)."""
+        if step.copy_tokens:
+            self.copy_blocks(step.copy_tokens, *copies[:2])
+        if step.state_copies:
+            self.state_pool.copy(*copies[-2:])
 
     def fetch(self, handle) -> tuple[list[int], list[float]]:
         """Host lists (tokens, log-probs) of a launched step: waits for that step only."""

@@ -44,6 +44,8 @@ class ScheduledBatch:
     logits (prefill completed, or decode). ``sample_seqs[j]`` draws its next token from
     logits row ``sample_rows[j]`` (a forked child reads its parent's row).
     ``copies``: (src, dst, num_tokens) KV blocks to copy after the forward (fork of a partial block).
+    ``forks``: (parent, child) pairs forked this step (hybrid models copy the parent's recurrent
+    state to the child after the forward; ``state_pool.py``).
     ``starts[i]``: first position ``seqs[i]`` computes (its ``num_cached_tokens`` when
     scheduled); the step's tokens of ``seqs[i]`` are positions ``[starts[i], starts[i] + n)``.
     ``input_src[i]`` (decode only): row of the previous step's sampled tokens that holds
@@ -60,6 +62,7 @@ class ScheduledBatch:
     sample_seqs: list[Sequence] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
     copies: list[tuple[int, int, int]] = field(default_factory=list)
+    forks: list[tuple[Sequence, Sequence]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     input_src: list[int] = field(default_factory=list)
     key_positions: list[int] = field(default_factory=list)
@@ -79,6 +82,8 @@ class Scheduler:
         self.running: deque[Sequence] = deque()
         self.num_preemptions = 0
         self.prefill_tokens = 0  # tokens actually run through prefill (metrics)
+        # called with a finishing sequence before its blocks are freed (routing capture, R3)
+        self.on_finish: Optional[Callable[[Sequence], None]] = None
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -153,6 +158,7 @@ class Scheduler:
             copy = self.bm.fork(parent, child)
             if copy:
                 batch.copies.append(copy)
+            batch.forks.append((parent, child))
             child.status = SequenceStatus.RUNNING
             self.running.append(child)
             batch.sample_seqs.append(child)
@@ -266,6 +272,8 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
         seq.status = SequenceStatus.FINISHED
+        if self.on_finish is not None:
+            self.on_finish(seq)
         self.bm.deallocate(seq)
         try:
             self.running.remove(seq)

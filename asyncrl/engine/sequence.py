@@ -60,6 +60,7 @@ class Sequence:
         self.num_forks = 0
         self.prompt_text: Optional[str] = None
         self.group: list[Sequence] = [self]  # all samples of this request, shared list
+        self.routed_experts = None  # MoE routing [len - 1, L_moe, K] (device), set at finish (routing.py)
 
     def __len__(self) -> int:
         return len(self.token_ids)

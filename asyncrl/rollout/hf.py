@@ -1,5 +1,8 @@
 """Rollout backend over HF ``generate``: the fallback for any model transformers runs.
 
+On GPU, models that support it generate with a static KV cache (``cache_implementation="static"``:
+preallocated per batch, no per-step cache growth or re-allocation); elsewhere the dynamic cache.
+
 Per-token behaviour log-probs come from ``output_scores``, which HF returns *after*
 the logits processors (temperature, top-k, top-p), i.e. from the distribution actually
 sampled. With greedy decoding they are the plain log-softmax of the logits.
@@ -20,8 +23,11 @@ class HFGenerateBackend:
     the trainer shares the model object (colocated sync mode) an update only bumps it.
     """
 
-    def __init__(self, model, tokenizer, version: int = 0):
+    def __init__(self, model, tokenizer, version: int = 0, static_cache: bool | None = None):
+        """``static_cache``: None = on for a CUDA model whose class supports it (transformers'
+        ``_can_compile_fullgraph``; hybrid/stateful models do not)."""
         self.model, self.tokenizer, self.version = model, tokenizer, version
+        self.static_cache = static_cache
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         params = dict(self.model.named_parameters())
@@ -53,10 +59,19 @@ class HFGenerateBackend:
                       use_cache=True, stop_strings=params.stop or None)
         if params.stop:
             kwargs["tokenizer"] = self.tokenizer
+        if self._use_static_cache():
+            kwargs["cache_implementation"] = "static"
         if params.greedy:
             return {**kwargs, "do_sample": False}
         return {**kwargs, "do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
                 "top_k": params.top_k if params.top_k > 0 else 0}
+
+    def _use_static_cache(self) -> bool:
+        if self.static_cache is not None:
+            return self.static_cache
+        on_gpu = next(self.model.parameters()).is_cuda
+        return on_gpu and bool(getattr(self.model, "_can_compile_fullgraph", False)) \
+            and not getattr(self.model, "_is_stateful", False)
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)

@@ -1,7 +1,32 @@
-"""Rollout backends by config name (``rollout.backend``)."""
+"""Rollout backends by config name (``rollout.backend``).
+
+``auto`` picks the asyncrl engine for the architectures it implements (``engine.models``:
+Qwen3, Qwen2, Llama, Mistral, Qwen3-MoE, Qwen3.5 and Qwen3.5-MoE) and HF ``generate`` for any
+other ``AutoModelForCausalLM`` (static KV cache on GPU), saying so once per architecture.
+"""
 from __future__ import annotations
 
+import functools
+import logging
+
 from asyncrl.rollout.base import RolloutBackend
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def _announce_fallback(architecture: str) -> None:
+    logger.warning("rollout: %s is not implemented by the asyncrl engine, so rollouts use HF generate "
+                   "(static KV cache on GPU; ~10x slower than the engine; docs/models.md)", architecture)
+
+
+def _auto(architecture: str) -> str:
+    from asyncrl.engine.models import ARCHITECTURES
+
+    if architecture in ARCHITECTURES:
+        return "engine"
+    _announce_fallback(architecture or "an unnamed architecture")
+    return "hf"
 
 
 def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
@@ -14,21 +39,29 @@ def _engine(model, tokenizer, **engine_options) -> RolloutBackend:
     return EngineBackend(model, tokenizer, **engine_options)  # own copy of the weights, refreshed by update_weights
 
 
+def _openai(model, tokenizer, openai=None, **_engine_options) -> RolloutBackend:
+    from asyncrl.rollout.openai_backend import build_openai_backend
+    return build_openai_backend(openai)  # the server holds its own weights; pushed by update_weights
+
+
 def engine_options(rollout_cfg) -> dict:
-    """``EngineConfig`` fields set from the ``rollout`` config section."""
-    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization}
+    """``EngineConfig`` fields set from the ``rollout`` config section (the server's settings
+    for ``openai``)."""
+    if rollout_cfg.backend == "openai":
+        return {"openai": rollout_cfg.openai}
+    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+            "return_routed_experts": rollout_cfg.return_routed_experts}
 
 
-BACKENDS = {"hf": _hf, "engine": _engine}
+BACKENDS = {"hf": _hf, "engine": _engine, "openai": _openai}
 
 
 def resolve_backend_name(name: str, model) -> str:
     """``auto``: the asyncrl engine for the architectures it implements, else HF generate."""
     if name != "auto":
         return name
-    from asyncrl.engine.models import ARCHITECTURES
     architectures = getattr(model.config, "architectures", None) or [type(model).__name__]
-    return "engine" if architectures[0] in ARCHITECTURES else "hf"
+    return _auto(architectures[0])
 
 
 def resolve_backend_name_for_path(name: str, path) -> str:
@@ -38,9 +71,8 @@ def resolve_backend_name_for_path(name: str, path) -> str:
     import json
     from pathlib import Path
 
-    from asyncrl.engine.models import ARCHITECTURES
     architectures = json.loads((Path(path) / "config.json").read_text()).get("architectures") or [""]
-    return "engine" if architectures[0] in ARCHITECTURES else "hf"
+    return _auto(architectures[0])
 
 
 def build_backend(name: str, model, tokenizer, **engine_options) -> RolloutBackend:

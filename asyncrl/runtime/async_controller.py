@@ -37,10 +37,19 @@ def build_rollout_backend(cfg, model, tokenizer, log_dir=None):
     """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
     ``rollout.registry`` (the engine for the architectures it implements); in a child process
     with ``runtime.rollout_process`` (executors/process.py); a fleet of replica processes with
-    ``rollout.engines`` > 1 or ``rollout.tensor_parallel_size`` > 1 (their logs in ``log_dir``)."""
-    from asyncrl.rollout.registry import engine_options, resolve_backend_name
+    ``rollout.engines`` > 1 or ``rollout.tensor_parallel_size`` > 1 (their logs in ``log_dir``);
+    episodes of ``workflow.fn`` on it."""
+    from asyncrl.workflows.build import wrap_backend
+
+    return wrap_backend(cfg, _single_turn_backend(cfg, model, tokenizer, log_dir), tokenizer)
+
+
+def _single_turn_backend(cfg, model, tokenizer, log_dir=None):
+    from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
+    if name == "openai":  # the server holds its own weights
+        return build_backend(name, model, tokenizer, **engine_options(cfg.rollout))
     if cfg.rollout.engines > 1 or cfg.rollout.tensor_parallel_size > 1:
         return _start_fleet(cfg, model, tokenizer, name, log_dir)
     if cfg.runtime.rollout_process and cfg.runtime.executor == "local":

@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 
+from asyncrl.training.routing_replay import routes_from_completions
 from asyncrl.types import RequestOutput, TrainBatch
 
 
@@ -44,10 +45,16 @@ def build_train_batch(outputs: list[RequestOutput], scores: list[float], pad_id:
     input_ids, attention_mask, response_mask, prompt_len = pad_prompt_response(
         [p for p, _, _ in rows], [c.token_ids for _, c, _ in rows], pad_id)
     length = response_mask.shape[1]
+    routing = routes_from_completions([(len(p), getattr(c, "routed_experts", None)) for p, c, _ in rows],
+                                      prompt_len, length)
+    if any(c.loss_mask is not None for _, c, _ in rows):  # multi-turn: tool tokens attend but carry no loss
+        response_mask = _pad_rows([c.loss_mask if c.loss_mask is not None else [1] * len(c.token_ids)
+                                   for _, c, _ in rows], length, 0, torch.float32)
     return TrainBatch(
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
         prompt_length=prompt_len,
         rollout_logprobs=_pad_rows([c.logprobs for _, c, _ in rows], length, 0.0, torch.float32),
         token_versions=_pad_rows([c.versions for _, c, _ in rows], length, -1, torch.long),
         scores=torch.tensor(scores, dtype=torch.float32),
-        group_ids=torch.tensor([g for _, _, g in rows], dtype=torch.long))
+        group_ids=torch.tensor([g for _, _, g in rows], dtype=torch.long),
+        routed_experts=routing[0] if routing else None, routing_mask=routing[1] if routing else None)

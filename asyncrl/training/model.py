@@ -23,8 +23,12 @@ from asyncrl.training.checkpoint import latest_checkpoint
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_tiny_model(tiny_cfg, tokenizer, seed: int) -> Qwen3ForCausalLM:
-    """A randomly initialised Qwen3 model sized by ``tiny_cfg`` (a ``TinyModelConfig``)."""
+def build_tiny_model(tiny_cfg, tokenizer, seed: int):
+    """A randomly initialised model sized by ``tiny_cfg`` (a ``TinyModelConfig``): Qwen3, or Qwen3.5
+    (``architecture: qwen3_5``; its linear-attention layers get key heads = KV heads, value heads =
+    attention heads, head dims = head_dim)."""
+    if getattr(tiny_cfg, "architecture", "qwen3") == "qwen3_5":
+        return _tiny_qwen3_5(tiny_cfg, tokenizer, seed)
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=tiny_cfg.hidden_size,
         intermediate_size=tiny_cfg.intermediate_size, num_hidden_layers=tiny_cfg.num_hidden_layers,
@@ -35,6 +39,23 @@ def build_tiny_model(tiny_cfg, tokenizer, seed: int) -> Qwen3ForCausalLM:
         pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(config)
+
+
+def _tiny_qwen3_5(tiny_cfg, tokenizer, seed: int):
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=len(tokenizer), hidden_size=tiny_cfg.hidden_size, intermediate_size=tiny_cfg.intermediate_size,
+        num_hidden_layers=tiny_cfg.num_hidden_layers, num_attention_heads=tiny_cfg.num_attention_heads,
+        num_key_value_heads=tiny_cfg.num_key_value_heads, head_dim=tiny_cfg.head_dim,
+        linear_num_key_heads=tiny_cfg.num_key_value_heads, linear_num_value_heads=tiny_cfg.num_attention_heads,
+        linear_key_head_dim=tiny_cfg.head_dim, linear_value_head_dim=tiny_cfg.head_dim,
+        max_position_embeddings=tiny_cfg.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": tiny_cfg.rope_theta, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    return Qwen3_5ForCausalLM(config)
 
 
 def quiet_transformers() -> None:

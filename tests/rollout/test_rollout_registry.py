@@ -16,3 +16,42 @@ def test_rollout_gpu_memory_utilization_reaches_the_engine(tiny_policy):
     backend = build_backend("engine", model, tok, **engine_options(cfg.rollout))
     assert backend.llm.config.gpu_memory_utilization == 0.3
     assert isinstance(build_backend("hf", model, tok, **engine_options(cfg.rollout)), HFGenerateBackend)
+
+
+def test_auto_falls_back_to_hf_generate_with_one_line(caplog):
+    """An architecture the engine does not implement goes to HF generate, said once, with why;
+    the new families go to the engine."""
+    import logging
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from asyncrl.rollout import registry
+
+    registry._announce_fallback.cache_clear()
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    with caplog.at_level(logging.WARNING, logger="asyncrl.rollout.registry"):
+        assert resolve_backend_name("auto", gpt2) == "hf"
+        assert resolve_backend_name("auto", gpt2) == "hf"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "GPT2LMHeadModel" in lines[0] and "HF generate" in lines[0]
+
+    class _Cfg:
+        def __init__(self, arch):
+            self.config = type("C", (), {"architectures": [arch]})()
+    for arch in ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3MoeForCausalLM",
+                 "Qwen3_5MoeForConditionalGeneration"):
+        assert resolve_backend_name("auto", _Cfg(arch)) == "engine"
+
+
+def test_hf_fallback_static_cache_generates_the_same_tokens(tiny_policy):
+    """The static KV cache (on by default on GPU) changes no token: greedy equals the dynamic cache."""
+    from asyncrl.types import SamplingParams
+
+    model, tok = tiny_policy
+    assert not HFGenerateBackend(model, tok)._use_static_cache()  # CPU: dynamic by default
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=5, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9]]
+    dynamic = HFGenerateBackend(model, tok, static_cache=False).generate(prompts, params)
+    static = HFGenerateBackend(model, tok, static_cache=True).generate(prompts, params)
+    assert [[c.token_ids for c in o.completions] for o in static] == \
+        [[c.token_ids for c in o.completions] for o in dynamic]

@@ -20,6 +20,13 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": (False, True),
     "LlamaForCausalLM": (False, False),
     "MistralForCausalLM": (False, False),
+    # families with their own model class (models/registry.py): Qwen3-MoE (moe.py) and the
+    # Qwen3.5 hybrid Gated DeltaNet decoder, dense or MoE (qwen3_5.py)
+    "Qwen3MoeForCausalLM": (True, False),
+    "Qwen3_5ForCausalLM": (True, False),
+    "Qwen3_5ForConditionalGeneration": (True, False),
+    "Qwen3_5MoeForCausalLM": (True, False),
+    "Qwen3_5MoeForConditionalGeneration": (True, False),
 }
 
 
@@ -42,6 +49,9 @@ class ModelConfig:
     rope_scaling: Optional[dict] = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str = "float32"
+    # the rest of the (text) config.json: family-specific numbers (layer_types, linear_*,
+    # num_experts, ...) read by the family's own model class (models/qwen3_5.py, moe.py)
+    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_dir(cls, path: str) -> "ModelConfig":
@@ -59,6 +69,9 @@ class ModelConfig:
     def from_dict(cls, raw: dict, architecture: Optional[str] = None) -> "ModelConfig":
         """From a config.json dict (or an HF ``PretrainedConfig.to_dict()``)."""
         arch = architecture or (raw.get("architectures") or ["LlamaForCausalLM"])[0]
+        if isinstance(raw.get("text_config"), dict):  # a multimodal wrapper (Qwen3.5): the text model's numbers
+            outer = {k: raw[k] for k in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype") if k in raw}
+            raw = {**raw["text_config"], **{k: v for k, v in outer.items() if v is not None}}
         if arch not in ARCHITECTURES:
             raise ValueError(f"unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}")
         qk_norm, qkv_bias = ARCHITECTURES[arch]
@@ -73,7 +86,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
+            intermediate_size=raw.get("intermediate_size", 0),  # all-MoE models (Qwen3.5-MoE) have none
             num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads") or heads,
@@ -87,11 +100,19 @@ class ModelConfig:
             rope_scaling=scaling,
             eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+            extra=raw,
         )
 
+    @property
+    def rotary_dim(self) -> int:
+        rope = self.extra.get("rope_parameters") or {}
+        factor = rope.get("partial_rotary_factor", self.extra.get("partial_rotary_factor", 1.0))
+        return int(self.head_dim * factor)
+
     def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies ``[head_dim // 2]`` (fp32), with Llama-3 scaling if set."""
-        d = self.head_dim
+        """RoPE inverse frequencies ``[rotary_dim // 2]`` (fp32), with Llama-3 scaling if set;
+        ``rotary_dim = head_dim * partial_rotary_factor`` (Qwen3.5 rotates a quarter of each head)."""
+        d = self.rotary_dim
         inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         s = self.rope_scaling or {}
         kind = s.get("rope_type", s.get("type", "default"))

@@ -213,13 +213,23 @@ class CausalLM(nn.Module):
     ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` (fp32; under tensor parallelism on
     rank 0 only, None on the others). ``tp``: this rank's share of the model."""
 
+    model_class = DecoderModel  # the trunk: families with other layers override it (moe.py, qwen3_5.py)
+
     def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
         self.config, self.tp = config, tp
-        self.model = DecoderModel(config, tp)
+        # only the dense trunk takes a rank's share (``splits_over_ranks``); the others build whole
+        self.model = self.model_class(config, tp) if tp.size > 1 else self.model_class(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def splits_over_ranks(cls) -> bool:
+        """Whether tensor parallelism can split this family: the dense trunk's layers are the
+        parallel ones (engine/parallel/layers.py); families with their own trunk (MoE experts,
+        Gated DeltaNet) have not adopted them yet."""
+        return cls.model_class is DecoderModel
 
     def forward(self, input_ids, positions, meta):
         return self.model(input_ids, positions, meta)

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import CausalLM
+from asyncrl.engine.models.registry import model_class
 from asyncrl.engine.parallel.layout import SINGLE, TensorParallel
 
 
@@ -38,7 +39,8 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.dev
                 tp: TensorParallel = SINGLE) -> CausalLM:
     """This rank's share of the model, allocated on ``device`` and not yet filled."""
     with torch.device(device):
-        model = CausalLM(config, tp)
+        cls = model_class(config)
+        model = cls(config, tp) if tp.size > 1 else cls(config)
     model.to(dtype=dtype)
     # RoPE tables stay fp32: positions up to max_pos need the precision
     model.model.rotary_emb.float()
@@ -49,9 +51,13 @@ def fill_weights(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -
     """Load full HF tensors into ``model`` (each rank keeps its slice); every parameter must
     be filled (shards of fused ones each count)."""
     loaded = model.load_weights(tensors)
-    # fused params take several tensors (qkv: 3, gate_up: 2); the tied head none
-    expected = sum(3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else 2 if "gate_up" in n else 1
-                   for n, _ in model.named_parameters())
+    # fused params take several tensors (qkv: 3, gate_up: 2); the tied head none; families with
+    # other fused or packed parameters count their own (``expected_tensors``)
+    if hasattr(model, "expected_tensors"):
+        expected = model.expected_tensors()
+    else:
+        expected = sum(3 if "qkv_proj.weight" in n or "qkv_proj.bias" in n else 2 if "gate_up" in n else 1
+                       for n, _ in model.named_parameters())
     if loaded != expected:
         raise ValueError(f"checkpoint filled {loaded} tensors, the model needs {expected}")
     return model.eval()

@@ -60,6 +60,12 @@ def valid_sizes(heads: int, kv_heads: int, intermediate: int) -> list[int]:
 def check_tensor_parallel(config, size: int) -> None:
     """Raise :class:`TensorParallelError` naming the valid sizes unless ``config`` (a
     ``ModelConfig``) splits evenly over ``size`` ranks."""
+    from asyncrl.engine.models.registry import model_class  # here: the models import this package
+
+    if size > 1 and not model_class(config).splits_over_ranks():
+        raise TensorParallelError(
+            f"tensor_parallel_size={size}: the engine's {config.architecture} has layers tensor parallelism does "
+            "not split yet (it covers the dense Qwen3 / Qwen2 / Llama / Mistral decoder); valid sizes: 1")
     h, kv, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
     if splits_evenly(size, h, kv, inter):
         return

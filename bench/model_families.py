@@ -1,0 +1,174 @@
+"""Issue-4 workload (a) on the new families, engine vs HF ``generate`` in the same run (one GPU).
+
+    python bench/model_families.py --json bench/results/model_families_h200.json
+
+Workload (a): 256 prompts x (256 random tokens in, 256 out, EOS ignored), temperature 1, random
+bf16 weights built from configs (no download):
+  * ``qwen3.5-0.8b``: a Qwen3.5-0.8B-shaped hybrid (24 layers, 3 Gated DeltaNet : 1 gated attention,
+    hidden 1024, 248,320 vocab; the shape is assumed from the model card, not read from a checkpoint);
+  * ``qwen3-30b-a3b``: Qwen3-30B-A3B's config numbers (48 layers, 128 experts top-8, hidden 2048).
+HF runs the same prompts as one static batch with its best kernels (FLA for the delta rule when
+``fla-core`` is installed, ``grouped_mm`` experts). The 30B model's weights (61 GB) exist once on
+the GPU at a time: HF generates first, its weights move to host memory while the engine (a copy)
+runs, and come back for the routing check.
+
+Routing check (MoE): the engine returns the experts it chose for 8 completions; the HF model
+recomputes them without replay (``routing_mismatch``: differing (token, layer) top-k sets, bf16
+engine vs bf16 HF) and with replay (``replay_max_logprob_diff`` vs the engine's log-probs).
+Needs: torch 2.11+, transformers 5.x, triton, fla-core + einops (prefill kernels).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from asyncrl.engine.bench import _rand_prompts, run_engine, run_hf
+from asyncrl.types import SamplingParams
+
+SHAPES = {
+    "qwen3.5-0.8b": ("Qwen3_5TextConfig", dict(
+        vocab_size=248320, hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=256, intermediate_size=3584, linear_num_key_heads=16, linear_num_value_heads=16,
+        linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True)),
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+        head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+        norm_topk_prob=True, tie_word_embeddings=False)),
+    # CPU smoke shapes (same code path, seconds)
+    "tiny-qwen3.5": ("Qwen3_5TextConfig", dict(
+        vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, tie_word_embeddings=True)),
+    "tiny-moe": ("Qwen3MoeConfig", dict(
+        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=128, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, tie_word_embeddings=False)),
+}
+
+
+def build_hf(shape: str, dtype, device: str, max_pos: int):
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    cls, kw = SHAPES[shape]
+    cfg = getattr(transformers, cls)(max_position_embeddings=max_pos, rms_norm_eps=1e-6, eos_token_id=0,
+                                     pad_token_id=0, bos_token_id=0, **kw)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def _sync(device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _empty():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@torch.no_grad()
+def routing_check(hf, outs, device) -> dict:
+    """Mismatch of the HF model's own routing vs the engine's, and log-probs with replay."""
+    from asyncrl.training.batch import build_train_batch
+    from asyncrl.training.logprobs import response_logprobs
+    from asyncrl.training.routing_replay import RoutingReplay
+
+    batch = build_train_batch(outs, [0.0] * sum(len(o.completions) for o in outs), pad_id=0)
+    args = (hf, batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length)
+    kw = dict(share_prompts=False, pack_bin_tokens=0)
+    mask = batch.response_mask.bool()
+    result = {}
+    for replay in (False, True):
+        hooks = RoutingReplay(hf, replay=replay)
+        with hooks.use(batch.routed_experts, batch.routing_mask):
+            lp = response_logprobs(*args, **kw)[0].float().cpu()
+        diff = (lp - batch.rollout_logprobs)[mask].abs()
+        key = "replay" if replay else "native"
+        result[f"{key}_max_logprob_diff"] = round(diff.max().item(), 5)
+        result[f"{key}_mean_logprob_diff"] = round(diff.mean().item(), 6)
+        if not replay:
+            result["routing_mismatch"] = round(hooks.mismatch_rate(), 5)
+        hooks.remove()
+    return result
+
+
+def bench_shape(shape: str, args, device: str, dtype) -> dict:
+    from asyncrl.engine import LLM
+
+    max_len = args.prompt + args.response + 16
+    hf = build_hf(shape, dtype, device, max_len)
+    prompts = _rand_prompts(args.batch, args.prompt, hf.config.vocab_size, 1)
+    params = SamplingParams(temperature=1.0, max_tokens=args.response, ignore_eos=True)
+    result = {"shape": shape, "params_b": round(sum(p.numel() for p in hf.parameters()) / 1e9, 2)}
+    result["hf_generate"] = run_hf(hf, prompts, 1, [args.response] * len(prompts), 1.0, args.batch, device)
+    print(shape, "hf", json.dumps(result["hf_generate"]), flush=True)
+    moe = "moe" in shape or "a3b" in shape
+    if moe:  # one copy of the weights on the GPU at a time
+        hf.to("cpu")
+        _empty()
+    t0 = time.perf_counter()
+    llm = LLM(hf, dtype=dtype, device=device, block_size=args.block_size, max_num_seqs=args.batch,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
+              gpu_memory_utilization=args.gpu_memory_utilization, return_routed_experts=moe)
+    llm.generate([[1] * 16] * 4, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up outside the timing
+    result["engine_startup_s"] = round(time.perf_counter() - t0, 1)
+    result["engine"] = run_engine(llm, prompts, params, device)
+    result["speedup"] = round(result["engine"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"], 2)
+    print(shape, "engine", json.dumps(result["engine"]), "speedup", result["speedup"], flush=True)
+    if moe:
+        outs = llm.generate(prompts[:4], SamplingParams(n=2, temperature=1.0, max_tokens=32, seed=0, ignore_eos=True))
+        llm.close()
+        del llm
+        _empty()
+        hf.to(device)
+        result["routing"] = routing_check(hf, outs, device)
+        print(shape, "routing", json.dumps(result["routing"]), flush=True)
+    else:
+        llm.close()
+    del hf
+    _empty()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="qwen3.5-0.8b,qwen3-30b-a3b")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--response", type=int, default=256)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__,
+               device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+               workload=f"a: {args.batch} x ({args.prompt} in, {args.response} out)", results=[])
+    try:
+        import fla  # noqa: F401
+        out["fla"] = getattr(fla, "__version__", "installed")
+    except ImportError:
+        out["fla"] = None
+    for shape in args.shapes.split(","):
+        out["results"].append(bench_shape(shape, args, args.device, dtype))
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

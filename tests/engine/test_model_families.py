@@ -1,0 +1,144 @@
+"""The engine on Qwen3.5 (hybrid Gated DeltaNet), Qwen3-MoE and Qwen3.5-MoE vs transformers (CPU, fp32).
+
+Each test crosses KV-block boundaries (block 4), prefill-chunk boundaries (a 7-token budget) and,
+for one prompt, transformers' 64-token delta-rule chunk; forks n > 1 from one prefill (the
+children's recurrent state is copied, not recomputed) and forces preemption (a small KV pool:
+the state is dropped and recomputed).
+"""
+import pytest
+import torch
+from conftest import hf_greedy, hf_greedy_loop, make_llm, prompts_for
+from families import FAMILIES, build_family, family_config
+
+from asyncrl.types import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    return {f: build_family(f, tmp_path_factory.mktemp(f)) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def family_hf(family_dirs):
+    from transformers import AutoModelForCausalLM
+
+    return {f: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval() for f, d in family_dirs.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_with_forks_and_preemption_matches_hf(family, family_dirs, family_hf):
+    """n = 2 greedy samples per prompt share one prefill (7-token chunks); 8 blocks of 4 tokens
+    for 4 sequences growing to 14-17 tokens (4-5 blocks each) force preemption; every sample
+    equals HF's greedy continuation (full recompute per token)."""
+    prompts = prompts_for(2, [9, 6])
+    llm = make_llm(family_dirs[family], num_kv_blocks=8, max_num_batched_tokens=7)
+    outs = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=8, ignore_eos=True))
+    assert llm.metrics["preemptions"] > 0 and llm.metrics["forked_prompt_tokens"] > 0
+    for p, o in zip(prompts, outs):
+        assert [c.token_ids for c in o.completions] == [hf_greedy_loop(family_hf[family], p, 8)] * 2
+    assert llm.block_manager.num_free_blocks == 8
+    llm.block_manager.check_invariants([])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sampled_logprobs_equal_hf_log_softmax(family, family_dirs, family_hf):
+    """Sampled tokens' log-probs equal log_softmax(HF logits / T) of the full sequence to 1e-4,
+    with forks (n = 3) and preemption under a small pool (8 blocks for 6 sequences of 3-5 blocks)."""
+    T = 0.7
+    prompts = prompts_for(3, [5, 11])
+    llm = make_llm(family_dirs[family], num_kv_blocks=8, max_num_batched_tokens=7)
+    outs = llm.generate(prompts, SamplingParams(n=3, temperature=T, max_tokens=6, seed=11, ignore_eos=True))
+    assert llm.metrics["preemptions"] > 0
+    for p, o in zip(prompts, outs):
+        assert len({tuple(c.token_ids) for c in o.completions}) > 1  # the samples differ
+        for c in o.completions:
+            with torch.no_grad():
+                logits = family_hf[family](torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1].float()
+            ref = torch.log_softmax(logits / T, -1).gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            assert (torch.tensor(c.logprobs) - ref).abs().max().item() <= 1e-4
+
+
+def test_hybrid_long_prompt_crosses_delta_rule_chunks(family_dirs, family_hf):
+    """A 70-token prompt (transformers runs the delta rule in 64-token chunks) prefilled by the
+    engine in 32-token pieces, each continuing the slot's conv and delta-rule state."""
+    prompt = prompts_for(5, [70])[0]
+    llm = make_llm(family_dirs["qwen3_5"], max_num_batched_tokens=32)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6))[0].completions[0]
+    assert out.token_ids == hf_greedy(family_hf["qwen3_5"], prompt, 6)
+
+
+def test_qwen3_5_multimodal_checkpoint_runs_its_text_model(tmp_path):
+    """Released Qwen3.5 checkpoints are ``Qwen3_5ForConditionalGeneration`` (text under
+    ``model.language_model.*``, a vision tower, the text numbers in ``text_config``): the engine
+    loads the text part, from a directory and from the module, and matches HF's generate."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    vision = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=64)
+    hf = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=family_config("qwen3_5").to_dict(),
+                                                       vision_config=vision, tie_word_embeddings=True,
+                                                       eos_token_id=3)).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5 if p.shape[0] == 97 else 0.15)
+    hf.save_pretrained(str(tmp_path))
+    prompts = prompts_for(1, [3, 9])
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    for source in (str(tmp_path), hf):
+        outs = make_llm(source).generate(prompts, params)
+        assert [o.completions[0].token_ids for o in outs] == [hf_greedy(hf, p, 6) for p in prompts]
+
+
+def test_hybrid_state_slots_and_no_prefix_cache(family_dirs):
+    """Qwen3.5: each live sequence owns the state slot of its table row; the prefix cache is off
+    (a hit would skip tokens whose recurrent state nobody holds); fork copies states."""
+    from asyncrl.engine.state_pool import StateSlotManager
+
+    llm = make_llm(family_dirs["qwen3_5"], max_num_seqs=4)
+    assert isinstance(llm.block_manager, StateSlotManager) and not llm.block_manager.enable_prefix_caching
+    assert llm.runner.state_pool.num_slots == 5 and len(llm.block_manager.free_rows) == 5
+    prompt = prompts_for(4, [9])[0]
+    rid = llm.add_request(prompt, SamplingParams(n=3, temperature=1.0, max_tokens=4, seed=0, ignore_eos=True))
+    llm.step()  # prefill + fork: 3 rows, the children's states copied from the parent's
+    group = llm._requests[rid].group
+    rows = [s.table_row for s in group]
+    assert len(set(rows)) == 3
+    for ssm in llm.runner.state_pool.ssm:
+        assert torch.equal(ssm[rows[1]], ssm[rows[0]]) and torch.equal(ssm[rows[2]], ssm[rows[0]])
+        assert ssm[rows[0]].abs().sum() > 0
+    while llm.has_unfinished():
+        llm.step()
+    assert len(llm.block_manager.free_rows) == 5
+    assert llm.generate([prompt], SamplingParams(max_tokens=2))[0].completions  # reuses freed slots
+    assert llm.metrics["prefix_cache_hit_tokens"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_engine_matches_hf(family, family_dirs, family_hf):
+    """On CUDA (fp32): CUDA-graph decode through the Triton GDN step and fused-MoE kernels, FLA's
+    chunked prefill when installed, forks and a preempting pool: greedy equals HF's, the routing
+    comes back, and the sampled log-probs equal HF's log-softmax."""
+    from asyncrl.engine import LLM
+
+    prompts = prompts_for(20, [3, 17, 40, 9])
+    kw = dict(dtype=torch.float32, device="cuda", block_size=16, max_num_seqs=32, max_model_len=256,
+              compile_sampler=False, return_routed_experts=True)
+    llm = LLM(family_dirs[family], **kw)
+    assert llm.runner.graphs
+    outs = llm.generate(prompts, SamplingParams(n=2, temperature=0.0, max_tokens=20, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        assert [c.token_ids for c in o.completions] == [hf_greedy_loop(family_hf[family], p, 20)] * 2
+        if family != "qwen3_5":
+            assert o.completions[0].routed_experts.shape[0] == len(p) + 19
+    small = LLM(family_dirs[family], num_kv_blocks=6, **kw)
+    sampled = small.generate(prompts, SamplingParams(n=2, temperature=0.8, max_tokens=20, seed=3, ignore_eos=True))
+    assert small.metrics["preemptions"] > 0
+    for p, o in zip(prompts, sampled):
+        for c in o.completions:
+            with torch.no_grad():
+                logits = family_hf[family](torch.tensor([p + c.token_ids])).logits[0, len(p) - 1:-1].float()
+            ref = torch.log_softmax(logits / 0.8, -1).gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            assert (torch.tensor(c.logprobs) - ref).abs().max().item() <= 1e-3
