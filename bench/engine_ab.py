@@ -2,9 +2,11 @@
 parallelism must leave the single-GPU engine exactly as fast as before).
 
     git -C /work/main archive <base-commit> asyncrl | (mkdir -p .ab_base && tar -x -C .ab_base)
-    python bench/engine_ab.py --base .ab_base --json bench/results/tp1_ab_h200.json
+    python bench/engine_ab.py --base .ab_base --json bench/results/tp1_ab_h200.json      # a, b, c: ~3-4 min
+    python bench/engine_ab.py --base .ab_base --workloads a,c --warmup-runs 0 \
+        --max-num-seqs 256 --json bench/results/tp1_ab_h200_quick.json                   # ~1.5 min
 
-Each side runs ``bench/bench_rollout.py --warmup-runs 1 --no-hf`` (issue 4's workloads a, b, c;
+Each side runs ``bench/bench_rollout.py --warmup-runs W --no-hf`` (issue 4's workloads a, b, c;
 the harness of its own tree, unchanged by issue 16) in a fresh process whose PYTHONPATH is its
 tree, alternating base, new, base, new ... ``--repeats`` times, so drift on the machine hits
 both sides. Prints engine tokens/s per workload and side, and new / base.
@@ -24,11 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 METRICS = {"a": ("engine",), "b_on": ("sharing_on",), "b_off": ("sharing_off",), "c": ("engine",)}
 
 
-def run_side(tree: Path, workloads: str, extra: list[str]) -> dict[str, float]:
+def run_side(tree: Path, workloads: str, warmup_runs: int, extra: list[str]) -> dict[str, float]:
     """tokens/s per workload of one bench_rollout run on ``tree``."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = {**os.environ, "PYTHONPATH": str(tree)}
-        cmd = [sys.executable, str(ROOT / "bench" / "bench_rollout.py"), "--warmup-runs", "1", "--no-hf",
+        cmd = [sys.executable, str(ROOT / "bench" / "bench_rollout.py"), "--warmup-runs", str(warmup_runs), "--no-hf",
                "--workloads", workloads, "--json", out.name, *extra]
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
         result = json.load(open(out.name))["workloads"]
@@ -46,12 +48,13 @@ def main(argv=None) -> int:
     ap.add_argument("--new", default=str(ROOT), help="directory holding this tree's asyncrl package")
     ap.add_argument("--workloads", default="a,b,c")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--warmup-runs", type=int, default=1, help="untimed runs of each workload first (each side)")
     ap.add_argument("--json", default=None)
     args, extra = ap.parse_known_args(argv)
     runs = {"base": [], "new": []}
     for _ in range(args.repeats):
         for side in ("base", "new"):
-            runs[side].append(run_side(Path(getattr(args, side)).resolve(), args.workloads, extra))
+            runs[side].append(run_side(Path(getattr(args, side)).resolve(), args.workloads, args.warmup_runs, extra))
             print(side, json.dumps(runs[side][-1]), flush=True)
     table = {}
     for name in METRICS:

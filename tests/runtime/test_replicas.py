@@ -67,3 +67,13 @@ def test_a_replica_that_never_becomes_ready_is_named_with_its_log(tmp_path):
                     log_dir=tmp_path, start_timeout_s=3)
     assert time.monotonic() - started < 30 and (tmp_path / "replica0.log").exists()
     assert multiprocessing.active_children() == []  # the stuck replica was killed
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["workflow.fn=calculator"], "a rollout fleet .* does not serve workflows yet: set both to 1"),
+    (["rollout.backend=openai", "rollout.openai.base_url=http://127.0.0.1:1"],
+     "rollout.engines and rollout.tensor_parallel_size belong to that server"),
+])
+def test_a_fleet_with_a_workflow_or_a_server_backend_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(load_config("quickstart", [*ASYNC, "rollout.engines=2", *overrides]))

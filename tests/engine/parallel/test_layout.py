@@ -6,8 +6,8 @@ from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.parallel.layout import TensorParallel, TensorParallelError, check_tensor_parallel, valid_sizes
 
 
-def qwen3_06b() -> ModelConfig:
-    return ModelConfig.from_dict(dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=1024,
+def qwen3_06b(architecture: str = "Qwen3ForCausalLM") -> ModelConfig:
+    return ModelConfig.from_dict(dict(architectures=[architecture], vocab_size=151936, hidden_size=1024,
                                       intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                                       num_key_value_heads=8, head_dim=128))
 
@@ -46,3 +46,13 @@ def test_kv_heads_that_do_not_divide_the_size_are_refused():
     # 12 heads, 8 KV heads: 4 splits both, but 12 heads over 8 ranks do not split, and 6 ranks
     # would need 8 % 6 == 0 or 6 % 8 == 0
     assert valid_sizes(12, 8, 48) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM"])
+def test_families_with_their_own_layers_are_refused_above_one_rank(architecture):
+    # MoE experts and Gated DeltaNet layers have not adopted the parallel layers: only TP=1 runs them
+    config = qwen3_06b(architecture)
+    check_tensor_parallel(config, 1)
+    with pytest.raises(TensorParallelError, match=rf"tensor_parallel_size=2: the engine's {architecture} has "
+                                                  r"layers tensor parallelism does not split yet.*valid sizes: 1$"):
+        check_tensor_parallel(config, 2)
