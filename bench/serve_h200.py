@@ -40,7 +40,7 @@ DTYPE = "bfloat16" if CUDA else "float32"  # a CPU run (--shape tiny) only check
 
 def _sync() -> None:
     if CUDA:
-        _sync()
+        torch.cuda.synchronize()
 
 
 def save_checkpoint(directory: Path, max_pos: int, shape: str) -> Path:
@@ -107,16 +107,21 @@ def bench_http(path: Path, args) -> float:
                                "--dtype", DTYPE, "--served-model-name", "m", "--max-concurrent", "4096",
                                "--max-tokens", str(args.response), "--max-model-len",
                                str(args.prompt + args.response + 16), "--max-body-bytes", str(16 << 20)],
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(  # keep carried wheels' paths
+                                  filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))})
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(1200):
+            if server.poll() is not None:
+                raise RuntimeError(f"asyncrl serve exited with {server.returncode} before it was healthy")
             try:
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
+        else:
+            raise TimeoutError("asyncrl serve was not healthy after 300 s")
         asyncio.run(_burst(url, prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]), args.response))  # warm-up
         t0 = time.perf_counter()
         tokens = asyncio.run(_burst(url, prompts(args.concurrency, args.prompt, 2, VOCAB[args.shape]), args.response))
