@@ -29,7 +29,7 @@ from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.models import load_model
 from asyncrl.engine.models.loader import build_model, fill_weights, model_source
-from asyncrl.engine.parallel import TensorParallel
+from asyncrl.engine.parallel import TensorParallel, TensorParallelError
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.state_pool import StateSlotManager
@@ -87,6 +87,7 @@ class LLM:
 
     def _build(self, model, dtype, device, tokenizer, version) -> None:
         self.followers = None  # tensor parallelism: the other ranks (parallel/workers.py)
+        self._check_speculative_tensor_parallel()
         if self.config.tensor_parallel_size == 1:
             self.model = load_model(model, dtype=dtype, device=device)
         else:
@@ -97,7 +98,10 @@ class LLM:
         self.eos_token_ids = list(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
             self.eos_token_ids = [self.tokenizer.eos_token_id]
-        self.runner = ModelRunner(self.model, self.config, self.max_model_len, self.followers)
+        spec, proposer = self._speculative_proposer(dtype, device)
+        self.runner = ModelRunner(self.model, self.config, self.max_model_len, self.followers,
+                                  extra_block_bytes=proposer.block_bytes(self.config.block_size)
+                                  if hasattr(proposer, "block_bytes") else 0)
         if self.followers is not None:
             self.followers.wait_ready()
         if self.runner.state_pool is not None:  # hybrid: block-table rows are state slots, no prefix cache
@@ -126,6 +130,37 @@ class LLM:
         self.async_scheduling = (self.runner.is_cuda if self.config.async_scheduling is None
                                  else self.config.async_scheduling)
         self._inflight = None
+        self.spec = None
+        if spec is not None:
+            from asyncrl.engine.spec.decoding import SpeculativeDecoder
+
+            self.spec = SpeculativeDecoder(spec, proposer, self.runner)
+
+    def _check_speculative_tensor_parallel(self) -> None:
+        """Speculative decoding runs at ``tensor_parallel_size == 1`` only: its verify step and
+        drafters drive the model and the sampler on rank 0 alone, outside the TP step
+        (``StepInputs``) that every rank replays. Refused before any rank is started."""
+        from asyncrl.engine.spec.config import SpeculativeConfig
+
+        if self.config.tensor_parallel_size > 1 and SpeculativeConfig.from_any(self.config.speculative_config):
+            raise TensorParallelError(
+                f"speculative_config with tensor_parallel_size={self.config.tensor_parallel_size}: speculative "
+                "decoding runs at tensor_parallel_size=1 only (its verify step is not split over ranks yet); "
+                "drop one of them (rollout.speculative.method=off, or rollout.tensor_parallel_size=1)")
+
+    def _speculative_proposer(self, dtype, device):
+        """(SpeculativeConfig, proposer) of ``speculative_config`` (spec/), or (None, None)."""
+        from asyncrl.engine.spec.config import SpeculativeConfig
+
+        spec = SpeculativeConfig.from_any(self.config.speculative_config)
+        if spec is None:
+            return None, None
+        if hasattr(self.model, "linear_layers") and self.model.linear_layers():
+            raise ValueError("speculative decoding is not supported for hybrid models (Gated DeltaNet layers): "
+                             "a rejected draft would need its recurrent state rolled back")
+        from asyncrl.engine.spec.decoding import make_proposer
+
+        return spec, make_proposer(spec, next(self.model.parameters()).dtype, device, self.model.config)
 
     def _max_model_len(self, mc) -> int:
         return min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
@@ -184,6 +219,11 @@ class LLM:
         results are read by the next call (or ``_drain``). Otherwise launch and read at once."""
         self._unpaused.wait()
         with self._lock:
+            if self.spec is not None and self.spec.should_run(self.scheduler):
+                finished = self._drain()  # drafting needs every token on the host
+                finished += self.spec.step(self.scheduler, self.version)
+                self.num_steps += 1
+                return finished
             batch = self.scheduler.schedule()
             launched = None
             if batch is not None:
@@ -310,6 +350,8 @@ class LLM:
         with self._lock:
             self._drain()
             self.runner.release()
+            if self.spec is not None and hasattr(self.spec.proposer, "release"):
+                self.spec.proposer.release()
             self.model.to("meta")
             if self.followers is not None:
                 self.followers.close()
@@ -317,9 +359,12 @@ class LLM:
     @property
     def metrics(self) -> dict:
         bm, sc = self.block_manager, self.scheduler
-        return dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
-                    forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
-                    steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+        out = dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
+                   forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
+                   steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+        if self.spec is not None:
+            out.update(self.spec.metrics)
+        return out
 
     # ---- text ----------------------------------------------------------------------
     def _encode(self, prompt: PromptType) -> list[int]:

@@ -30,6 +30,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
@@ -65,10 +66,14 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, followers=None):
-        """``followers``: on rank 0 of a TP engine, the other ranks (``run_step(StepInputs)``)."""
+    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, followers=None,
+                 extra_block_bytes: int = 0):
+        """``followers``: on rank 0 of a TP engine, the other ranks (``run_step(StepInputs)``).
+        ``extra_block_bytes``: memory per KV block taken by another pool with the same block
+        geometry (a speculative draft model's K/V, ``spec/draft_model.py``; TP=1 only)."""
         self.model = model
         self.tp, self.followers = model.tp, followers
+        self.extra_block_bytes = extra_block_bytes
         self.config = config
         self.block_size = config.block_size
         self.max_model_len = max_model_len
@@ -81,6 +86,8 @@ class ModelRunner:
         linear = model.linear_layers() if hasattr(model, "linear_layers") else []
         # before sizing the KV pool from free memory: the states take their share first
         self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
+        # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
+        self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
         self.num_blocks = self._num_kv_blocks()
         if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
             self.num_blocks = self.tp.comm.min_int(self.num_blocks)
@@ -116,7 +123,7 @@ class ModelRunner:
 
     def _block_bytes(self) -> int:
         per_layer = self.block_size * self.num_kv_heads * self.model.config.head_dim * self.dtype.itemsize
-        return 2 * len(self._attention_layers()) * per_layer
+        return 2 * len(self._attention_layers()) * per_layer + self.extra_block_bytes
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
@@ -365,8 +372,11 @@ class ModelRunner:
                           graphed=bs is not None, num_state=len(state), **common)
 
     def _state_arrays(self, batch: ScheduledBatch, rows: int) -> list[np.ndarray]:
-        """Hybrid models: the step's recurrent-state host arrays (``state_host_arrays``); else none."""
-        return [] if self.state_pool is None else state_host_arrays(batch, rows, self.state_pool.scratch)
+        """Hybrid models: the step's recurrent-state host arrays (``state_host_arrays``; a GPU
+        prefill through FLA's varlen kernel also sends its packed metadata); else none."""
+        if self.state_pool is None:
+            return []
+        return state_host_arrays(batch, rows, self.state_pool.scratch, self.packed_state_prefill and not rows)
 
     def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
         """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its

@@ -28,7 +28,9 @@ samples v − 1: each token's version names the weights that sampled it, on any 
 
 Replicas are duck-typed (``runtime/executors/process.py: RolloutProcess``): ``generate``,
 ``notify_update(v) -> loaded()``, ``run_probe``, ``engine_metrics``, ``is_alive``, ``close``,
-``name``; ``weights`` (``TrainerWeights``): ``write``, ``send(v) -> works``, ``close``.
+``name`` (and ``restarts``: each replica restarts a dead child up to ``runtime.max_restarts``
+times before it counts as lost); ``weights`` (``TrainerWeights``): ``write(tensors, v)``,
+``send(v) -> works``, ``close``.
 """
 from __future__ import annotations
 
@@ -201,7 +203,7 @@ class Fleet:
     def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
         """Write the weights once, tell every live replica to load them; returns ``loaded()``,
         which waits for every ack and only then sets ``version``. Call it before the next push."""
-        self.weights.write(named_tensors)
+        self.weights.write(named_tensors, version)
         waiting = []
         for replica in self.alive:
             try:
@@ -228,6 +230,11 @@ class Fleet:
         if self.replicas[replica].is_alive():
             raise err
         self._lose(replica, err)
+
+    @property
+    def restarts(self) -> int:
+        """Dead replica processes replaced so far, over all replicas (``async/rollout_restarts``)."""
+        return sum(getattr(replica, "restarts", 0) for replica in self.replicas)
 
     def replica_versions(self) -> dict[int, int]:
         """The version each live replica acknowledged last."""
@@ -290,10 +297,21 @@ class Fleet:
         return {prefix + "kv_use": 1.0 - m["free_blocks"] / m["num_blocks"],
                 prefix + "preemptions": float(m["preemptions"])}
 
-    def close(self) -> None:
+    @property
+    def closing(self) -> bool:
+        return any(getattr(replica, "closing", False) for replica in self.replicas)
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        """Set by the controller before stopping on purpose: a replica dying now is not restarted."""
+        for replica in self.replicas:
+            replica.closing = value
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Stop every replica (``timeout``: each one's, as ``RolloutProcess.close``; None: its default)."""
         try:
             for replica in self.replicas:
-                replica.close()
+                replica.close() if timeout is None else replica.close(timeout)
         finally:
             self.weights.close()
             self._pool.shutdown(wait=False)

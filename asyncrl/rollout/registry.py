@@ -31,6 +31,9 @@ def _auto(architecture: str) -> str:
 
 def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
     from asyncrl.rollout.hf import HFGenerateBackend
+    if _engine_options.get("speculative_config"):
+        raise ValueError("rollout.speculative needs the asyncrl engine; this model runs on HF generate "
+                         "(rollout.backend hf, or an architecture the engine does not implement)")
     return HFGenerateBackend(model, tokenizer)  # shares the trainer's tensors: no weight copy
 
 
@@ -50,7 +53,8 @@ def engine_options(rollout_cfg) -> dict:
     if rollout_cfg.backend == "openai":
         return {"openai": rollout_cfg.openai}
     return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
-            "return_routed_experts": rollout_cfg.return_routed_experts}
+            "return_routed_experts": rollout_cfg.return_routed_experts,
+            "speculative_config": rollout_cfg.speculative.engine_dict()}
 
 
 BACKENDS = {"hf": _hf, "engine": _engine, "openai": _openai}

@@ -85,6 +85,9 @@ RULES: list[Rule] = [
     (lambda c: c.runtime.weight_transport != "shared" and not _rollout_process(c),
      lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
+    (lambda c: c.actor.master_dtype not in ("float32", c.model.dtype),
+     lambda c: f"actor.master_dtype={c.actor.master_dtype} with model.dtype={c.model.dtype}: the master weights are "
+               "float32 or the model's own dtype (pure low-precision training)"),
     # -- the fleet beside workflows / servers (checked first: their own rules would name rollout_process) --
     (lambda c: _fleet(c) and c.workflow.enabled,
      lambda c: "workflow.fn runs its episodes on one in-process engine; a rollout fleet (rollout.engines > 1 or "
@@ -118,6 +121,11 @@ RULES: list[Rule] = [
                "local processes: use runtime.executor=local"),
     (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.backend == "hf",
      lambda c: "rollout.tensor_parallel_size > 1 splits the asyncrl engine's model: set rollout.backend=engine"),
+    (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.speculative.method != "off",
+     lambda c: f"rollout.speculative.method={c.rollout.speculative.method} with rollout.tensor_parallel_size="
+               f"{c.rollout.tensor_parallel_size}: speculative decoding runs at tensor_parallel_size=1 only (its "
+               "verify step is not split over ranks yet); set one of them off (rollout.engines > 1 keeps "
+               "speculation on every replica)"),
 ]
 
 

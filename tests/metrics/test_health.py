@@ -33,6 +33,7 @@ def healthy_row(step: int, rng: random.Random) -> dict:
         "rollout/logprob_gap": rng.uniform(0.005, 0.02),
         "fleet/replicas_alive": 2.0,
         "fleet/replicas_lost": 0.0,
+        "async/rollout_restarts": 0.0,
     }
     if step % 5 == 0:
         row["eval/accuracy"] = 0.4 + 0.004 * step + rng.uniform(-0.01, 0.01)
@@ -110,6 +111,7 @@ FAILURES = {
     "nonfinite": _nonfinite,
     "logprob_gap": _set(**{"rollout/logprob_gap": 0.5}),
     "replica_lost": _set(**{"fleet/replicas_alive": 1.0, "fleet/replicas_lost": 1.0}),
+    "rollout_restarts": lambda row, step: row.update({"async/rollout_restarts": 1.0 if step >= 40 else 0.0}),
 }
 
 

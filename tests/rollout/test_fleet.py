@@ -1,7 +1,9 @@
 """A fleet of two engine replicas (processes) serves one async run behind the rollout-backend
 protocol: 0 staleness violations, every replica on the same version after every sync and
 probed, groups spread over both; then one replica is killed: its groups are generated again on
-the other, the run goes on, and every admitted group is trained exactly once, in order."""
+the other, the run goes on, and every admitted group is trained exactly once, in order. With
+``runtime.max_restarts`` > 0 a killed replica is restarted instead (issue 18's restarts, per
+replica): none is lost and its groups in flight come back from the new process."""
 import os
 import signal
 from collections import Counter
@@ -56,7 +58,8 @@ def count_probes(fleet) -> Counter:
 @pytest.mark.slow
 def test_two_replicas_serve_an_async_run_and_survive_losing_one(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}"])
+    cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}",
+                                            "runtime.max_restarts=0"])  # a dead replica is lost, not restarted
     task = build_task(cfg.task, cfg.seed)
     model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
     ctrl = build_async_controller(cfg, model, tok, length_reward, task.train_stream(0), log_dir=tmp_path / "logs")
@@ -83,6 +86,35 @@ def test_two_replicas_serve_an_async_run_and_survive_losing_one(tmp_path, monkey
         # no group lost, none trained twice: the trained ids are exactly the admission order
         assert trained == list(range(STEPS * 4)) and ctrl.staleness.released == 0
         assert (tmp_path / "logs" / "replica1.log").exists()
+    finally:
+        ctrl.close()
+    assert not any(r.process.is_alive() for r in fleet.replicas)
+
+
+@pytest.mark.slow
+def test_a_killed_replica_is_restarted_within_max_restarts(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}",
+                                            "runtime.max_restarts=1"])
+    task = build_task(cfg.task, cfg.seed)
+    model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
+    ctrl = build_async_controller(cfg, model, tok, length_reward, task.train_stream(0), log_dir=tmp_path / "logs")
+    fleet, trained, killed = ctrl.backend, [], []
+    take = ctrl.buffer.take
+    ctrl.buffer.take = lambda n, check=None: [trained.append(g.admit_index) or g for g in take(n, check=check)]
+    try:
+        first_pid = fleet.replicas[1].process.pid
+        for step in range(1, 4):
+            if step == 2:
+                killed = kill_on_next_call(fleet.replicas[1])
+            metrics = ctrl.step(step)
+            metrics.update(ctrl.weight_sync.wait())
+            assert metrics["async/staleness_violations"] == 0
+            assert fleet.version == step and fleet.replica_versions() == {0: step, 1: step}
+        assert killed and fleet.lost == [] and fleet.replicas[1].restarts == 1
+        assert fleet.replicas[1].process.pid != first_pid and fleet.replicas[1].is_alive()
+        assert metrics["async/rollout_restarts"] == 1 and metrics["fleet/replicas_lost"] == 0
+        assert trained == list(range(3 * 4)) and ctrl.staleness.released == 0
     finally:
         ctrl.close()
     assert not any(r.process.is_alive() for r in fleet.replicas)

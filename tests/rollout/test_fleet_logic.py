@@ -55,7 +55,7 @@ class FakeReplica:
 
 
 class NoWeights:
-    def write(self, named):
+    def write(self, named, version=None):
         self.written = list(named)
 
     def send(self, version):

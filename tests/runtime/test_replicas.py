@@ -77,3 +77,10 @@ def test_a_replica_that_never_becomes_ready_is_named_with_its_log(tmp_path):
 def test_a_fleet_with_a_workflow_or_a_server_backend_is_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_config(load_config("quickstart", [*ASYNC, "rollout.engines=2", *overrides]))
+
+
+def test_speculative_decoding_with_tp_above_one_is_refused():
+    with pytest.raises(ConfigError, match="speculative decoding runs at tensor_parallel_size=1 only"):
+        validate_config(load_config("quickstart", [*ASYNC, "rollout.tensor_parallel_size=2",
+                                                   "rollout.speculative.method=ngram"]))
+    validate_config(load_config("quickstart", [*ASYNC, "rollout.engines=2", "rollout.speculative.method=ngram"]))

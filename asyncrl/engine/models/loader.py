@@ -29,7 +29,7 @@ def model_source(path) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]],
     """(config, HF-named tensors, the source's dtype) of a checkpoint dir or an in-memory HF
     ``*ForCausalLM`` module (its config and state dict; e.g. the trainer's policy)."""
     if isinstance(path, torch.nn.Module):
-        config = ModelConfig.from_dict(path.config.to_dict(), architecture=type(path).__name__)
+        config = ModelConfig.from_module(path)
         return config, path.state_dict().items(), next(path.parameters()).dtype
     config = ModelConfig.from_dir(path)
     return config, iter_safetensors(path), getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)

@@ -25,13 +25,23 @@ Invariants:
   * the trainer writes the shared tensors only inside ``update_weights``, which returns after
     the child acknowledged loading them, so the child never reads a half-written set;
   * every call returns or raises: an exception in the child comes back with its traceback,
-    and if the child dies (killed, crashed) every pending and later call raises
-    :class:`RolloutProcessError` with its exit code — the trainer fails, it never hangs.
+    and if the child dies (killed, crashed) every pending call of that child raises
+    :class:`RolloutProcessDied` with its exit code; no wait outlasts ``hang_timeout_s``
+    (:class:`~asyncrl.errors.HangError` names the call) — the trainer never hangs;
+  * a child that died is restarted (up to ``max_restarts`` times) from the last pushed weights,
+    which the trainer's shared tensors (or send buffer) still hold, at the last announced
+    version; the call that saw the death is re-sent to the new child, so a ``generate`` in
+    flight returns normally (its groups keep their ids: none lost, none duplicated). Past the
+    limit the death is raised. The same holds for each replica of a fleet (``RolloutProcess``,
+    rollout/fleet.py), whose lost replicas are only those past the limit; a fleet on the
+    ``collective`` transport cannot replace one member of its broadcast group, so there a
+    death is raised at once.
 """
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -41,15 +51,21 @@ from typing import Callable, Iterable, Optional
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.errors import AsyncRLError
 from asyncrl.runtime.executors.weight_channel import (ChannelAddress, FlatWeights, WeightChannel, attach_weights,
                                                       channel_backend, host_store, weightless_clone)
+from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S, Deadline
 from asyncrl.types import RequestOutput, SamplingParams
 
 START_TIMEOUT_S = 300.0  # spawning imports torch and transformers; a busy machine is slow
 
 
-class RolloutProcessError(RuntimeError):
+class RolloutProcessError(AsyncRLError, RuntimeError):
     """The rollout process failed (its traceback is in the message) or died."""
+
+
+class RolloutProcessDied(RolloutProcessError):
+    """The rollout process is gone (killed, crashed): a restart can replace it."""
 
 
 class TrainerWeights:
@@ -58,19 +74,27 @@ class TrainerWeights:
 
     ``shared``: one tensor per parameter in shared CPU memory (CPU trainer) or on the trainer's
     GPU (CUDA IPC), which every child reads. ``collective``: a ``FlatWeights`` send buffer and
-    one broadcast group: the trainer is rank 0, child k rank k (k = 1..members).
+    one broadcast group of ``world = 1 + members`` ranks: the trainer is rank 0, child k rank k
+    (k = 1..members); its collectives wait at most ``hang_timeout_s``.
 
-    Invariant: ``views`` hold the weights of the last ``write`` until the next one."""
+    Invariant: ``views`` hold the weights of the last ``write`` (stamped ``announced``) until the
+    next one; ``lock`` is held while they change, so a restarted child never starts from a
+    half-written set."""
 
-    def __init__(self, model: torch.nn.Module, transport: str, rollout_device: str, members: int = 1):
+    def __init__(self, model: torch.nn.Module, transport: str, rollout_device: str, members: int = 1,
+                 version: int = 0, hang_timeout_s: Optional[float] = None):
         trainer_device = next(model.parameters()).device
+        self.members, self.world, self.hang_timeout_s = members, 1 + members, hang_timeout_s
         self.cuda_shared = trainer_device.type == "cuda" and transport == "shared"
+        self.lock = threading.Lock()
+        self.announced = version  # the version the views hold
+        self.store = None
         self.address: Optional[ChannelAddress] = None
         self.channel: Optional[WeightChannel] = None
         if transport == "collective":
             # the trainer's send buffer ([name] -> view); the children get the module without weights
-            backend = channel_backend(trainer_device, torch.device(rollout_device))
-            self.store, self.address = host_store(backend, world=1 + members)
+            self.backend = channel_backend(trainer_device, torch.device(rollout_device))
+            self.rendezvous()
             self.flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
             self.flat.copy_from(model.named_parameters())
             self.views, self.child_model, self.child_views = self.flat.views, weightless_clone(model), None
@@ -91,6 +115,19 @@ class TrainerWeights:
                       for n, p in reference.named_parameters()}
         return reference
 
+    def rendezvous(self) -> None:
+        """Collective: a new store (and address) for a group of ``world`` ranks; the old group,
+        if any, is closed (a restarted child joins a new group: a member cannot be replaced)."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        self.store, self.address = host_store(self.backend, self.world, self.hang_timeout_s)
+
+    @property
+    def can_replace_member(self) -> bool:
+        """A dead child can be replaced: shared tensors, or a broadcast group of one child."""
+        return self.address is None or self.members == 1
+
     def connect(self, version: int) -> None:
         """Collective: form the group with the children (each announced it is joining) and send
         them the initial weights, stamped ``version``. Shared: nothing to do."""
@@ -101,12 +138,16 @@ class TrainerWeights:
             work.wait()
 
     @torch.no_grad()
-    def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy a push into ``views`` (the children must not be reading them: see the callers)."""
-        for name, tensor in named_tensors:
-            self.views[name].copy_(tensor.detach())
-        if self.cuda_shared:  # the children read them from their own streams: the copies must be done
-            torch.cuda.synchronize(next(iter(self.views.values())).device)
+    def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: Optional[int] = None) -> None:
+        """Copy a push into ``views`` (the children must not be reading them: see the callers);
+        ``version``: the version they now hold (what a child restarted from them starts at)."""
+        with self.lock:
+            for name, tensor in named_tensors:
+                self.views[name].copy_(tensor.detach())
+            if self.cuda_shared:  # the children read them from their own streams: the copies must be done
+                torch.cuda.synchronize(next(iter(self.views.values())).device)
+            if version is not None:
+                self.announced = version
 
     def send(self, version: int) -> list:
         """Collective: start the broadcast of the written weights (the children were told to
@@ -118,125 +159,63 @@ class TrainerWeights:
             self.channel.close()
 
 
-class RolloutProcess:
-    """A rollout backend in a child process, called over a pipe (see module doc); weights come
-    from a :class:`TrainerWeights` that may serve several such processes (a fleet).
+class _Child:
+    """One rollout process and its side of the pipe: the calls waiting for its answers.
 
-    ``version`` changes only after the child confirmed new weights. ``log_path``: the child's
-    stdout and stderr go there (named in every error about it); None: the parent's."""
+    Invariant: a failure of this child settles only this child's calls; a restart makes a new
+    ``_Child``, so a late error of the dead one can never fail the calls of its replacement."""
 
-    def __init__(self, weights: TrainerWeights, tokenizer, backend_name: str = "engine", version: int = 0,
-                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
-                 engine_options: Optional[dict] = None, device: Optional[str] = None, rank: int = 1,
-                 name: str = "the rollout process", log_path: Optional[str] = None, daemon: bool = True):
-        self.version, self.backend_name, self.name, self.log_path = version, backend_name, name, log_path
-        self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
-        if log_path is not None:
-            open(log_path, "a").close()  # exists from the start: a child that hangs before writing is still named
-        # not fork (it would copy this process's threads' locks mid-state): forks of a clean server
-        # that imported torch once, so each child starts in a fraction of a spawn's time
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])
-        self._conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=daemon, args=(
-            child_conn, weights.child_model, tokenizer, weights.child_views, backend_name, version, kv_on_update,
-            dtype, device, engine_options or {}, weights.address, rank, log_path))
-        self.process.start()
-        child_conn.close()  # the child holds the only other end: its death reads as EOF here
-        self._send_lock, self._pending_lock = threading.Lock(), threading.Lock()
-        self._pending: dict[int, Future] = {}
-        self._ids = itertools.count()
-        self._error: Optional[RolloutProcessError] = None
-        self._probes_sent: set[int] = set()
-        self._joining = self._register(-2) if weights.address is not None else None
-        self._ready = self._register(-1)
-        self.pid: Optional[int] = None
-        self._receiver = threading.Thread(target=self._receive, name="asyncrl-rollout-recv", daemon=True)
-        self._receiver.start()
+    def __init__(self, process, conn, generation: int, name: str, log_path: Optional[str]):
+        self.process, self.conn, self.generation = process, conn, generation
+        self.name, self.log_path = name, log_path
+        self.pending: dict[int, Future] = {}
+        self.error: Optional[RolloutProcessError] = None
+        self.probes_sent: set[int] = set()
+        self.lock, self.send_lock = threading.Lock(), threading.Lock()
+        self.joining: Optional[Future] = None  # collective: the child announced it is joining
+        self.ready: Optional[Future] = None    # its pid, once its backend is built
 
-    def wait_joining(self, timeout: float) -> None:
-        """Collective transport: return once the child is alive and joining the weight group."""
-        if self._joining is not None:
-            self._wait(self._joining, timeout, "join the weight group")
-
-    def wait_ready(self, timeout: float) -> int:
-        """Return the child's pid once its backend is built (else raise, naming the log)."""
-        self.pid = self._wait(self._ready, timeout, "become ready")
-        return self.pid
-
-    def is_alive(self) -> bool:
-        return self._error is None and self.process.is_alive()
-
-    # ---- calls ------------------------------------------------------------------------------
-    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
-        return self._call("generate", [list(p) for p in prompt_token_ids], params)
-
-    def notify_update(self, version: int) -> Callable[[], int]:
-        """Tell the child to load the weights just written (and, collective, about to be sent);
-        returns ``loaded()``, which waits for its ack, sets ``version`` and returns it."""
-        call_id = next(self._ids)
-        future = self._register(call_id)
-        try:
-            self._send(call_id, "update", version)
-        except (OSError, ValueError) as err:
-            raise self._fail(RolloutProcessError(f"{self.name} is gone ({err!r}); {self._exit_note()}"))
-
-        def loaded() -> int:
-            self.version = self._wait(future, None)
-            return self.version
-        return loaded
-
-    def run_probe(self, probe, version: int):
-        """``probe.check`` run in the child: its engine samples the probe tokens and an HF forward
-        over the shared tensors (exactly the weights of the last push, until the next one)
-        recomputes their log-probs, off the trainer's process. Raises ``WeightSyncError`` as
-        ``probe.check`` does. Callers must not push while it runs (``WeightSync`` waits)."""
-        first = id(probe) not in self._probes_sent
-        self._probes_sent.add(id(probe))
-        return self._call("probe", id(probe), probe if first else None, version)
-
-    def engine_metrics(self) -> dict:
-        """The child backend's ``metrics`` (engine counters: KV blocks, preemptions, ...)."""
-        return self._call("metrics")
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop the child (after its running calls end); kill it if it does not stop in time
-        (at once if it never became ready: it is not reading its pipe)."""
-        if self.process.is_alive() and self.pid is not None:
-            try:
-                self._send(next(self._ids), "stop")
-            except (OSError, ValueError):
-                pass
-            self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout)
-        self._conn.close()
-
-    # ---- calls over the pipe ----------------------------------------------------------------
-    def _call(self, method: str, *args):
-        call_id = next(self._ids)
-        future = self._register(call_id)
-        try:
-            self._send(call_id, method, *args)
-        except (OSError, ValueError) as err:  # the pipe is gone: the child died
-            raise self._fail(RolloutProcessError(f"{self.name} is gone ({err!r}); {self._exit_note()}"))
-        return self._wait(future, None)
-
-    def _register(self, call_id: int) -> Future:
+    def register(self, call_id: int) -> Future:
         future: Future = Future()
-        with self._pending_lock:
-            if self._error is not None:
-                raise self._error
-            self._pending[call_id] = future
+        with self.lock:
+            if self.error is not None:
+                raise self.error
+            self.pending[call_id] = future
         return future
 
-    def _send(self, *message) -> None:
-        with self._send_lock:
-            self._conn.send(message)
+    def send(self, *message) -> None:
+        try:
+            with self.send_lock:
+                self.conn.send(message)
+        except (OSError, ValueError) as err:  # the pipe is gone: the child died
+            raise self.fail(RolloutProcessDied(f"{self.name} is gone ({err!r}); {self.exit_note()}"))
 
-    def _wait(self, future: Future, timeout: Optional[float], what: str = "answer"):
-        """The call's result; waits in slices so a child that died without a word is noticed."""
+    def fail(self, error: RolloutProcessError) -> RolloutProcessError:
+        """Every pending and later call of this child raises the first failure (returned)."""
+        with self.lock:
+            self.error = self.error or error
+            pending, self.pending = list(self.pending.values()), {}
+        for future in pending:
+            if not future.done():
+                future.set_exception(self.error)
+        return self.error
+
+    def wait(self, future: Future, timeout: Optional[float], what: str):
+        """The call's result; waits in slices so a child that died without a word is noticed,
+        one that lives but does not answer is reported, and no wait outlasts ``timeout``
+        (:class:`~asyncrl.errors.HangError` naming ``what``)."""
+        deadline = Deadline(what, timeout, hint=f"{self.name} (pid {self.process.pid}) is alive but does not "
+                                                f"answer{self.log_note()}")
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except TimeoutError:
+                if not self.process.is_alive():
+                    raise self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
+                deadline.check()
+
+    def wait_start(self, future: Future, timeout: float, what: str):
+        """A start-up answer (joining, ready); past ``timeout`` the child is named with its log."""
         waited = 0.0
         while True:
             try:
@@ -244,25 +223,25 @@ class RolloutProcess:
             except TimeoutError:
                 waited += 1.0
                 if not self.process.is_alive():
-                    raise self._fail(RolloutProcessError(f"{self.name} died; {self._exit_note()}"))
-                if timeout is not None and waited >= timeout:
+                    raise self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
+                if waited >= timeout:
                     raise RolloutProcessError(f"{self.name} (pid {self.process.pid}) did not {what} within "
-                                              f"{timeout:.0f}s{self._log_note()}") from None
+                                              f"{timeout:.0f}s{self.log_note()}") from None
 
-    def _receive(self) -> None:
+    def receive(self) -> None:
         """Receiver thread: settle the future of each answer; on EOF fail them all."""
         while True:
             try:
-                call_id, ok, payload = self._conn.recv()
+                call_id, ok, payload = self.conn.recv()
             except (EOFError, OSError):
                 self.process.join(5.0)
-                self._fail(RolloutProcessError(f"{self.name} died; {self._exit_note()}"))
+                self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
                 return
             if call_id is None:  # fatal: the child reports its traceback, then exits
-                self._fail(RolloutProcessError(f"{self.name} failed:\n{payload}"))
+                self.fail(RolloutProcessError(f"{self.name} failed:\n{payload}"))
                 continue
-            with self._pending_lock:
-                future = self._pending.pop(call_id, None)
+            with self.lock:
+                future = self.pending.pop(call_id, None)
             if future is None:
                 continue
             if ok:
@@ -270,21 +249,192 @@ class RolloutProcess:
             else:
                 future.set_exception(_child_error(*payload))
 
-    def _fail(self, error: RolloutProcessError) -> RolloutProcessError:
-        """Every pending and later call raises the first failure, which is returned."""
-        with self._pending_lock:
-            self._error = self._error or error
-            pending, self._pending = list(self._pending.values()), {}
-        for future in pending:
-            if not future.done():
-                future.set_exception(self._error)
-        return self._error
+    def exit_note(self) -> str:
+        return f"pid {self.process.pid}, exit code {self.process.exitcode}{self.log_note()}"
 
-    def _exit_note(self) -> str:
-        return f"pid {self.process.pid}, exit code {self.process.exitcode}{self._log_note()}"
-
-    def _log_note(self) -> str:
+    def log_note(self) -> str:
         return f"; its log: {self.log_path}" if self.log_path is not None else ""
+
+
+class RolloutProcess:
+    """A rollout backend in a child process, called over a pipe (see module doc); weights come
+    from a :class:`TrainerWeights` that may serve several such processes (a fleet).
+
+    ``version`` changes only after the child confirmed new weights. ``log_path``: the child's
+    stdout and stderr go there (named in every error about it); None: the parent's.
+    ``max_restarts``: children that may die and be replaced (from the weights' last write, the
+    call in flight re-sent); ``hang_timeout_s``: the longest wait for any answer;
+    ``on_restart(restarts, reason)`` is told of each restart.
+
+    Starting is split for a fleet (every replica launched, then ``wait_joining``,
+    ``weights.connect``, ``wait_ready``); a restart does the same for its one child."""
+
+    def __init__(self, weights: TrainerWeights, tokenizer, backend_name: str = "engine", version: int = 0,
+                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, rank: int = 1,
+                 name: str = "the rollout process", log_path: Optional[str] = None, daemon: bool = True,
+                 max_restarts: int = 0, hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S,
+                 on_restart: Optional[Callable[[int, str], None]] = None, start_timeout_s: float = START_TIMEOUT_S):
+        self.weights = weights
+        self.version, self.backend_name, self.name, self.log_path = version, backend_name, name, log_path
+        self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
+        self.max_restarts, self.hang_timeout_s, self.on_restart = max_restarts, hang_timeout_s, on_restart
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
+        self.closing = False  # set by close (or the controller): a child dying now is not replaced
+        if log_path is not None:
+            open(log_path, "a").close()  # exists from the start: a child that hangs before writing is still named
+        self._child_args = (tokenizer, backend_name, kv_on_update, dtype, device, engine_options or {}, rank, daemon)
+        self._ids = itertools.count()
+        self.pid: Optional[int] = None
+        self._child = self._launch(version, generation=0)
+
+    def _launch(self, version: int, generation: int) -> _Child:
+        """Start a child on the weights' current views at ``version`` (not yet waited for)."""
+        tokenizer, backend_name, kv_on_update, dtype, device, engine_options, rank, daemon = self._child_args
+        # not fork (it would copy this process's threads' locks mid-state): forks of a clean server
+        # that imported torch once, so each child starts in a fraction of a spawn's time
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        conn, child_conn = ctx.Pipe()
+        process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=daemon, args=(
+            child_conn, self.weights.child_model, tokenizer, self.weights.child_views, backend_name, version,
+            kv_on_update, dtype, device, engine_options, self.weights.address, rank, self.log_path))
+        process.start()
+        child_conn.close()  # the child holds the only other end: its death reads as EOF here
+        child = _Child(process, conn, generation, self.name, self.log_path)
+        child.joining = child.register(-2) if self.weights.address is not None else None
+        child.ready = child.register(-1)
+        threading.Thread(target=child.receive, name="asyncrl-rollout-recv", daemon=True).start()
+        return child
+
+    def wait_joining(self, timeout: float) -> None:
+        """Collective transport: return once the child is alive and joining the weight group."""
+        if self._child.joining is not None:
+            self._child.wait_start(self._child.joining, timeout, "join the weight group")
+
+    def wait_ready(self, timeout: float) -> int:
+        """Return the child's pid once its backend is built (else raise, naming the log)."""
+        self.pid = self._child.wait_start(self._child.ready, timeout, "become ready")
+        return self.pid
+
+    @property
+    def process(self):
+        """The current child process (a restart replaces it)."""
+        return self._child.process
+
+    def is_alive(self) -> bool:
+        return self._child.error is None and self._child.process.is_alive()
+
+    # ---- calls ------------------------------------------------------------------------------
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        prompts = [list(p) for p in prompt_token_ids]
+        return self._with_restarts(lambda child: self._call(child, "generate", prompts, params))
+
+    def notify_update(self, version: int) -> Callable[[], int]:
+        """Tell the child to load the weights just written (and, collective, about to be sent);
+        returns ``loaded()``, which waits for its ack, sets ``version`` and returns it. A child
+        that dies meanwhile is replaced by one started on these weights: ``loaded()`` still
+        returns (past ``max_restarts`` it raises)."""
+        while True:  # a child that died before reading "update" is replaced, the update re-sent
+            child = self._child
+            try:
+                call_id = next(self._ids)
+                future = child.register(call_id)
+                child.send(call_id, "update", version)
+                break
+            except RolloutProcessDied as err:
+                self._restart_after(child, err)
+
+        def loaded() -> int:
+            try:
+                self.version = child.wait(future, self.hang_timeout_s, f"{self.name} to load version {version}")
+            except RolloutProcessDied as err:
+                # its replacement was started after the weights were written: it holds them
+                self._restart_after(child, err)
+            return self.version
+        return loaded
+
+    def run_probe(self, probe, version: int):
+        """Run the weight-sync probe in the child: its engine's sampled log-probs vs an HF forward
+        over the shared tensors (exactly the weights of the last push, until the next one)
+        recomputes their log-probs, off the trainer's process. Raises ``WeightSyncError`` as
+        ``probe.check`` does. Callers must not push while it runs (``WeightSync`` waits)."""
+        def call(child: _Child):
+            first = id(probe) not in child.probes_sent  # a restarted child has not seen it yet
+            child.probes_sent.add(id(probe))
+            return self._call(child, "probe", id(probe), probe if first else None, version)
+        return self._with_restarts(call)
+
+    def engine_metrics(self) -> dict:
+        """The child backend's ``metrics`` (engine counters: KV blocks, preemptions, ...)."""
+        return self._with_restarts(lambda child: self._call(child, "metrics"))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the child (after its running calls end); kill it if it does not stop in time
+        (at once if it never became ready: it is not reading its pipe)."""
+        self.closing = True
+        child = self._child
+        if child.process.is_alive() and self.pid is not None:
+            try:
+                child.send(next(self._ids), "stop")
+            except RolloutProcessError:
+                pass
+            child.process.join(timeout)
+        if child.process.is_alive():
+            child.process.kill()
+            child.process.join(timeout)
+        child.conn.close()
+
+    # ---- restarts ----------------------------------------------------------------------------
+    def _with_restarts(self, call: Callable[[_Child], object]):
+        """``call(child)``; if that child died under it, replace it (once per death, whichever
+        thread sees it first) and call again on the new child."""
+        while True:
+            child = self._child
+            try:
+                return call(child)
+            except RolloutProcessDied as err:
+                self._restart_after(child, err)
+
+    def _restart_after(self, dead: _Child, error: RolloutProcessError) -> None:
+        """Replace ``dead`` (a no-op if another thread already did); past ``max_restarts`` (or
+        when the weight group cannot take a new member) the death is raised."""
+        with self.weights.lock:  # no write in progress: the new child starts from a whole set
+            if self._child is not dead:
+                return
+            if self.closing:
+                raise error
+            if self.restarts >= self.max_restarts:
+                raise RolloutProcessError(f"{self.name} died and runtime.max_restarts={self.max_restarts} "
+                                          f"restarts are used up: {error}") from error
+            if not self.weights.can_replace_member:
+                raise RolloutProcessError(f"{self.name} died and cannot be restarted: the collective weight "
+                                          f"group of {self.weights.members} replicas cannot take a new member "
+                                          f"(runtime.weight_transport=shared can): {error}") from error
+            self.restarts += 1
+            dead.process.join(1.0)
+            if dead.process.is_alive():  # unresponsive enough to count as dead: make sure it is
+                dead.process.kill()
+                dead.process.join(5.0)
+            dead.conn.close()
+            if self.weights.address is not None:
+                self.weights.rendezvous()  # a new group of the trainer and the new child
+            version = self.weights.announced
+            self._child = self._launch(version, dead.generation + 1)
+            self.wait_joining(self.start_timeout_s)
+            self.weights.connect(version)
+            self.wait_ready(self.start_timeout_s)
+            self.version = version
+        if self.on_restart is not None:
+            self.on_restart(self.restarts, str(error).splitlines()[0])
+
+    # ---- calls over the pipe ----------------------------------------------------------------
+    def _call(self, child: _Child, method: str, *args):
+        call_id = next(self._ids)
+        future = child.register(call_id)
+        child.send(call_id, method, *args)
+        return child.wait(future, self.hang_timeout_s, f"{self.name} to answer '{method}'")
 
 
 class ProcessRolloutBackend(RolloutProcess):
@@ -294,13 +444,18 @@ class ProcessRolloutBackend(RolloutProcess):
 
     def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
                  kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
-                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared"):
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared",
+                 max_restarts: int = 0, hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+                 on_restart: Optional[Callable[[int, str], None]] = None):
         """``device``: where the child generates (null: the trainer's device); ``transport``:
-        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc)."""
+        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc);
+        ``max_restarts``: children that may die and be replaced; ``hang_timeout_s``: the
+        longest wait for any answer; ``on_restart(restarts, reason)`` is told of each restart."""
         device = device or str(next(model.parameters()).device)
         self.transport = transport
-        self.weights = TrainerWeights(model, transport, device)
-        super().__init__(self.weights, tokenizer, backend_name, version, kv_on_update, dtype, engine_options, device)
+        self.weights = TrainerWeights(model, transport, device, version=version, hang_timeout_s=hang_timeout_s)
+        super().__init__(self.weights, tokenizer, backend_name, version, kv_on_update, dtype, engine_options, device,
+                         max_restarts=max_restarts, hang_timeout_s=hang_timeout_s, on_restart=on_restart)
         self.shared = self.weights.views
         self.wait_joining(START_TIMEOUT_S)  # the child is alive and joining: join too
         self.weights.connect(version)
@@ -313,17 +468,19 @@ class ProcessRolloutBackend(RolloutProcess):
     def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
         """Copy the tensors into shared memory and tell the child; returns ``loaded()``, which
         waits for the child's ack, sets ``version`` and returns it. The caller must call it
-        before the next ``start_update`` (which overwrites the shared tensors)."""
-        self.weights.write(named_tensors)
+        before the next ``start_update`` (which overwrites the shared tensors). A child that
+        dies meanwhile is replaced by one started on these weights: ``loaded()`` still returns."""
+        self.weights.write(named_tensors, version)
         loaded = self.notify_update(version)
         # collective: queued after the copies (NCCL waits for the current stream); the child
         # enters the same broadcast when it reads "update"
-        works = self.weights.send(version)
+        channel, works = self.weights.channel, self.weights.send(version)
 
         def done() -> int:
             version_loaded = loaded()  # first: a dead child fails here, not in wait()
-            for work in works:
-                work.wait()
+            if self.weights.channel is channel:  # else a restart formed a new group: these works are void
+                for work in works:
+                    work.wait()
             return version_loaded
         return done
 
@@ -341,6 +498,10 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     the buffers each broadcast fills; this process is ``rank`` of that group): it stays here as
     the probe's reference (always the weights of the last push). Answers are (call id, ok,
     result | (error type name, traceback)); a failure to start is reported with call id None."""
+    # Ctrl-C reaches the whole process group and a scheduler's SIGTERM may too: the trainer
+    # decides when this process stops (it sends "stop", or its death closes the pipe)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if log_path is not None:
         _redirect_output(log_path)
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other

@@ -21,6 +21,7 @@ import torch
 
 from asyncrl.rollout.fleet import Fleet
 from asyncrl.runtime.executors.process import RolloutProcess, TrainerWeights
+from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S
 
 
 class FleetConfigError(ValueError):
@@ -57,8 +58,13 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
                 rollout_device: str, transport: str = "shared", kv_on_update: str = "keep",
                 dtype: Optional[torch.dtype] = None, engine_options: Optional[dict] = None,
                 log_dir: Optional[Path] = None, start_timeout_s: float = 300.0,
-                on_lost: Optional[Callable[[str], None]] = None) -> Fleet:
-    """Spawn the replicas (all at once), connect the weights, wait until every one is ready."""
+                on_lost: Optional[Callable[[str], None]] = None, max_restarts: int = 0,
+                hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S,
+                on_restart: Optional[Callable[[int, str], None]] = None) -> Fleet:
+    """Spawn the replicas (all at once), connect the weights, wait until every one is ready.
+    Each replica restarts up to ``max_restarts`` times (shared weights; a collective group of
+    several replicas cannot take a new member) and no wait on one outlasts ``hang_timeout_s``;
+    ``on_restart(restarts, reason)`` hears of each restart, with the replica named in ``reason``."""
     tp = tensor_parallel_size
     if tp > 1:
         if backend_name != "engine":
@@ -68,7 +74,7 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
     devices = fleet_devices(rollout_device, engines, tp)
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="asyncrl-rollout-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    weights = TrainerWeights(model, transport, devices[0], members=engines)
+    weights = TrainerWeights(model, transport, devices[0], members=engines, hang_timeout_s=hang_timeout_s)
     options = {**(engine_options or {}), **({"tensor_parallel_size": tp} if tp > 1 else {})}
     replicas: list[RolloutProcess] = []
     try:
@@ -78,7 +84,10 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
             own = {**options, "seed": options.get("seed", 0) + i} if backend_name == "engine" else options
             replicas.append(RolloutProcess(weights, tokenizer, backend_name, 0, kv_on_update, dtype, own, device,
                                            rank=1 + i, name=f"rollout replica {i}",
-                                           log_path=str(log_dir / f"replica{i}.log"), daemon=tp == 1))
+                                           log_path=str(log_dir / f"replica{i}.log"), daemon=tp == 1,
+                                           max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
+                                           on_restart=_named(on_restart, f"rollout replica {i}"),
+                                           start_timeout_s=start_timeout_s))
         deadline = time.monotonic() + start_timeout_s
         for replica in replicas:
             replica.wait_joining(max(deadline - time.monotonic(), 1.0))
@@ -91,3 +100,10 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
         weights.close()
         raise
     return Fleet(replicas, weights, on_lost=on_lost, can_lose_replicas=transport == "shared")
+
+
+def _named(on_restart: Optional[Callable[[int, str], None]], name: str) -> Optional[Callable[[int, str], None]]:
+    """``on_restart`` with the replica's name before the reason."""
+    if on_restart is None:
+        return None
+    return lambda restarts, reason: on_restart(restarts, f"{name}: {reason}")

@@ -96,11 +96,13 @@ def attach_weights(module: torch.nn.Module, views: dict[str, torch.Tensor], devi
 
 @dataclass
 class ChannelAddress:
-    """What a child needs to join: the store's port, the collective backend and the group's size
-    (the trainer + every rollout process: one group for a whole fleet, as in OpenRLHF)."""
+    """What a child needs to join: the store's port, the collective backend, the group's size
+    (the trainer + every rollout process: one group for a whole fleet, as in OpenRLHF) and how
+    long a collective may wait for the other ranks (``runtime.hang_timeout_s``)."""
     port: int
     backend: str  # "nccl" | "gloo"
     world: int = 2
+    timeout_s: float = TIMEOUT.total_seconds()
 
 
 def channel_backend(trainer_device: torch.device, rollout_device: torch.device) -> str:
@@ -115,10 +117,14 @@ def channel_backend(trainer_device: torch.device, rollout_device: torch.device) 
                      "use runtime.weight_transport=shared")
 
 
-def host_store(backend: str, world: int = 2) -> tuple[dist.TCPStore, ChannelAddress]:
-    """The trainer's side of the rendezvous: a store on a free port (rank 0 is its master)."""
+def host_store(backend: str, world: int = 2, timeout_s: float | None = None) -> tuple[dist.TCPStore, ChannelAddress]:
+    """The trainer's side of the rendezvous: a store on a free port (rank 0 is its master);
+    ``timeout_s`` bounds every collective of the channel on every rank."""
     store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    return store, ChannelAddress(store.port, backend, world)
+    address = ChannelAddress(store.port, backend, world)
+    if timeout_s is not None:
+        address.timeout_s = timeout_s
+    return store, address
 
 
 class WeightChannel:
@@ -127,12 +133,17 @@ class WeightChannel:
     announces each sync over the pipes first, so every child enters the same collective)."""
 
     def __init__(self, store: dist.Store, address: ChannelAddress, rank: int):
+        """A broadcast waiting longer than ``address.timeout_s`` for the other rank fails
+        instead of hanging the run (a dead or wedged rollout process)."""
         self.rank, self.backend = rank, address.backend
+        timeout = datetime.timedelta(seconds=address.timeout_s)
         self._stamp_tensor: torch.Tensor | None = None
         if address.backend == "nccl":
-            self.group = dist.ProcessGroupNCCL(store, rank, address.world)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(store, rank, address.world, options)
         else:
-            self.group = dist.ProcessGroupGloo(store, rank, address.world, TIMEOUT)
+            self.group = dist.ProcessGroupGloo(store, rank, address.world, timeout)
 
     @classmethod
     def join(cls, address: ChannelAddress, rank: int = 1) -> "WeightChannel":

@@ -74,3 +74,13 @@ def test_tp4_engine_with_replicated_kv_heads(tiny_dirs, monkeypatch):
 def test_a_size_that_does_not_split_the_model_is_refused_before_spawning(tiny_dirs):
     with pytest.raises(TensorParallelError, match="valid sizes: 1, 2, 4$"):
         make_llm(tiny_dirs["llama"], tensor_parallel_size=3)
+
+
+def test_speculative_decoding_with_tp_above_one_is_refused_before_spawning(tiny_dirs):
+    """Speculation runs at tensor_parallel_size=1 only (its verify step drives rank 0 alone)."""
+    import multiprocessing
+
+    with pytest.raises(TensorParallelError, match="speculative decoding runs at tensor_parallel_size=1 only"):
+        make_llm(tiny_dirs["llama"], tensor_parallel_size=2,
+                 speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    assert multiprocessing.active_children() == []
