@@ -1,6 +1,7 @@
 """Our model implementations vs HF transformers on tiny random checkpoints (fp32)."""
 import pytest
 import torch
+from conftest import build_tiny, make_llm  # at import: a lazy import would get another dir's conftest
 
 from asyncrl.engine.attention import build_gathered_metadata
 from asyncrl.engine.models import load_model
@@ -72,7 +73,6 @@ def test_in_memory_model_stops_at_the_same_eos_list_as_its_directory(tmp_path):
     config.json's single id, for an engine built from the directory and from the loaded module."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from conftest import build_tiny, make_llm
 
     path = build_tiny("qwen3", tmp_path / "m")  # config.json: eos_token_id = 3
     GenerationConfig(eos_token_id=[3, 5]).save_pretrained(path)
