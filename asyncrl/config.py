@@ -238,6 +238,13 @@ class RolloutConfig:
     gpu_memory_utilization: float = field_spec(
         0.85, gt=0, le=1, help="engine on a GPU: fill the card up to this fraction of its memory (everything on it "
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
+    # -- the rollout fleet (docs/fleet.md): replicas x TP ranks, async mode --
+    engines: int = field_spec(1, ge=1, help="async: engine replicas (processes; GPUs from runtime.rollout_device "
+                                            "on, tensor_parallel_size each); a router sends each group to one")
+    tensor_parallel_size: int = field_spec(1, ge=1, help="async + engine: ranks each replica's model is split over "
+                                                         "(must divide the attention heads)")
+    replica_start_timeout_s: float = field_spec(300.0, gt=0, help="fleet: a replica not ready by then is named "
+                                                                  "with its log and the run stops")
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
     speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)

@@ -22,6 +22,7 @@ class EngineConfig:
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none
+    tensor_parallel_size: int = 1     # ranks the model is split over (processes; GPUs from the engine's device on)
     return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)
     # speculative decoding (spec/): vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4}
     speculative_config: Any = None

@@ -28,6 +28,8 @@ from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.models import load_model
+from asyncrl.engine.models.loader import build_model, fill_weights, model_source
+from asyncrl.engine.parallel import TensorParallel, TensorParallelError
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.state_pool import StateSlotManager
@@ -84,17 +86,24 @@ class LLM:
             self._build(model, dtype, device, tokenizer, version)
 
     def _build(self, model, dtype, device, tokenizer, version) -> None:
-        self.model = load_model(model, dtype=dtype, device=device)
+        self.followers = None  # tensor parallelism: the other ranks (parallel/workers.py)
+        self._check_speculative_tensor_parallel()
+        if self.config.tensor_parallel_size == 1:
+            self.model = load_model(model, dtype=dtype, device=device)
+        else:
+            self.model = self._build_tensor_parallel(model, dtype, torch.device(device))
         mc = self.model.config
-        self.max_model_len = min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = self._max_model_len(mc)
         self.tokenizer = tokenizer if tokenizer is not None or not isinstance(model, str) else _maybe_tokenizer(model)
         self.eos_token_ids = list(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
             self.eos_token_ids = [self.tokenizer.eos_token_id]
         spec, proposer = self._speculative_proposer(dtype, device)
-        self.runner = ModelRunner(self.model, self.config, self.max_model_len,
+        self.runner = ModelRunner(self.model, self.config, self.max_model_len, self.followers,
                                   extra_block_bytes=proposer.block_bytes(self.config.block_size)
                                   if hasattr(proposer, "block_bytes") else 0)
+        if self.followers is not None:
+            self.followers.wait_ready()
         if self.runner.state_pool is not None:  # hybrid: block-table rows are state slots, no prefix cache
             self.block_manager = StateSlotManager(self.runner.num_blocks, self.config.block_size,
                                                   self.runner._bt_width(), self.runner.num_state_slots)
@@ -127,6 +136,18 @@ class LLM:
 
             self.spec = SpeculativeDecoder(spec, proposer, self.runner)
 
+    def _check_speculative_tensor_parallel(self) -> None:
+        """Speculative decoding runs at ``tensor_parallel_size == 1`` only: its verify step and
+        drafters drive the model and the sampler on rank 0 alone, outside the TP step
+        (``StepInputs``) that every rank replays. Refused before any rank is started."""
+        from asyncrl.engine.spec.config import SpeculativeConfig
+
+        if self.config.tensor_parallel_size > 1 and SpeculativeConfig.from_any(self.config.speculative_config):
+            raise TensorParallelError(
+                f"speculative_config with tensor_parallel_size={self.config.tensor_parallel_size}: speculative "
+                "decoding runs at tensor_parallel_size=1 only (its verify step is not split over ranks yet); "
+                "drop one of them (rollout.speculative.method=off, or rollout.tensor_parallel_size=1)")
+
     def _speculative_proposer(self, dtype, device):
         """(SpeculativeConfig, proposer) of ``speculative_config`` (spec/), or (None, None)."""
         from asyncrl.engine.spec.config import SpeculativeConfig
@@ -140,6 +161,26 @@ class LLM:
         from asyncrl.engine.spec.decoding import make_proposer
 
         return spec, make_proposer(spec, next(self.model.parameters()).dtype, device, self.model.config)
+
+    def _max_model_len(self, mc) -> int:
+        return min(self.config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+
+    def _build_tensor_parallel(self, model, dtype, device: torch.device):
+        """Rank 0's shard; ranks 1..k-1 are spawned and build theirs (a checkpoint dir: every
+        rank reads it; an in-memory module: rank 0 broadcasts its tensors)."""
+        from asyncrl.engine.parallel.workers import TPFollowers
+
+        config, tensors, source_dtype = model_source(model)
+        dtype = dtype or source_dtype
+        source = model if isinstance(model, str) else None
+        self.followers = TPFollowers.launch(source, config, dtype, device, self.config, self._max_model_len(config))
+        try:
+            shard = build_model(config, dtype, device, TensorParallel(self.config.tensor_parallel_size, 0,
+                                                                      self.followers.comm))
+            return fill_weights(shard, tensors if source is not None else self.followers.broadcast_weights(tensors))
+        except BaseException:
+            self.followers.close()
+            raise
 
     def _on_device(self):
         """The engine's GPU made current for the calling thread (see :func:`_current_device`)."""
@@ -278,6 +319,8 @@ class LLM:
             raise ValueError(f"kv must be 'keep' or 'recompute', got {kv!r}")
         with self._lock:
             self._drain()  # tokens in flight came from the old weights: read them first (old version)
+            if self.followers is not None:  # every rank takes the full tensors and keeps its slice
+                named_tensors = self.followers.broadcast_weights(named_tensors)
             self.model.load_weights(named_tensors)
             self.version = version
             self.block_manager.set_namespace(version)
@@ -310,6 +353,8 @@ class LLM:
             if self.spec is not None and hasattr(self.spec.proposer, "release"):
                 self.spec.proposer.release()
             self.model.to("meta")
+            if self.followers is not None:
+                self.followers.close()
 
     @property
     def metrics(self) -> dict:

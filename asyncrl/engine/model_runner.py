@@ -1,10 +1,17 @@
 """ModelRunner: owns the model, the KV pool and the CUDA graphs; runs one step.
 
-``launch(batch)`` = prepare inputs -> forward (graph replay for GPU decode) -> copy forked
+``launch(batch)`` = ``prepare`` (host: the step's input arrays, a picklable ``StepInputs``)
+-> ``execute`` (device: inputs -> forward (graph replay for GPU decode) -> copy forked
 partial blocks -> logits of the rows that sample -> sample -> start the copy of the
-sampled tokens to the host; it does not wait for the device. ``fetch(handle)`` waits for
+sampled tokens to the host); it does not wait for the device. ``fetch(handle)`` waits for
 that step's tokens: the one device->host sync per step, which the engine places after
 launching the NEXT step (overlapped scheduling, ``LLM``). ``run`` = fetch(launch).
+
+Tensor parallelism (``model.tp.size > 1``): rank 0 runs the scheduler and ``prepare``; its
+``followers`` (``parallel/workers.py``) send each ``StepInputs`` to the other ranks, which
+``execute`` it too (same collectives in the same order). Rank 0 gathers the vocabulary shards
+of the logits, samples from the full distribution and broadcasts the tokens (the next step's
+pending input ids live on every rank's device).
 
 KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]``; block ``num_blocks`` is the
 scratch block that padded rows write to (never handed out by the BlockManager).
@@ -14,6 +21,7 @@ MoE models can record the experts chosen per token (``RoutingRecorder``, routing
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -30,11 +38,41 @@ from asyncrl.engine.staging import DeviceToHost, HostToDevice
 from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, state_host_arrays
 
 
+@dataclass
+class StepInputs:
+    """The host side of one step: every array the device side reads, in the order of its one
+    host->device copy, and how to read them. Picklable: TP rank 0 sends it to the other ranks.
+
+    ``arrays`` = inputs (``num_inputs``), then sampling (``num_sampling``: floats ``[2, S]``,
+    ints ``[2, S]`` [, sample rows]), then forked-block copies (src, dst: 0 or 2 arrays), then
+    forked recurrent-state slots (src, dst: 0 or 2 arrays; hybrid models).
+      gathered step: ids, positions, src, the ``GatheredHost`` arrays, [state arrays,] logit ends
+      paged decode:  ids, positions, slots, src, block tables, context lengths [, state slots]
+                     [, cascade plan]
+    """
+
+    arrays: list
+    num_inputs: int
+    num_sampling: int = 0
+    use_filter: bool = False  # a sampling row uses top-k / top-p
+    copy_tokens: int = 0      # slots to copy per forked partial block (0: no copies)
+    max_src: int = -1         # largest pending-token row (-1: every input id is on the host)
+    uniform: bool = False     # gathered: equal fresh prompts (plain causal mask)
+    paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
+    real_rows: int = 0        # paged decode: real sequences among them
+    graphed: bool = False     # paged decode: replay the bucket's CUDA graph
+    num_state: int = 0        # hybrid: recurrent-state arrays among the inputs (``state_host_arrays``)
+    state_copies: bool = False  # hybrid: the last two arrays fork recurrent-state slots
+
+
 class ModelRunner:
-    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, extra_block_bytes: int = 0):
-        """``extra_block_bytes``: memory per KV block taken by another pool with the same block
-        geometry (a speculative draft model's K/V, ``spec/draft_model.py``)."""
+    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, followers=None,
+                 extra_block_bytes: int = 0):
+        """``followers``: on rank 0 of a TP engine, the other ranks (``run_step(StepInputs)``).
+        ``extra_block_bytes``: memory per KV block taken by another pool with the same block
+        geometry (a speculative draft model's K/V, ``spec/draft_model.py``; TP=1 only)."""
         self.model = model
+        self.tp, self.followers = model.tp, followers
         self.extra_block_bytes = extra_block_bytes
         self.config = config
         self.block_size = config.block_size
@@ -42,12 +80,17 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.is_cuda = self.device.type == "cuda"
+        c = model.config
+        self.num_heads = self.tp.heads(c.num_attention_heads)  # this rank's (all of them at TP=1)
+        self.num_kv_heads = self.tp.kv_heads(c.num_key_value_heads)
         linear = model.linear_layers() if hasattr(model, "linear_layers") else []
         # before sizing the KV pool from free memory: the states take their share first
         self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
         # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
         self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
         self.num_blocks = self._num_kv_blocks()
+        if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
+            self.num_blocks = self.tp.comm.min_int(self.num_blocks)
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
         self.routing = None
@@ -56,13 +99,12 @@ class ModelRunner:
             self.routing = RoutingRecorder(model.routers(), self.num_blocks, self.block_size, self.device)
         self.sampler = Sampler(self.device, compile=config.compile_sampler, triton=config.triton_sampler)
         self.h2d, self.d2h = HostToDevice(self.device), DeviceToHost(self.device)
-        if self.is_cuda and (config.compile_sampler or config.triton_sampler):
-            self._warmup_sampler()
+        if self.is_cuda and (config.compile_sampler or config.triton_sampler) and self.tp.rank == 0:
+            self._warmup_sampler()  # only rank 0 samples
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
-        c = model.config
-        self.cascade = (CascadeBuffers(c.num_attention_heads, c.num_key_value_heads, self.block_size,
+        self.cascade = (CascadeBuffers(self.num_heads, self.num_kv_heads, self.block_size,
                                        config.max_num_seqs, self.device)
                         if self.is_cuda and config.cascade_attention else None)
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -80,8 +122,7 @@ class ModelRunner:
         return [layer.self_attn for layer in self.model.model.layers if hasattr(layer, "self_attn")]
 
     def _block_bytes(self) -> int:
-        c = self.model.config
-        per_layer = self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        per_layer = self.block_size * self.num_kv_heads * self.model.config.head_dim * self.dtype.itemsize
         return 2 * len(self._attention_layers()) * per_layer + self.extra_block_bytes
 
     def _num_kv_blocks(self) -> int:
@@ -105,7 +146,7 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> None:
         c = self.model.config
-        shape = (self.num_blocks + 1, self.block_size, c.num_key_value_heads, c.head_dim)
+        shape = (self.num_blocks + 1, self.block_size, self.num_kv_heads, c.head_dim)
         for attn in self._attention_layers():
             attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -130,14 +171,10 @@ class ModelRunner:
             return []
         return [np.array([c[0] for c in copies], dtype=np.int64), np.array([c[1] for c in copies], dtype=np.int64)]
 
-    def copy_blocks(self, copies: list[tuple[int, int, int]], *block_ids: torch.Tensor) -> None:
-        """Copy forked partial blocks ``(src, dst, num_tokens)``: only the first
-        max(num_tokens) slots (short GRPO prompts fill a fraction of a block). ``block_ids``:
-        (src, dst) already on the device (``_copy_arrays`` through the step's transfer)."""
-        if not copies:
-            return
-        src, dst = block_ids
-        m = max(c[2] for c in copies)
+    def copy_blocks(self, m: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy forked partial blocks ``src -> dst`` (block ids ``[C]`` on the device, sent with
+        the step's transfer by ``_copy_arrays``): only the first ``m`` = max(num_tokens) slots
+        (short GRPO prompts fill a fraction of a block)."""
         for attn in self._attention_layers():
             attn.k_cache[dst, :m] = attn.k_cache[src, :m]
             attn.v_cache[dst, :m] = attn.v_cache[src, :m]
@@ -175,21 +212,19 @@ class ModelRunner:
         src = batch.input_src if not batch.is_prefill else [-1] * len(ids)
         return [np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64), np.array(src, dtype=np.int64)]
 
-    def _prepare(self, batch: ScheduledBatch, extra: list[np.ndarray]):
-        """Inputs of a gathered step (prefill, or any step on CPU), all in one transfer."""
+    def _gathered_inputs(self, batch: ScheduledBatch) -> tuple[list[np.ndarray], bool]:
+        """(inputs, uniform) of a gathered step (prefill, or any step on CPU): ids, positions,
+        src, the ``GatheredHost`` arrays and the logit ends."""
         host = gathered_host_arrays([s.block_table for s in batch.seqs], batch.starts,
                                     [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
-        meta_arrays = host.arrays()
-        ids, pos, src, *rest = self.h2d.put(self._gathered_host(batch) + meta_arrays + extra)
-        meta = gathered_metadata(*rest[:len(meta_arrays)], host.uniform)
-        return self._resolve_ids(ids, src, batch), pos, meta, rest[len(meta_arrays):]
+        return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.uniform
 
-    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, batch: ScheduledBatch) -> torch.Tensor:
+    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int) -> torch.Tensor:
         """Input ids with pending tokens taken from the last launched step's samples."""
-        if batch.is_prefill or max(batch.input_src, default=-1) < 0:
+        if max_src < 0:
             return ids
         prev = self.last_tokens
-        assert prev is not None and prev.numel() > max(batch.input_src), "pending token of an unknown step"
+        assert prev is not None and prev.numel() > max_src, "pending token of an unknown step"
         return torch.where(src >= 0, prev[src.clamp(min=0)], ids)
 
     def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int) -> list[np.ndarray]:
@@ -307,77 +342,106 @@ class ModelRunner:
         return ends[[id(s) in done for s in batch.seqs]].astype(np.int64)
 
     # ---- step ----------------------------------------------------------------------
-    @torch.inference_mode()
-    def forward(self, batch: ScheduledBatch, extra: list[np.ndarray] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Hidden states of the ``batch.logit_seqs`` rows ``[len(logit_seqs), hidden]``, and
-        device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
-        extra = list(extra)
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's host arrays (rank 0 only: it reads the scheduler's sequences)."""
+        sampling, use_filter = [], False
+        if batch.sample_seqs:
+            sampling, use_filter = self._sample_arrays(batch)
+            if batch.is_prefill:  # forked siblings repeat their parent's row
+                sampling.append(np.asarray(batch.sample_rows, dtype=np.int64))
+        copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
+        state_copies = fork_slots(batch) if self.state_pool is not None else []
+        common = dict(num_sampling=len(sampling), use_filter=use_filter,
+                      copy_tokens=max((c[2] for c in batch.copies), default=0),
+                      max_src=-1 if batch.is_prefill else max(batch.input_src, default=-1),
+                      state_copies=bool(state_copies))
+        copies = copies + state_copies
         if batch.is_prefill or not self.is_cuda:
-            state = ([] if self.state_pool is None
-                     else state_host_arrays(batch, 0, self.state_pool.scratch, self.packed_state_prefill))
-            input_ids, positions, meta, rest = self._prepare(batch, state + extra + [self._logit_ends(batch)])
-            attach_state(meta, rest[:len(state)])
-            *rest, ends = rest[len(state):]
-            hidden = self.model(input_ids, positions, meta)
-            return hidden[ends], rest
+            inputs, uniform = self._gathered_inputs(batch)
+            state = self._state_arrays(batch, 0)
+            inputs = inputs[:-1] + state + inputs[-1:]  # the logit ends stay last
+            return StepInputs(inputs + sampling + copies, len(inputs), uniform=uniform, num_state=len(state), **common)
         n = len(batch.seqs)
         bs = min((b for b in self.graphs if b >= n), default=None)
         rows = n if bs is None else bs
-        host = self._decode_paged_inputs(batch, rows)
-        plan = self._cascade_plan(host, n, rows)
-        state = [] if self.state_pool is None else state_host_arrays(batch, rows, self.state_pool.scratch)
-        ids, pos, slots, src, bt, ctx, *rest = self.h2d.put(host + state + plan + extra)
-        ids = self._resolve_ids(ids, src, batch)
-        state_slots, rest = (rest[0] if state else None), rest[len(state):]
-        cascade, rest = self._cascade_meta(rest[:len(plan)], rows), rest[len(plan):]
-        if bs is None:  # eager paged decode (no graphs, or batch above the largest)
+        inputs = self._decode_paged_inputs(batch, rows)
+        plan = self._cascade_plan(inputs, n, rows)
+        state = self._state_arrays(batch, rows)
+        inputs = inputs + state + plan
+        return StepInputs(inputs + sampling + copies, len(inputs), paged_rows=rows, real_rows=n,
+                          graphed=bs is not None, num_state=len(state), **common)
+
+    def _state_arrays(self, batch: ScheduledBatch, rows: int) -> list[np.ndarray]:
+        """Hybrid models: the step's recurrent-state host arrays (``state_host_arrays``; a GPU
+        prefill through FLA's varlen kernel also sends its packed metadata); else none."""
+        if self.state_pool is None:
+            return []
+        return state_host_arrays(batch, rows, self.state_pool.scratch, self.packed_state_prefill and not rows)
+
+    def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
+        ``inputs`` on the device (called by ``execute``, under its inference mode)."""
+        if not step.paged_rows:
+            ids, pos, src, *meta_arrays, ends = inputs
+            k = len(meta_arrays) - step.num_state
+            meta = gathered_metadata(*meta_arrays[:k], step.uniform)
+            attach_state(meta, meta_arrays[k:])
+            return self.model(self._resolve_ids(ids, src, step.max_src), pos, meta)[ends]
+        ids, pos, slots, src, bt, ctx, *rest = inputs
+        ids = self._resolve_ids(ids, src, step.max_src)
+        rows, n = step.paged_rows, step.real_rows
+        state_slots = rest[0] if step.num_state else None
+        cascade = self._cascade_meta(rest[step.num_state:], rows)
+        if not step.graphed:  # eager paged decode (no graphs, or batch above the largest)
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
                                      state_slots=state_slots, **cascade)
-            return self.model(ids, pos, meta), rest
+            return self.model(ids, pos, meta)
         g = self.graph_vars
-        inputs = [("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
-                  ("context_lens", ctx)] + ([("state_slots", state_slots)] if state else [])
-        for name, t in inputs:
-            g[name][:bs].copy_(t)
+        graph_inputs = [("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
+                        ("context_lens", ctx)] + ([("state_slots", state_slots)] if step.num_state else [])
+        for name, t in graph_inputs:
+            g[name][:rows].copy_(t)
         graphs = self.cascade_graphs if cascade else self.graphs
-        graphs[bs].replay()
-        return g["hidden"][:n], rest
+        graphs[rows].replay()
+        return g["hidden"][:n]
+
+    def launch(self, batch: ScheduledBatch):
+        """Queue one step on the device (``prepare`` + ``execute``; TP: every rank runs it).
+        Returns a handle for ``fetch`` without waiting for the device."""
+        step = self.prepare(batch)
+        if self.followers is not None:
+            self.followers.run_step(step)
+        return self.execute(step)
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch):
-        """Queue one step on the device: inputs, forward, forked-block copies, LM head,
-        sampling, and the asynchronous copy of the sampled tokens/log-probs to the host.
-        Returns a handle for ``fetch`` without waiting for the device. The sampled tokens
-        stay on the device as ``last_tokens`` (the next step's pending input ids)."""
-        copies = self._copy_arrays(batch.copies)  # sent with the step's inputs, like every host array
-        if self.state_pool is not None:
-            copies = copies + fork_slots(batch)
-        if not batch.sample_seqs:  # a prefill chunk that completes no sequence
-            _, rest = self.forward(batch, copies)
-            self._copy_forked(batch, rest)
+    def execute(self, step: StepInputs):
+        """Inputs, forward, forked-block copies, LM head, sampling, and the asynchronous copy
+        of the sampled tokens/log-probs to the host; returns a handle for ``fetch`` (None when
+        no row samples, and on TP ranks other than 0). The sampled tokens stay on the device
+        as ``last_tokens`` (the next step's pending input ids)."""
+        arrays = self.h2d.put(step.arrays)
+        k, m = step.num_inputs, step.num_inputs + step.num_sampling
+        hidden = self.forward(step, arrays[:k])
+        self._copy_forked(step, arrays[m:])
+        if not step.num_sampling:  # a prefill chunk that completes no sequence
             self.last_tokens = None
             return None
-        arrays, use_filter = self._sample_arrays(batch)
-        if batch.is_prefill:  # forked siblings repeat their parent's row
-            arrays = arrays + [np.asarray(batch.sample_rows, dtype=np.int64)]
-        hidden, rest = self.forward(batch, arrays + copies)
         # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
         # compiled sampler's guards see the same layout every step
-        floats, ints = rest[0].clone(), rest[1].clone()
-        self._copy_forked(batch, rest[len(arrays):])
-        if batch.is_prefill:  # rest[2]: the sample rows
-            hidden = hidden[rest[2]]
-        tokens, logprobs = self.sample(hidden, floats, ints, use_filter)
+        floats, ints = arrays[k].clone(), arrays[k + 1].clone()
+        if step.num_sampling == 3:  # prefill: the sample rows
+            hidden = hidden[arrays[k + 2]]
+        tokens, logprobs = self.sample(hidden, floats, ints, step.use_filter)
         self.last_tokens = tokens
-        return self.d2h.start(tokens, logprobs)
+        return None if logprobs is None else self.d2h.start(tokens, logprobs)
 
-    def _copy_forked(self, batch: ScheduledBatch, arrays: list[torch.Tensor]) -> None:
-        """After the forward: forked partial KV blocks (``arrays[:2]`` if any), then forked
-        recurrent states (the last two, hybrid models)."""
-        nblock = 2 if batch.copies else 0
-        self.copy_blocks(batch.copies, *arrays[:nblock])
-        if self.state_pool is not None and batch.forks:
-            self.state_pool.copy(*arrays[nblock:nblock + 2])
+    def _copy_forked(self, step: StepInputs, copies: list[torch.Tensor]) -> None:
+        """After the forward: forked partial KV blocks (the first two arrays, if any), then
+        forked recurrent states (the last two, hybrid models)."""
+        if step.copy_tokens:
+            self.copy_blocks(step.copy_tokens, *copies[:2])
+        if step.state_copies:
+            self.state_pool.copy(*copies[-2:])
 
     def fetch(self, handle) -> tuple[list[int], list[float]]:
         """Host lists (tokens, log-probs) of a launched step: waits for that step only."""
@@ -391,8 +455,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def sample(self, hidden: torch.Tensor, floats: torch.Tensor, ints: torch.Tensor,
-               use_filter: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               use_filter: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """LM head on ``hidden`` [S, H] (one row per sample seq), then one token (and its
-        log-prob) per row, on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32."""
+        log-prob) per row, on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32.
+        TP: rank 0 samples from the gathered full-vocabulary logits and broadcasts the
+        tokens; the other ranks get the tokens and no log-probs (None)."""
         logits = self.model.lm_head(hidden)  # cast to fp32 inside the (fused) sampler
-        return self.sampler(logits, floats, ints, use_filter)
+        if self.tp.size == 1:
+            return self.sampler(logits, floats, ints, use_filter)
+        full = self.tp.comm.gather_columns(logits, self.model.config.vocab_size)
+        if full is None:
+            return self.tp.comm.broadcast(torch.empty(hidden.shape[0], dtype=torch.int64, device=self.device)), None
+        tokens, logprobs = self.sampler(full, floats, ints, use_filter)
+        return self.tp.comm.broadcast(tokens), logprobs

@@ -403,6 +403,25 @@ class LogprobGap(Monitor):
                 "under the same weights: engine and trainer numerics or weights differ; check weight sync and dtypes")
 
 
+class ReplicaLost(Monitor):
+    """A rollout replica died; the fleet generated its groups again on the others (rollout/fleet.py)."""
+
+    name = "replica_lost"
+
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
+        self.lost = 0.0
+
+    def check(self, step, metrics, samples):
+        lost, alive = self.value(metrics, "fleet/replicas_lost"), self.value(metrics, "fleet/replicas_alive")
+        if lost is None or lost <= self.lost:
+            return None
+        self.lost = lost
+        return lost, 0.0, (f"{lost:g} rollout replica(s) lost so far; the run goes on with {alive or 0:g}: their "
+                           "groups were generated again on the others (none lost, none trained twice); see the "
+                           "replica logs in the run's rollout/ folder")
+
+
 class RolloutRestarts(Monitor):
     """The rollout process died and was restarted (``async/rollout_restarts`` rose): the run
     goes on, but a process that keeps dying (OOM, a crashing kernel) needs a look."""
@@ -425,7 +444,8 @@ class RolloutRestarts(Monitor):
 
 
 MONITORS = (KLBudget, RewardHacking, Staleness, VersionLag, ThroughputDrop, PrefixCacheDrop, DegenerateGroups,
-            EntropyCollapse, EntropyBlowup, LengthHacking, NonFinite, LogprobGap, RolloutRestarts)
+            EntropyCollapse, EntropyBlowup, LengthHacking, NonFinite, LogprobGap, RolloutRestarts,
+            ReplicaLost)
 
 
 # ----------------------------------------------------------------------------- runner

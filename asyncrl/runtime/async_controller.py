@@ -35,21 +35,25 @@ from asyncrl.types import Example
 PROBE_TEXT = "12+34="
 
 
-def build_rollout_backend(cfg, model, tokenizer):
+def build_rollout_backend(cfg, model, tokenizer, log_dir=None):
     """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
     ``rollout.registry`` (the engine for the architectures it implements); in a child process
-    with ``runtime.rollout_process`` (executors/process.py); episodes of ``workflow.fn`` on it."""
+    with ``runtime.rollout_process`` (executors/process.py); a fleet of replica processes with
+    ``rollout.engines`` > 1 or ``rollout.tensor_parallel_size`` > 1 (their logs in ``log_dir``);
+    episodes of ``workflow.fn`` on it."""
     from asyncrl.workflows.build import wrap_backend
 
-    return wrap_backend(cfg, _single_turn_backend(cfg, model, tokenizer), tokenizer)
+    return wrap_backend(cfg, _single_turn_backend(cfg, model, tokenizer, log_dir), tokenizer)
 
 
-def _single_turn_backend(cfg, model, tokenizer):
+def _single_turn_backend(cfg, model, tokenizer, log_dir=None):
     from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
     if name == "openai":  # the server holds its own weights
         return build_backend(name, model, tokenizer, **engine_options(cfg.rollout))
+    if cfg.rollout.engines > 1 or cfg.rollout.tensor_parallel_size > 1:
+        return _start_fleet(cfg, model, tokenizer, name, log_dir)
     if cfg.runtime.rollout_process and cfg.runtime.executor == "local":
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
@@ -68,9 +72,26 @@ def _single_turn_backend(cfg, model, tokenizer):
     return HFGenerateBackend(clone_for_rollout(model), tokenizer)
 
 
+def _start_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
+    from asyncrl.metrics.console import console
+    from asyncrl.rollout.registry import engine_options
+    from asyncrl.runtime.executors.replicas import start_fleet
+
+    r = cfg.rollout
+    return start_fleet(model, tokenizer, backend_name, engines=r.engines, tensor_parallel_size=r.tensor_parallel_size,
+                       rollout_device=cfg.runtime.rollout_device or str(next(model.parameters()).device),
+                       transport=cfg.runtime.weight_transport, kv_on_update=cfg.runtime.partial_rollout_kv,
+                       dtype=getattr(torch, cfg.model.dtype), engine_options=engine_options(r), log_dir=log_dir,
+                       start_timeout_s=r.replica_start_timeout_s,
+                       on_lost=lambda message: console.print(f"[bold yellow]fleet[/] {message}"),
+                       max_restarts=cfg.runtime.max_restarts, hang_timeout_s=cfg.runtime.hang_timeout_s,
+                       on_restart=_announce_restart)
+
+
 def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, encode=None,
-                           backend=None) -> "AsyncController":
-    """The async controller and its roles; ``backend`` defaults to :func:`build_rollout_backend`."""
+                           backend=None, log_dir=None) -> "AsyncController":
+    """The async controller and its roles; ``backend`` defaults to :func:`build_rollout_backend`
+    (replica logs, if a fleet, in ``log_dir``)."""
     validate_config(cfg)
     actor, reference, critic = build_roles(cfg, model)
     if cfg.runtime.executor == "ray":  # generation and rewards in Ray actors, behind the same contracts
@@ -78,7 +99,7 @@ def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, enco
 
         backend, reward_fn, placement = ray_roles(cfg, model, tokenizer, reward_fn)
         backend.placement_group = placement
-    backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer)
+    backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer, log_dir)
     return AsyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
                            encode=encode)
 
@@ -176,7 +197,12 @@ class AsyncController(SyncController):
                 metrics.update(self.weight_sync.push(self.actor.model, self.actor.version))
         self.last_samples = SampleStats.from_batch(batch)
         return {**metrics, **self._batch_metrics(batch, scored), **t.step_metrics(), **self.memory.step_metrics(),
-                **self._overlap_metrics()}
+                **self._overlap_metrics(), **self._fleet_metrics()}
+
+    def _fleet_metrics(self) -> dict[str, float]:
+        """Per-replica metrics of a fleet backend (rollout/fleet.py), else none."""
+        step_metrics = getattr(self.backend, "step_metrics", None)
+        return step_metrics() if step_metrics is not None else {}
 
     def _check(self) -> None:
         """While the trainer waits for data: a failed rollout side or weight load raises (and

@@ -15,6 +15,7 @@ from asyncrl.distributed.group import SINGLE, DataParallel, init_distributed, sh
 from asyncrl.distributed import lockstep
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
+from asyncrl.metrics.fleet import FleetProfile
 from asyncrl.config_schema import to_dict
 from asyncrl.metrics.health import HealthMonitor
 from asyncrl.metrics.profile import StageProfile, headline, profile_table
@@ -148,7 +149,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     prompts = CountingStream(source.train_stream(), resume.prompts if resume is not None else 0)
     lockstep.announce(dp, "session", "build", model_info["model_path"])  # the followers shard with rank 0 below
-    controller = build_controller(cfg, model, backend, tokenizer, source, encode, prompts, dp)
+    controller = build_controller(cfg, model, backend, tokenizer, source, encode, prompts, run_dir, dp)
     rank_memory = RankMemory(dp, controller.memory)
     def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
@@ -190,6 +191,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     checkpoints = RunCheckpoints(cfg, run_dir, controller, policy_state, source)
     health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
+    fleet = FleetProfile()  # rollout replicas, if any (rollout.engines / tensor_parallel_size)
     totals = {"steps": 0, "step_wall": 0.0, "rl_seconds": 0.0, "wall_seconds": 0.0, "failed": []}
     if resume is not None:
         try:
@@ -199,6 +201,8 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
             raise
         restore_attributes(health, resume.run["health"])
         restore_attributes(profile, resume.run["profile"])
+        if "fleet" in resume.run:  # checkpoints of runs before the fleet have none
+            restore_attributes(fleet, resume.run["fleet"])
         totals = {**totals, **resume.run["totals"]}
         console.print(f"resumed from {resume.checkpoint} (step {resume.step}, {resume.prompts} prompts consumed)")
     purge = totals["steps"] + 1 if cfg.trainer.resume != "never" else None  # earlier events of these steps hidden
@@ -216,7 +220,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     def run_state() -> dict:
         """The pipeline's part of a checkpoint (resume.py): restored as it was."""
         return {"before": before, "health": attributes(health, skip=("cfg", "events_path")),
-                "profile": attributes(profile), "totals": {
+                "profile": attributes(profile), "fleet": attributes(fleet), "totals": {
                     "steps": steps_done, "step_wall": step_wall, "failed": list(failed),
                     "rl_seconds": totals["rl_seconds"] + time.perf_counter() - rl_start,
                     "wall_seconds": totals["wall_seconds"] + time.perf_counter() - wall_start}}
@@ -241,6 +245,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
                 metrics.update(profile.observe_row(metrics))  # the same row metrics.jsonl gets
                 if "reward/failed_fraction" in metrics:
                     failed.append(metrics["reward/failed_fraction"])
+                fleet.observe(metrics)
                 if cfg.health.enabled:
                     health.warn(health.observe(step, metrics, controller.last_samples), console)
                     metrics.update(health.step_metrics())
@@ -283,7 +288,8 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         "checkpoint": str(checkpoint) if checkpoint else None,
         "resumed_from_step": resume.step if resume is not None else None, "preempted": preemption.requested,
         "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
-        "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
+        "profile": profile.summary(), **({"fleet": fleet.summary()} if fleet.active else {}),
+        "memory": controller.memory.summary(), "health": health.summary(),
         **({"memory_per_rank": rank_memory.gather_run()} if dp.world_size > 1 else {}),
         **({"world_size": dp.world_size} if dp.sharded else {}),
         **{k: v for k, v in model_info.items()},
@@ -296,6 +302,8 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
                       "samples (scored reward.default_score): see reward/failed_fraction and the pool's failures[/]")
     console.print(profile_table(summary["profile"]))
     console.print(headline(summary["profile"]))
+    if fleet.active:
+        console.print(fleet.line())
     if cfg.logging.report:
         from asyncrl.metrics.report import write_report
         from asyncrl.metrics.report_plots import available
@@ -339,13 +347,16 @@ def _checkpoint_after_failure(err: Exception, checkpoints, steps_done: int, run_
     console.print(f"checkpoint of step {steps_done} written after the failure: {path} (trainer.resume=auto)")
 
 
-def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=None, dp: DataParallel = SINGLE):
+def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=None, run_dir=None,
+                     dp: DataParallel = SINGLE):
     """``runtime.mode``: sync shares ``backend`` (the trainer's model); async builds a rollout
-    backend with its own copy of the weights and runs it concurrently (async_controller.py).
+    backend with its own copy of the weights and runs it concurrently (async_controller.py);
+    a rollout fleet's replica logs go to ``run_dir/rollout``.
     ``prompts``: the training stream (default: the source's, from its start)."""
     prompts = prompts if prompts is not None else source.train_stream()
     if cfg.runtime.mode == "async":
-        return build_async_controller(cfg, model, tokenizer, source.reward, prompts, encode=encode)
+        log_dir = run_dir / "rollout" if run_dir is not None else None
+        return build_async_controller(cfg, model, tokenizer, source.reward, prompts, encode=encode, log_dir=log_dir)
     return build_sync_controller(cfg, model, backend, tokenizer, source.reward, prompts, encode=encode, dp=dp)
 
 

@@ -7,7 +7,7 @@ is broken, and the message that says why and what to set instead.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from asyncrl.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from asyncrl.config_schema import ConfigError, closest_key
@@ -89,6 +89,13 @@ RULES: list[Rule] = [
     (lambda c: c.actor.master_dtype not in ("float32", c.model.dtype),
      lambda c: f"actor.master_dtype={c.actor.master_dtype} with model.dtype={c.model.dtype}: the master weights are "
                "float32 or the model's own dtype (pure low-precision training)"),
+    # -- the fleet beside workflows / servers (checked first: their own rules would name rollout_process) --
+    (lambda c: _fleet(c) and c.workflow.enabled,
+     lambda c: "workflow.fn runs its episodes on one in-process engine; a rollout fleet (rollout.engines > 1 or "
+               "rollout.tensor_parallel_size > 1) does not serve workflows yet: set both to 1"),
+    (lambda c: _fleet(c) and c.rollout.backend == "openai",
+     lambda c: "rollout.backend=openai generates on its server: rollout.engines and rollout.tensor_parallel_size "
+               "belong to that server (`asyncrl serve`), set both to 1 here"),
     # -- workflows and remote servers (docs/workflows.md) --
     (lambda c: c.workflow.enabled and c.rollout.backend == "hf",
      lambda c: "workflow.fn runs episodes on the asyncrl engine or an OpenAI-compatible server: set rollout.backend "
@@ -114,6 +121,20 @@ RULES: list[Rule] = [
     (lambda c: c.runtime.executor == "ray" and not _async(c) and c.trainer.gpus == 1,
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors (set runtime.mode=async), or the "
                "trainer's ranks as Ray actors (set trainer.gpus=N)"),
+    # -- the rollout fleet (docs/fleet.md) --
+    (lambda c: _fleet(c) and not _async(c),
+     lambda c: f"rollout.engines={c.rollout.engines} x rollout.tensor_parallel_size={c.rollout.tensor_parallel_size} "
+               "runs engine replicas beside the trainer: set runtime.mode=async"),
+    (lambda c: _fleet(c) and c.runtime.executor != "local",
+     lambda c: "a rollout fleet (rollout.engines > 1 or rollout.tensor_parallel_size > 1) runs its replicas as "
+               "local processes: use runtime.executor=local"),
+    (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.backend == "hf",
+     lambda c: "rollout.tensor_parallel_size > 1 splits the asyncrl engine's model: set rollout.backend=engine"),
+    (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.speculative.method != "off",
+     lambda c: f"rollout.speculative.method={c.rollout.speculative.method} with rollout.tensor_parallel_size="
+               f"{c.rollout.tensor_parallel_size}: speculative decoding runs at tensor_parallel_size=1 only (its "
+               "verify step is not split over ranks yet); set one of them off (rollout.engines > 1 keeps "
+               "speculation on every replica)"),
 ]
 
 
@@ -126,8 +147,30 @@ def _sharded(c) -> bool:
 
 
 def _rollout_process(c) -> bool:
-    """The rollout backend runs in its own process (async, local executor)."""
-    return _async(c) and c.runtime.rollout_process and c.runtime.executor == "local"
+    """The rollout backend runs in its own process(es) (async, local executor; a fleet always)."""
+    return _async(c) and (c.runtime.rollout_process or _fleet(c)) and c.runtime.executor == "local"
+
+
+def _fleet(c) -> bool:
+    """Several engine replicas, or one split over TP ranks (``rollout/fleet.py``)."""
+    return c.rollout.engines > 1 or c.rollout.tensor_parallel_size > 1
+
+
+def check_fleet_devices(cfg, visible_gpus: Optional[int] = None) -> None:
+    """Replicas × TP ranks fit the visible GPUs from the rollout device (before anything loads)."""
+    if not (_fleet(cfg) and _async(cfg)):
+        return
+    import torch
+
+    from asyncrl.runtime.executors.replicas import FleetConfigError, fleet_devices
+
+    device = cfg.runtime.rollout_device or cfg.trainer.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        fleet_devices(device, cfg.rollout.engines, cfg.rollout.tensor_parallel_size, visible_gpus)
+    except FleetConfigError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _corrected(c) -> bool:
@@ -144,6 +187,7 @@ def check_combinations(cfg) -> None:
 
 
 def validate_config(cfg) -> None:
-    """Every run-time check: registered names, then combinations."""
+    """Every run-time check: registered names, combinations, then the fleet's GPUs."""
     check_registered_names(cfg)
     check_combinations(cfg)
+    check_fleet_devices(cfg)

@@ -31,6 +31,8 @@ def healthy_row(step: int, rng: random.Random) -> dict:
         "actor/pg_loss": rng.uniform(-0.1, 0.1),
         "actor/grad_norm": rng.uniform(0.5, 2.0),
         "rollout/logprob_gap": rng.uniform(0.005, 0.02),
+        "fleet/replicas_alive": 2.0,
+        "fleet/replicas_lost": 0.0,
         "async/rollout_restarts": 0.0,
     }
     if step % 5 == 0:
@@ -108,6 +110,7 @@ FAILURES = {
     "entropy_blowup": _set(**{"actor/entropy": 5.0}),
     "nonfinite": _nonfinite,
     "logprob_gap": _set(**{"rollout/logprob_gap": 0.5}),
+    "replica_lost": _set(**{"fleet/replicas_alive": 1.0, "fleet/replicas_lost": 1.0}),
     "rollout_restarts": lambda row, step: row.update({"async/rollout_restarts": 1.0 if step >= 40 else 0.0}),
 }
 
@@ -124,6 +127,12 @@ def test_failure_fires_its_monitor_only(name):
     first = min(e.step for e in monitor.events)
     assert BREAK <= first <= BREAK + 10  # fires soon after the failure starts
     assert monitor.counts[name] >= 1
+
+
+def test_replica_lost_fires_once_per_loss():
+    monitor = drive(break_row=FAILURES["replica_lost"])
+    assert [e.step for e in monitor.events] == [BREAK]  # the count stays at 1: one event, not one per step
+    assert "1 rollout replica(s) lost so far; the run goes on with 1" in monitor.events[0].message
 
 
 def test_length_hacking_fires_from_samples():

@@ -9,6 +9,10 @@ HF parameter names are mapped onto the fused ones by ``load_weights`` (also used
 ``LLM.update_weights``): ``q_proj/k_proj/v_proj -> qkv_proj`` and
 ``gate_proj/up_proj -> gate_up_proj``, each copied into its row slice in place, so the
 parameter storage (and any CUDA graph captured over it) stays valid.
+
+Tensor parallelism (``tp``, ``engine/parallel/``): the projections are the column/row-parallel
+layers, embedding and head split the vocabulary; every loader takes the FULL HF tensor and
+keeps this rank's slice. With ``tp.size == 1`` they are the plain torch layers.
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from torch import nn
 
 from asyncrl.engine.attention import AttentionMetadata, paged_attention
 from asyncrl.engine.models.config import ModelConfig
+from asyncrl.engine.parallel.layers import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
+                                            RowParallelLinear, VocabParallelEmbedding, load_replicated)
+from asyncrl.engine.parallel.layout import SINGLE, TensorParallel
 
 
 class _CudaCompiled:
@@ -115,13 +122,17 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: ModelConfig):
+    """This rank's ``H/tp`` query heads and ``max(1, Hkv/tp)`` KV heads (all of them at tp = 1)."""
+
+    def __init__(self, c: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.num_heads, self.num_kv_heads = tp.heads(c.num_attention_heads), tp.kv_heads(c.num_key_value_heads)
+        self.head_dim = c.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=c.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, c.hidden_size, bias=False)
+        self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads,
+                                          c.qkv_bias, tp)
+        self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False, tp=tp)
         self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.eps = c.rms_norm_eps
@@ -142,21 +153,21 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.inter = c.intermediate_size
-        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.inter = c.intermediate_size // tp.size
+        self.gate_up_proj = MergedColumnParallelLinear.gate_up(c.hidden_size, c.intermediate_size, tp)
+        self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size, bias=False, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.inter))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.self_attn = Attention(c)
-        self.mlp = MLP(c)
+        self.self_attn = Attention(c, tp)
+        self.mlp = MLP(c, tp)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -173,10 +184,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(c) for _ in range(c.num_hidden_layers)])
+        self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp)
+        self.layers = nn.ModuleList([DecoderLayer(c, tp) for _ in range(c.num_hidden_layers)])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(c)
 
@@ -199,58 +210,63 @@ _PACKED = {
 
 class CausalLM(nn.Module):
     """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``;
-    ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` (fp32)."""
+    ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` (fp32; under tensor parallelism on
+    rank 0 only, None on the others). ``tp``: this rank's share of the model."""
 
     model_class = DecoderModel  # the trunk: families with other layers override it (moe.py, qwen3_5.py)
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.config = config
-        self.model = self.model_class(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.config, self.tp = config, tp
+        # only the dense trunk takes a rank's share (``splits_over_ranks``); the others build whole
+        self.model = self.model_class(config, tp) if tp.size > 1 else self.model_class(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def splits_over_ranks(cls) -> bool:
+        """Whether tensor parallelism can split this family: the dense trunk's layers are the
+        parallel ones (engine/parallel/layers.py); families with their own trunk (MoE experts,
+        Gated DeltaNet) have not adopted them yet."""
+        return cls.model_class is DecoderModel
 
     def forward(self, input_ids, positions, meta):
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        logits = self.lm_head(hidden)
+        if self.tp.size > 1:
+            logits = self.tp.comm.gather_columns(logits, self.config.vocab_size)
+        return None if logits is None else logits.float()
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy HF-named tensors into our (fused) parameters in place; returns #loaded.
+        """Copy full HF-named tensors into our (fused, maybe TP-sliced) parameters in place;
+        returns #loaded. Each parameter's module slices its part (``weight_loader``); modules
+        without one (norms) are replicated.
 
         Unknown names raise: a silently skipped tensor would leave stale weights.
         """
         params = dict(self.named_parameters(remove_duplicate=False))
-        c = self.config
         n = 0
         for name, tensor in named_tensors:
             if "rotary_emb.inv_freq" in name:
                 continue
-            if name == "lm_head.weight" and c.tie_word_embeddings:
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # tied: embed_tokens.weight carries it
-            target, rows = name, None
-            for frag, (fused, shard) in _PACKED.items():
+            target, shard = name, None
+            for frag, (fused, fused_shard) in _PACKED.items():
                 if f".{frag}." in name:
-                    target = name.replace(f".{frag}.", f".{fused}.")
-                    rows = self._shard_rows(fused, shard)
+                    target, shard = name.replace(f".{frag}.", f".{fused}."), fused_shard
                     break
             if target not in params:
                 raise KeyError(f"no parameter for checkpoint tensor {name!r}")
-            p = params[target]
-            dst = p.data if rows is None else p.data[rows[0]: rows[1]]
-            if dst.shape != tensor.shape:
-                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {tuple(dst.shape)}")
-            dst.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
+            module_name, _, param_name = target.rpartition(".")
+            loader = getattr(self.get_submodule(module_name), "weight_loader", None)
+            if loader is None:
+                load_replicated(params[target], tensor, name)
+            else:
+                loader(param_name, tensor, shard, name)
             n += 1
         return n
-
-    def _shard_rows(self, fused: str, shard) -> tuple[int, int]:
-        c = self.config
-        if fused == "gate_up_proj":
-            return shard * c.intermediate_size, (shard + 1) * c.intermediate_size
-        q = c.num_attention_heads * c.head_dim
-        kv = c.num_key_value_heads * c.head_dim
-        return {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}[shard]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 from safetensors import safe_open
@@ -11,6 +11,7 @@ from safetensors import safe_open
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.models.registry import model_class
+from asyncrl.engine.parallel.layout import SINGLE, TensorParallel
 
 
 def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -24,26 +25,31 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu") -> CausalLM:
-    """Build from a checkpoint dir, or from an in-memory HF ``*ForCausalLM`` module (its
-    config and state dict; e.g. the trainer's policy).
-
-    Parameters are allocated on ``device`` and filled from the checkpoint; every
-    parameter must be filled (shards of fused ones each count)."""
+def model_source(path) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]], Optional[torch.dtype]]:
+    """(config, HF-named tensors, the source's dtype) of a checkpoint dir or an in-memory HF
+    ``*ForCausalLM`` module (its config and state dict; e.g. the trainer's policy)."""
     if isinstance(path, torch.nn.Module):
-        hf = path
-        config = ModelConfig.from_module(hf)
-        tensors = hf.state_dict().items()
-        dtype = dtype or next(hf.parameters()).dtype
-    else:
-        config = ModelConfig.from_dir(path)
-        tensors = iter_safetensors(path)
-        dtype = dtype or getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
+        config = ModelConfig.from_module(path)
+        return config, path.state_dict().items(), next(path.parameters()).dtype
+    config = ModelConfig.from_dir(path)
+    return config, iter_safetensors(path), getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
+                tp: TensorParallel = SINGLE) -> CausalLM:
+    """This rank's share of the model, allocated on ``device`` and not yet filled."""
     with torch.device(device):
-        model = model_class(config)(config)
+        cls = model_class(config)
+        model = cls(config, tp) if tp.size > 1 else cls(config)
     model.to(dtype=dtype)
     # RoPE tables stay fp32: positions up to max_pos need the precision
     model.model.rotary_emb.float()
+    return model
+
+
+def fill_weights(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> CausalLM:
+    """Load full HF tensors into ``model`` (each rank keeps its slice); every parameter must
+    be filled (shards of fused ones each count)."""
     loaded = model.load_weights(tensors)
     # fused params take several tensors (qkv: 3, gate_up: 2); the tied head none; families with
     # other fused or packed parameters count their own (``expected_tensors``)
@@ -55,3 +61,14 @@ def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.de
     if loaded != expected:
         raise ValueError(f"checkpoint filled {loaded} tensors, the model needs {expected}")
     return model.eval()
+
+
+def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu",
+               tp: TensorParallel = SINGLE) -> CausalLM:
+    """Build from a checkpoint dir, or from an in-memory HF ``*ForCausalLM`` module (its
+    config and state dict; e.g. the trainer's policy); ``tp``: this rank's share only.
+
+    Parameters are allocated on ``device`` and filled from the checkpoint; every
+    parameter must be filled (shards of fused ones each count)."""
+    config, tensors, source_dtype = model_source(path)
+    return fill_weights(build_model(config, dtype or source_dtype, device, tp), tensors)

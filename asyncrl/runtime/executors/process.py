@@ -32,12 +32,17 @@ Invariants:
     which the trainer's shared tensors (or send buffer) still hold, at the last announced
     version; the call that saw the death is re-sent to the new child, so a ``generate`` in
     flight returns normally (its groups keep their ids: none lost, none duplicated). Past the
-    limit the death is raised.
+    limit the death is raised. The same holds for each replica of a fleet (``RolloutProcess``,
+    rollout/fleet.py), whose lost replicas are only those past the limit; a fleet on the
+    ``collective`` transport cannot replace one member of its broadcast group, so there a
+    death is raised at once.
 """
 from __future__ import annotations
 
 import itertools
+import os
 import signal
+import sys
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,9 +51,9 @@ from typing import Callable, Iterable, Optional
 import torch
 import torch.multiprocessing as mp
 
+from asyncrl.errors import AsyncRLError
 from asyncrl.runtime.executors.weight_channel import (ChannelAddress, FlatWeights, WeightChannel, attach_weights,
                                                       channel_backend, host_store, weightless_clone)
-from asyncrl.errors import AsyncRLError
 from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S, Deadline
 from asyncrl.types import RequestOutput, SamplingParams
 
@@ -63,18 +68,112 @@ class RolloutProcessDied(RolloutProcessError):
     """The rollout process is gone (killed, crashed): a restart can replace it."""
 
 
+class TrainerWeights:
+    """The trainer's side of the weights one or more rollout processes run (one set for a whole
+    fleet of replicas: written once per push, whatever the number of children).
+
+    ``shared``: one tensor per parameter in shared CPU memory (CPU trainer) or on the trainer's
+    GPU (CUDA IPC), which every child reads. ``collective``: a ``FlatWeights`` send buffer and
+    one broadcast group of ``world = 1 + members`` ranks: the trainer is rank 0, child k rank k
+    (k = 1..members); its collectives wait at most ``hang_timeout_s``.
+
+    Invariant: ``views`` hold the weights of the last ``write`` (stamped ``announced``) until the
+    next one; ``lock`` is held while they change, so a restarted child never starts from a
+    half-written set."""
+
+    def __init__(self, model: torch.nn.Module, transport: str, rollout_device: str, members: int = 1,
+                 version: int = 0, hang_timeout_s: Optional[float] = None):
+        trainer_device = next(model.parameters()).device
+        self.members, self.world, self.hang_timeout_s = members, 1 + members, hang_timeout_s
+        self.cuda_shared = trainer_device.type == "cuda" and transport == "shared"
+        self.lock = threading.Lock()
+        self.announced = version  # the version the views hold
+        self.store = None
+        self.address: Optional[ChannelAddress] = None
+        self.channel: Optional[WeightChannel] = None
+        if transport == "collective":
+            # the trainer's send buffer ([name] -> view); the children get the module without weights
+            self.backend = channel_backend(trainer_device, torch.device(rollout_device))
+            self.rendezvous()
+            self.flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
+            self.flat.copy_from(model.named_parameters())
+            self.views, self.child_model, self.child_views = self.flat.views, weightless_clone(model), None
+        else:
+            self.child_model = self._shared_reference(model)
+            self.child_views = self.views
+
+    def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A module whose parameters are shared with the children (``self.views``: [name] ->
+        tensor, written by each push); a child builds its backend from it and keeps it as the
+        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
+        from asyncrl.runtime.weight_sync import clone_for_rollout
+
+        reference = clone_for_rollout(model)
+        if not self.cuda_shared:
+            reference = reference.cpu()
+        self.views = {n: p.data if self.cuda_shared else p.data.share_memory_()
+                      for n, p in reference.named_parameters()}
+        return reference
+
+    def rendezvous(self) -> None:
+        """Collective: a new store (and address) for a group of ``world`` ranks; the old group,
+        if any, is closed (a restarted child joins a new group: a member cannot be replaced)."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        self.store, self.address = host_store(self.backend, self.world, self.hang_timeout_s)
+
+    @property
+    def can_replace_member(self) -> bool:
+        """A dead child can be replaced: shared tensors, or a broadcast group of one child."""
+        return self.address is None or self.members == 1
+
+    def connect(self, version: int) -> None:
+        """Collective: form the group with the children (each announced it is joining) and send
+        them the initial weights, stamped ``version``. Shared: nothing to do."""
+        if self.address is None:
+            return
+        self.channel = WeightChannel(self.store, self.address, rank=0)
+        for work in self.channel.broadcast(self.flat, version):
+            work.wait()
+
+    @torch.no_grad()
+    def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: Optional[int] = None) -> None:
+        """Copy a push into ``views`` (the children must not be reading them: see the callers);
+        ``version``: the version they now hold (what a child restarted from them starts at)."""
+        with self.lock:
+            for name, tensor in named_tensors:
+                self.views[name].copy_(tensor.detach())
+            if self.cuda_shared:  # the children read them from their own streams: the copies must be done
+                torch.cuda.synchronize(next(iter(self.views.values())).device)
+            if version is not None:
+                self.announced = version
+
+    def send(self, version: int) -> list:
+        """Collective: start the broadcast of the written weights (the children were told to
+        enter it); returns the works to ``wait``. Shared: nothing moves, ``[]``."""
+        return self.channel.broadcast(self.flat, version) if self.channel is not None else []
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
 class _Child:
     """One rollout process and its side of the pipe: the calls waiting for its answers.
 
     Invariant: a failure of this child settles only this child's calls; a restart makes a new
     ``_Child``, so a late error of the dead one can never fail the calls of its replacement."""
 
-    def __init__(self, process, conn, generation: int):
+    def __init__(self, process, conn, generation: int, name: str, log_path: Optional[str]):
         self.process, self.conn, self.generation = process, conn, generation
+        self.name, self.log_path = name, log_path
         self.pending: dict[int, Future] = {}
         self.error: Optional[RolloutProcessError] = None
         self.probes_sent: set[int] = set()
         self.lock, self.send_lock = threading.Lock(), threading.Lock()
+        self.joining: Optional[Future] = None  # collective: the child announced it is joining
+        self.ready: Optional[Future] = None    # its pid, once its backend is built
 
     def register(self, call_id: int) -> Future:
         future: Future = Future()
@@ -89,7 +188,7 @@ class _Child:
             with self.send_lock:
                 self.conn.send(message)
         except (OSError, ValueError) as err:  # the pipe is gone: the child died
-            raise self.fail(RolloutProcessDied(f"the rollout process is gone ({err!r}); {self.exit_note()}"))
+            raise self.fail(RolloutProcessDied(f"{self.name} is gone ({err!r}); {self.exit_note()}"))
 
     def fail(self, error: RolloutProcessError) -> RolloutProcessError:
         """Every pending and later call of this child raises the first failure (returned)."""
@@ -103,16 +202,31 @@ class _Child:
 
     def wait(self, future: Future, timeout: Optional[float], what: str):
         """The call's result; waits in slices so a child that died without a word is noticed,
-        one that lives but does not answer is reported, and no wait outlasts ``timeout``."""
-        deadline = Deadline(what, timeout, hint=f"the rollout process (pid {self.process.pid}) is alive but "
-                                                "does not answer")
+        one that lives but does not answer is reported, and no wait outlasts ``timeout``
+        (:class:`~asyncrl.errors.HangError` naming ``what``)."""
+        deadline = Deadline(what, timeout, hint=f"{self.name} (pid {self.process.pid}) is alive but does not "
+                                                f"answer{self.log_note()}")
         while True:
             try:
                 return future.result(timeout=1.0)
             except TimeoutError:
                 if not self.process.is_alive():
-                    raise self.fail(RolloutProcessDied(f"the rollout process died; {self.exit_note()}"))
+                    raise self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
                 deadline.check()
+
+    def wait_start(self, future: Future, timeout: float, what: str):
+        """A start-up answer (joining, ready); past ``timeout`` the child is named with its log."""
+        waited = 0.0
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except TimeoutError:
+                waited += 1.0
+                if not self.process.is_alive():
+                    raise self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
+                if waited >= timeout:
+                    raise RolloutProcessError(f"{self.name} (pid {self.process.pid}) did not {what} within "
+                                              f"{timeout:.0f}s{self.log_note()}") from None
 
     def receive(self) -> None:
         """Receiver thread: settle the future of each answer; on EOF fail them all."""
@@ -121,10 +235,10 @@ class _Child:
                 call_id, ok, payload = self.conn.recv()
             except (EOFError, OSError):
                 self.process.join(5.0)
-                self.fail(RolloutProcessDied(f"the rollout process died; {self.exit_note()}"))
+                self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
                 return
             if call_id is None:  # fatal: the child reports its traceback, then exits
-                self.fail(RolloutProcessError(f"the rollout process failed:\n{payload}"))
+                self.fail(RolloutProcessError(f"{self.name} failed:\n{payload}"))
                 continue
             with self.lock:
                 future = self.pending.pop(call_id, None)
@@ -136,111 +250,92 @@ class _Child:
                 future.set_exception(_child_error(*payload))
 
     def exit_note(self) -> str:
-        return f"pid {self.process.pid}, exit code {self.process.exitcode}"
+        return f"pid {self.process.pid}, exit code {self.process.exitcode}{self.log_note()}"
+
+    def log_note(self) -> str:
+        return f"; its log: {self.log_path}" if self.log_path is not None else ""
 
 
-class ProcessRolloutBackend:
-    """``RolloutBackend`` whose generation runs in a child process (see module doc).
+class RolloutProcess:
+    """A rollout backend in a child process, called over a pipe (see module doc); weights come
+    from a :class:`TrainerWeights` that may serve several such processes (a fleet).
 
-    ``version`` changes only after the child confirmed the new weights."""
+    ``version`` changes only after the child confirmed new weights. ``log_path``: the child's
+    stdout and stderr go there (named in every error about it); None: the parent's.
+    ``max_restarts``: children that may die and be replaced (from the weights' last write, the
+    call in flight re-sent); ``hang_timeout_s``: the longest wait for any answer;
+    ``on_restart(restarts, reason)`` is told of each restart.
 
-    def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
+    Starting is split for a fleet (every replica launched, then ``wait_joining``,
+    ``weights.connect``, ``wait_ready``); a restart does the same for its one child."""
+
+    def __init__(self, weights: TrainerWeights, tokenizer, backend_name: str = "engine", version: int = 0,
                  kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
-                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared",
-                 max_restarts: int = 0, hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
-                 on_restart: Optional[Callable[[int, str], None]] = None):
-        """``device``: where the child generates (null: the trainer's device); ``transport``:
-        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc);
-        ``max_restarts``: children that may die and be replaced; ``hang_timeout_s``: the
-        longest wait for any answer; ``on_restart(restarts, reason)`` is told of each restart."""
-        self.version, self.backend_name, self.transport = version, backend_name, transport
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, rank: int = 1,
+                 name: str = "the rollout process", log_path: Optional[str] = None, daemon: bool = True,
+                 max_restarts: int = 0, hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S,
+                 on_restart: Optional[Callable[[int, str], None]] = None, start_timeout_s: float = START_TIMEOUT_S):
+        self.weights = weights
+        self.version, self.backend_name, self.name, self.log_path = version, backend_name, name, log_path
         self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
         self.max_restarts, self.hang_timeout_s, self.on_restart = max_restarts, hang_timeout_s, on_restart
+        self.start_timeout_s = start_timeout_s
         self.restarts = 0
         self.closing = False  # set by close (or the controller): a child dying now is not replaced
-        trainer_device = next(model.parameters()).device
-        device = device or str(trainer_device)
-        self._channel: Optional[WeightChannel] = None
-        self._cuda_shared = trainer_device.type == "cuda" and transport == "shared"
-        if transport == "collective":
-            # the trainer's send buffer ([name] -> view); the child gets the module without weights
-            self._channel_kind = channel_backend(trainer_device, torch.device(device))
-            self._flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
-            self._flat.copy_from(model.named_parameters())
-            self.shared, self._child_model = self._flat.views, weightless_clone(model)
-        else:
-            self._child_model = self._shared_reference(model)
-        self._child_args = (tokenizer, backend_name, kv_on_update, dtype, device, engine_options or {})
+        if log_path is not None:
+            open(log_path, "a").close()  # exists from the start: a child that hangs before writing is still named
+        self._child_args = (tokenizer, backend_name, kv_on_update, dtype, device, engine_options or {}, rank, daemon)
         self._ids = itertools.count()
-        self._restart_lock = threading.Lock()
-        self._announced = version  # the version the shared tensors hold (the last start_update's)
-        self._child = self._spawn(version, generation=0)
+        self.pid: Optional[int] = None
+        self._child = self._launch(version, generation=0)
 
-    def _spawn(self, version: int, generation: int) -> _Child:
-        """A child on the current shared tensors at ``version``, once it serves calls."""
-        store = address = None
-        if self.transport == "collective":
-            store, address = host_store(self._channel_kind, self.hang_timeout_s)
-        tokenizer, backend_name, kv_on_update, dtype, device, engine_options = self._child_args
-        ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
+    def _launch(self, version: int, generation: int) -> _Child:
+        """Start a child on the weights' current views at ``version`` (not yet waited for)."""
+        tokenizer, backend_name, kv_on_update, dtype, device, engine_options, rank, daemon = self._child_args
+        # not fork (it would copy this process's threads' locks mid-state): forks of a clean server
+        # that imported torch once, so each child starts in a fraction of a spawn's time
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
         conn, child_conn = ctx.Pipe()
-        process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, self._child_model, tokenizer, None if address is not None else self.shared, backend_name,
-            version, kv_on_update, dtype, device, engine_options, address))
+        process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=daemon, args=(
+            child_conn, self.weights.child_model, tokenizer, self.weights.child_views, backend_name, version,
+            kv_on_update, dtype, device, engine_options, self.weights.address, rank, self.log_path))
         process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
-        child = _Child(process, conn, generation)
-        joining = child.register(-2) if address is not None else None
-        ready = child.register(-1)
+        child = _Child(process, conn, generation, self.name, self.log_path)
+        child.joining = child.register(-2) if self.weights.address is not None else None
+        child.ready = child.register(-1)
         threading.Thread(target=child.receive, name="asyncrl-rollout-recv", daemon=True).start()
-        if address is not None:
-            child.wait(joining, START_TIMEOUT_S, "the rollout process to start")  # alive and joining: join too
-            self._channel = WeightChannel(store, address, rank=0)
-            for work in self._channel.broadcast(self._flat, version):  # the initial weights
-                work.wait()
-        self.pid = child.wait(ready, START_TIMEOUT_S, "the rollout process to start")
-        self.version = version
         return child
+
+    def wait_joining(self, timeout: float) -> None:
+        """Collective transport: return once the child is alive and joining the weight group."""
+        if self._child.joining is not None:
+            self._child.wait_start(self._child.joining, timeout, "join the weight group")
+
+    def wait_ready(self, timeout: float) -> int:
+        """Return the child's pid once its backend is built (else raise, naming the log)."""
+        self.pid = self._child.wait_start(self._child.ready, timeout, "become ready")
+        return self.pid
 
     @property
     def process(self):
         """The current child process (a restart replaces it)."""
         return self._child.process
 
-    def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A module whose parameters are shared with the child (``self.shared``: [name] ->
-        tensor, written by each push); the child builds its backend from it and keeps it as the
-        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
-        from asyncrl.runtime.weight_sync import clone_for_rollout
+    def is_alive(self) -> bool:
+        return self._child.error is None and self._child.process.is_alive()
 
-        reference = clone_for_rollout(model)
-        if not self._cuda_shared:
-            reference = reference.cpu()
-        self.shared = {n: p.data if self._cuda_shared else p.data.share_memory_()
-                       for n, p in reference.named_parameters()}
-        return reference
-
-    # ---- the RolloutBackend protocol ------------------------------------------------------
+    # ---- calls ------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         prompts = [list(p) for p in prompt_token_ids]
         return self._with_restarts(lambda child: self._call(child, "generate", prompts, params))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self.start_update(named_tensors, version)()
-
-    def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
-        """Copy the tensors into shared memory and tell the child; returns ``loaded()``, which
-        waits for the child's ack, sets ``version`` and returns it. The caller must call it
-        before the next ``start_update`` (which overwrites the shared tensors). A child that
-        dies meanwhile is replaced by one started on these weights: ``loaded()`` still returns."""
-        # under the restart lock: a child is never started from half-copied tensors, and one
-        # started after this block starts from these weights at this version
-        with self._restart_lock, torch.no_grad():
-            for name, tensor in named_tensors:
-                self.shared[name].copy_(tensor.detach())
-            if self._cuda_shared:  # the child reads them from its own stream: the copies must be done
-                torch.cuda.synchronize(next(iter(self.shared.values())).device)
-            self._announced = version
+    def notify_update(self, version: int) -> Callable[[], int]:
+        """Tell the child to load the weights just written (and, collective, about to be sent);
+        returns ``loaded()``, which waits for its ack, sets ``version`` and returns it. A child
+        that dies meanwhile is replaced by one started on these weights: ``loaded()`` still
+        returns (past ``max_restarts`` it raises)."""
         while True:  # a child that died before reading "update" is replaced, the update re-sent
             child = self._child
             try:
@@ -250,24 +345,18 @@ class ProcessRolloutBackend:
                 break
             except RolloutProcessDied as err:
                 self._restart_after(child, err)
-        # collective: queued after the copies (NCCL waits for the current stream); the child
-        # enters the same broadcast when it reads "update"
-        works = self._channel.broadcast(self._flat, version) if self._channel is not None else []
 
         def loaded() -> int:
-            try:  # first: a dead child fails here, not in wait()
-                self.version = child.wait(future, self.hang_timeout_s, f"the rollout process to load version {version}")
+            try:
+                self.version = child.wait(future, self.hang_timeout_s, f"{self.name} to load version {version}")
             except RolloutProcessDied as err:
-                # its replacement was started after the copy above: it holds these weights
+                # its replacement was started after the weights were written: it holds them
                 self._restart_after(child, err)
-                return self.version
-            for work in works:
-                work.wait()
             return self.version
         return loaded
 
     def run_probe(self, probe, version: int):
-        """``probe.check`` run in the child: its engine samples the probe tokens and an HF forward
+        """Run the weight-sync probe in the child: its engine's sampled log-probs vs an HF forward
         over the shared tensors (exactly the weights of the last push, until the next one)
         recomputes their log-probs, off the trainer's process. Raises ``WeightSyncError`` as
         ``probe.check`` does. Callers must not push while it runs (``WeightSync`` waits)."""
@@ -277,11 +366,16 @@ class ProcessRolloutBackend:
             return self._call(child, "probe", id(probe), probe if first else None, version)
         return self._with_restarts(call)
 
+    def engine_metrics(self) -> dict:
+        """The child backend's ``metrics`` (engine counters: KV blocks, preemptions, ...)."""
+        return self._with_restarts(lambda child: self._call(child, "metrics"))
+
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the child (after its running calls end); kill it if it does not stop in time."""
+        """Stop the child (after its running calls end); kill it if it does not stop in time
+        (at once if it never became ready: it is not reading its pipe)."""
         self.closing = True
         child = self._child
-        if child.process.is_alive():
+        if child.process.is_alive() and self.pid is not None:
             try:
                 child.send(next(self._ids), "stop")
             except RolloutProcessError:
@@ -291,8 +385,6 @@ class ProcessRolloutBackend:
             child.process.kill()
             child.process.join(timeout)
         child.conn.close()
-        if self._channel is not None:
-            self._channel.close()
 
     # ---- restarts ----------------------------------------------------------------------------
     def _with_restarts(self, call: Callable[[_Child], object]):
@@ -306,26 +398,34 @@ class ProcessRolloutBackend:
                 self._restart_after(child, err)
 
     def _restart_after(self, dead: _Child, error: RolloutProcessError) -> None:
-        """Replace ``dead`` (a no-op if another thread already did); past ``max_restarts`` the
-        death is raised."""
-        with self._restart_lock:
+        """Replace ``dead`` (a no-op if another thread already did); past ``max_restarts`` (or
+        when the weight group cannot take a new member) the death is raised."""
+        with self.weights.lock:  # no write in progress: the new child starts from a whole set
             if self._child is not dead:
                 return
             if self.closing:
                 raise error
             if self.restarts >= self.max_restarts:
-                raise RolloutProcessError(f"the rollout process died and runtime.max_restarts={self.max_restarts} "
+                raise RolloutProcessError(f"{self.name} died and runtime.max_restarts={self.max_restarts} "
                                           f"restarts are used up: {error}") from error
+            if not self.weights.can_replace_member:
+                raise RolloutProcessError(f"{self.name} died and cannot be restarted: the collective weight "
+                                          f"group of {self.weights.members} replicas cannot take a new member "
+                                          f"(runtime.weight_transport=shared can): {error}") from error
             self.restarts += 1
             dead.process.join(1.0)
             if dead.process.is_alive():  # unresponsive enough to count as dead: make sure it is
                 dead.process.kill()
                 dead.process.join(5.0)
             dead.conn.close()
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
-            self._child = self._spawn(self._announced, dead.generation + 1)
+            if self.weights.address is not None:
+                self.weights.rendezvous()  # a new group of the trainer and the new child
+            version = self.weights.announced
+            self._child = self._launch(version, dead.generation + 1)
+            self.wait_joining(self.start_timeout_s)
+            self.weights.connect(version)
+            self.wait_ready(self.start_timeout_s)
+            self.version = version
         if self.on_restart is not None:
             self.on_restart(self.restarts, str(error).splitlines()[0])
 
@@ -334,23 +434,76 @@ class ProcessRolloutBackend:
         call_id = next(self._ids)
         future = child.register(call_id)
         child.send(call_id, method, *args)
-        return child.wait(future, self.hang_timeout_s, f"the rollout process to answer '{method}'")
+        return child.wait(future, self.hang_timeout_s, f"{self.name} to answer '{method}'")
 
+
+class ProcessRolloutBackend(RolloutProcess):
+    """``RolloutBackend`` whose generation runs in one child process with its own weights
+    (``runtime.rollout_process``; see module doc). ``version`` changes only after the child
+    confirmed the new weights."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, backend_name: str = "engine", version: int = 0,
+                 kv_on_update: str = "keep", dtype: Optional[torch.dtype] = None,
+                 engine_options: Optional[dict] = None, device: Optional[str] = None, transport: str = "shared",
+                 max_restarts: int = 0, hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+                 on_restart: Optional[Callable[[int, str], None]] = None):
+        """``device``: where the child generates (null: the trainer's device); ``transport``:
+        ``shared`` (shared memory / CUDA IPC) or ``collective`` (broadcast, see module doc);
+        ``max_restarts``: children that may die and be replaced; ``hang_timeout_s``: the
+        longest wait for any answer; ``on_restart(restarts, reason)`` is told of each restart."""
+        device = device or str(next(model.parameters()).device)
+        self.transport = transport
+        self.weights = TrainerWeights(model, transport, device, version=version, hang_timeout_s=hang_timeout_s)
+        super().__init__(self.weights, tokenizer, backend_name, version, kv_on_update, dtype, engine_options, device,
+                         max_restarts=max_restarts, hang_timeout_s=hang_timeout_s, on_restart=on_restart)
+        self.shared = self.weights.views
+        self.wait_joining(START_TIMEOUT_S)  # the child is alive and joining: join too
+        self.weights.connect(version)
+        self.wait_ready(START_TIMEOUT_S)
+
+    # ---- the RolloutBackend protocol ------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.start_update(named_tensors, version)()
+
+    def start_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Callable[[], int]:
+        """Copy the tensors into shared memory and tell the child; returns ``loaded()``, which
+        waits for the child's ack, sets ``version`` and returns it. The caller must call it
+        before the next ``start_update`` (which overwrites the shared tensors). A child that
+        dies meanwhile is replaced by one started on these weights: ``loaded()`` still returns."""
+        self.weights.write(named_tensors, version)
+        loaded = self.notify_update(version)
+        # collective: queued after the copies (NCCL waits for the current stream); the child
+        # enters the same broadcast when it reads "update"
+        channel, works = self.weights.channel, self.weights.send(version)
+
+        def done() -> int:
+            version_loaded = loaded()  # first: a dead child fails here, not in wait()
+            if self.weights.channel is channel:  # else a restart formed a new group: these works are void
+                for work in works:
+                    work.wait()
+            return version_loaded
+        return done
+
+    def close(self, timeout: float = 30.0) -> None:
+        super().close(timeout)
+        self.weights.close()
 
 
 def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: str, version: int,
                 kv_on_update: str, dtype, device: str, engine_options: dict,
-                address: Optional[ChannelAddress]) -> None:
+                address: Optional[ChannelAddress], rank: int = 1, log_path: Optional[str] = None) -> None:
     """The rollout process: build the backend, then serve calls until "stop" or EOF.
 
     ``model``'s parameters are the shared tensors (or, with a channel ``address``, views into
-    the buffers each broadcast fills): it stays here as the probe's reference (always the
-    weights of the last push). Answers are (call id, ok, result | (error type name,
-    traceback)); a failure to start is reported with call id None."""
+    the buffers each broadcast fills; this process is ``rank`` of that group): it stays here as
+    the probe's reference (always the weights of the last push). Answers are (call id, ok,
+    result | (error type name, traceback)); a failure to start is reported with call id None."""
     # Ctrl-C reaches the whole process group and a scheduler's SIGTERM may too: the trainer
     # decides when this process stops (it sends "stop", or its death closes the pipe)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if log_path is not None:
+        _redirect_output(log_path)
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
     on_gpu = torch.device(device).type == "cuda" and torch.device(device).index is not None
     if on_gpu:  # CUDA graphs, streams, Triton and NCCL use the current device: the rollout GPU
@@ -371,7 +524,7 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     try:
         if address is not None:
             send(-2, True, None)  # the trainer joins the group once it reads this
-            channel = WeightChannel.join(address)
+            channel = WeightChannel.join(address, rank)
             flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
             channel.receive(flat, version)
             model, shared = attach_weights(model, flat.views, device), flat.views
@@ -403,6 +556,8 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
             break
         if method == "update":  # here, not in a worker: between two engine steps, while generations run
             answer(call_id, load, *args)
+        elif method == "metrics":  # counters only: answered at once, even while every worker generates
+            answer(call_id, lambda: dict(getattr(backend, "metrics", {})))
         else:
             workers.submit(answer, call_id, calls[method], *args)
     workers.shutdown(wait=True)
@@ -435,6 +590,14 @@ def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, 
 
 
 def _os_pid() -> int:
-    import os
-
     return os.getpid()
+
+
+def _redirect_output(path: str) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, so native code's too) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -1,7 +1,7 @@
 """Weights from the trainer to the rollout process by a torch.distributed broadcast
 (``runtime.weight_transport=collective``): NCCL between GPUs, gloo between CPU processes.
 
-    trainer (rank 0)                                   rollout process (rank 1)
+    trainer (rank 0)                                   rollout process (rank 1; a fleet: 1..N)
       params ─copy─► FlatWeights (its device) ══ broadcast ══► FlatWeights (rollout device)
                                                                   └ views = the child's module's
                                                                     parameters (probe reference)
@@ -96,10 +96,12 @@ def attach_weights(module: torch.nn.Module, views: dict[str, torch.Tensor], devi
 
 @dataclass
 class ChannelAddress:
-    """What the child needs to join: the store's port, the collective backend and how long
-    a collective may wait for the other rank (``runtime.hang_timeout_s``)."""
+    """What a child needs to join: the store's port, the collective backend, the group's size
+    (the trainer + every rollout process: one group for a whole fleet, as in OpenRLHF) and how
+    long a collective may wait for the other ranks (``runtime.hang_timeout_s``)."""
     port: int
     backend: str  # "nccl" | "gloo"
+    world: int = 2
     timeout_s: float = TIMEOUT.total_seconds()
 
 
@@ -115,20 +117,20 @@ def channel_backend(trainer_device: torch.device, rollout_device: torch.device) 
                      "use runtime.weight_transport=shared")
 
 
-def host_store(backend: str, timeout_s: float | None = None) -> tuple[dist.TCPStore, ChannelAddress]:
+def host_store(backend: str, world: int = 2, timeout_s: float | None = None) -> tuple[dist.TCPStore, ChannelAddress]:
     """The trainer's side of the rendezvous: a store on a free port (rank 0 is its master);
-    ``timeout_s`` bounds every collective of the channel on both ranks."""
-    store = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    address = ChannelAddress(store.port, backend)
+    ``timeout_s`` bounds every collective of the channel on every rank."""
+    store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    address = ChannelAddress(store.port, backend, world)
     if timeout_s is not None:
         address.timeout_s = timeout_s
     return store, address
 
 
 class WeightChannel:
-    """A two-rank group: rank 0 the trainer (source of every broadcast), rank 1 the rollout
-    process. Both must call :meth:`broadcast` for each sync, in the same order (the trainer
-    announces each sync over the pipe first, so the child enters the same collective)."""
+    """One group: rank 0 the trainer (source of every broadcast), ranks 1..world-1 the rollout
+    processes. All must call :meth:`broadcast` for each sync, in the same order (the trainer
+    announces each sync over the pipes first, so every child enters the same collective)."""
 
     def __init__(self, store: dist.Store, address: ChannelAddress, rank: int):
         """A broadcast waiting longer than ``address.timeout_s`` for the other rank fails
@@ -139,15 +141,15 @@ class WeightChannel:
         if address.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self.group = dist.ProcessGroupNCCL(store, rank, 2, options)
+            self.group = dist.ProcessGroupNCCL(store, rank, address.world, options)
         else:
-            self.group = dist.ProcessGroupGloo(store, rank, 2, timeout)
+            self.group = dist.ProcessGroupGloo(store, rank, address.world, timeout)
 
     @classmethod
-    def join(cls, address: ChannelAddress) -> "WeightChannel":
-        """The child's side: connect to the trainer's store and build the group as rank 1."""
-        store = dist.TCPStore(HOST, address.port, 2, is_master=False, timeout=TIMEOUT)
-        return cls(store, address, rank=1)
+    def join(cls, address: ChannelAddress, rank: int = 1) -> "WeightChannel":
+        """A child's side: connect to the trainer's store and build the group as ``rank``."""
+        store = dist.TCPStore(HOST, address.port, address.world, is_master=False, timeout=TIMEOUT)
+        return cls(store, address, rank=rank)
 
     def broadcast(self, flat: FlatWeights, version: int) -> list:
         """Start the broadcast of every buffer, then of ``version`` (the stamp), from rank 0;
@@ -158,7 +160,7 @@ class WeightChannel:
         return [self.group.broadcast(buffer, 0) for buffer in [*flat.ordered_buffers(), stamp]]
 
     def receive(self, flat: FlatWeights, version: int) -> None:
-        """Rank 1: block until every buffer holds the broadcast bytes (visible to any stream);
+        """A receiving rank: block until every buffer holds the broadcast bytes (visible to any stream);
         raise if the broadcast was stamped with another version than the pipe announced."""
         for work in self.broadcast(flat, -1):
             work.wait()  # NCCL: orders the current stream after the receive
