@@ -23,3 +23,4 @@ class EngineConfig:
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none
     return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)
+    merge_lora: bool = False          # a LoRA adapter: merged into the weights at load, not applied on the fly

@@ -39,10 +39,14 @@ def _engine(model, tokenizer, **engine_options) -> RolloutBackend:
     return EngineBackend(model, tokenizer, **engine_options)  # own copy of the weights, refreshed by update_weights
 
 
-def engine_options(rollout_cfg) -> dict:
-    """``EngineConfig`` fields set from the ``rollout`` config section."""
-    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
-            "return_routed_experts": rollout_cfg.return_routed_experts}
+def engine_options(rollout_cfg, lora_cfg=None) -> dict:
+    """``EngineConfig`` fields set from the ``rollout`` config section (and ``actor.lora``: serve the
+    adapter merged into the weights, or apply it on the fly)."""
+    options = {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+               "return_routed_experts": rollout_cfg.return_routed_experts}
+    if lora_cfg is not None and lora_cfg.enabled:
+        options["merge_lora"] = lora_cfg.merged_rollout
+    return options
 
 
 BACKENDS = {"hf": _hf, "engine": _engine}

@@ -44,14 +44,14 @@ def build_rollout_backend(cfg, model, tokenizer):
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
         return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype),
-                                     engine_options=engine_options(cfg.rollout), device=cfg.runtime.rollout_device,
+                                     engine_options=engine_options(cfg.rollout, cfg.actor.lora), device=cfg.runtime.rollout_device,
                                      transport=cfg.runtime.weight_transport)
     if name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 
         device = str(next(model.parameters()).device)
         return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device, kv_on_update=kv,
-                             **engine_options(cfg.rollout))
+                             **engine_options(cfg.rollout, cfg.actor.lora))
     from asyncrl.rollout.hf import HFGenerateBackend
 
     return HFGenerateBackend(clone_for_rollout(model), tokenizer)

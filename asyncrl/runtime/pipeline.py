@@ -21,7 +21,9 @@ from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.run_dir import start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.training.actor import Actor
+from asyncrl.runtime.weight_sync import rollout_weights
 from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
+from asyncrl.training.lora import apply_lora, save_merged
 from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
 
@@ -60,7 +62,9 @@ def _train(cfg, source) -> dict:
     wall_start = time.perf_counter()
     device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]", job="train")
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
-    backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
+    if cfg.actor.lora.enabled:  # adapters on the loaded policy: only they train, and only they sync
+        model = apply_lora(model, cfg.actor.lora)
+    backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout, cfg.actor.lora))
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
@@ -69,7 +73,7 @@ def _train(cfg, source) -> dict:
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
         start. A no-op copy for HF generate sharing the trainer's tensors. ``samples`` receives
         a few (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
-        backend.update_weights(model.named_parameters(), backend.version)
+        backend.update_weights(rollout_weights(model, backend), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         record = samples if samples is not None else {}
         result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []))}
@@ -206,5 +210,8 @@ def _fmt(result: dict) -> str:
 def _checkpoint(run_dir: Path, step: int, actor: Actor, tokenizer, cfg, source) -> Path:
     """The policy, its optimizer, and where the prompt stream is (``data``: resumable)."""
     state = {"policy_version": actor.version, "seed": cfg.seed, "data": source.state_dict()}
+    # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
+    extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
+        if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
     return save_checkpoint(run_dir, step, actor.model, tokenizer, actor.optimizer, actor.scheduler,
-                           state, keep=cfg.trainer.keep_checkpoints)
+                           state, keep=cfg.trainer.keep_checkpoints, extra=extra)

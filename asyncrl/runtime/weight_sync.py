@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from asyncrl.training.lora import is_lora, merged_tensors, sync_tensors
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.types import SamplingParams
 
@@ -37,6 +38,16 @@ def clone_for_rollout(model: torch.nn.Module) -> torch.nn.Module:
     for p in clone.parameters():
         p.requires_grad_(False)
     return clone
+
+
+def rollout_weights(model: torch.nn.Module, backend) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors a push hands ``backend``: every parameter (full fine-tuning), the LoRA
+    adapters (a backend that applies them itself: the engine's LoRA slots, a PEFT clone, the
+    rollout process), or the adapted layers' merged weights W + (α/r)·B·A for an engine that
+    serves the merged model (``backend.merged_lora``)."""
+    if is_lora(model) and getattr(backend, "merged_lora", False):
+        return merged_tensors(model)
+    return sync_tensors(model)
 
 
 class GenerationGate:
@@ -177,15 +188,15 @@ class WeightSync:
         if self.deferred:
             metrics = self.wait()  # the previous load and probe read the tensors this push overwrites
             started = time.perf_counter()
-            loaded = self.backend.start_update(model.named_parameters(), version)
+            loaded = self.backend.start_update(rollout_weights(model, self.backend), version)
             self._pending = self._pool.submit(self._load_then_probe, loaded, version, started)
             return metrics
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
-            self.backend.update_weights(model.named_parameters(), version)
+            self.backend.update_weights(rollout_weights(model, self.backend), version)
             metrics = self._probe(model, version)
         else:
             with self.gate.writing():  # wait for running generate calls, keep new ones out
-                self.backend.update_weights(model.named_parameters(), version)
+                self.backend.update_weights(rollout_weights(model, self.backend), version)
                 metrics = self._probe(model, version)
         self.on_loaded(version)
         return metrics

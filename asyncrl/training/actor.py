@@ -57,7 +57,9 @@ class Actor:
     def __init__(self, model, actor_cfg, algo_cfg, temperature: float):
         self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
         self.loss_cfg = policy_loss_config(algo_cfg)
-        self.optimizer = adamw(model.parameters(), lr=actor_cfg.lr, betas=actor_cfg.betas,
+        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen)
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = adamw(self.trainable, lr=actor_cfg.lr, betas=actor_cfg.betas,
                                weight_decay=actor_cfg.weight_decay)
         warmup = actor_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -127,7 +129,7 @@ class Actor:
             metrics = self._micro_loss(micro, global_tokens, global_seqs, device)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * len(idx) / mini.batch_size
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
             sums["actor/skipped_step"] = 0.0

@@ -33,8 +33,11 @@ def write_atomic_text(path: Path, text: str) -> None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer=None, scheduler=None,
-                    state: dict | None = None, keep: int = 2) -> Path:
-    """Write ``<run_dir>/checkpoints/step_<step>`` atomically and return its path."""
+                    state: dict | None = None, keep: int = 2, extra=None) -> Path:
+    """Write ``<run_dir>/checkpoints/step_<step>`` atomically and return its path. ``extra(dir)``
+    writes more files into the checkpoint before it is moved into place (a merged LoRA model).
+    A PEFT model saves its adapter only (adapter_config.json + adapter_model.safetensors:
+    ``PeftModel.from_pretrained(base, path)`` loads it)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -42,6 +45,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer=None, 
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
+        if extra is not None:
+            extra(tmp)
         if optimizer is not None:
             torch.save({"optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict() if scheduler is not None else None},

@@ -8,6 +8,7 @@ from typing import Iterator, Optional
 import torch
 from safetensors import safe_open
 
+from asyncrl.engine.lora import base_tensors, is_peft_module
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.models.registry import model_class
@@ -32,8 +33,9 @@ def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.de
     parameter must be filled (shards of fused ones each count)."""
     if isinstance(path, torch.nn.Module):
         hf = path
-        config = ModelConfig.from_dict(hf.config.to_dict(), architecture=type(hf).__name__)
-        tensors = hf.state_dict().items()
+        base = hf.get_base_model() if is_peft_module(hf) else hf  # a PEFT model: its base (adapters: engine/lora.py)
+        config = ModelConfig.from_dict(base.config.to_dict(), architecture=type(base).__name__)
+        tensors = base_tensors(hf.state_dict().items())
         dtype = dtype or next(hf.parameters()).dtype
     else:
         config = ModelConfig.from_dir(path)
