@@ -54,7 +54,7 @@ def build_rollout_backend(cfg, model, tokenizer):
                              **engine_options(cfg.rollout, cfg.actor.lora))
     from asyncrl.rollout.hf import HFGenerateBackend
 
-    return HFGenerateBackend(clone_for_rollout(model), tokenizer)
+    return HFGenerateBackend(clone_for_rollout(model, share_frozen=True), tokenizer)  # LoRA: the base is shared
 
 
 def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, encode=None,
@@ -78,7 +78,7 @@ class AsyncController(SyncController):
     def __init__(self, cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream,
                  critic: Optional[Critic] = None, encode: Optional[Callable[[Example], list[int]]] = None):
         super().__init__(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic, encode)
-        if any(p.data_ptr() == q.data_ptr() for p in _params(backend) for q in actor.model.parameters()):
+        if any(p.data_ptr() == q.data_ptr() for p in _params(backend) for q in actor.trainable):
             raise ValueError("async mode needs a rollout model separate from the trainer's (clone_for_rollout)")
         rt, batch = cfg.runtime, cfg.trainer.prompts_per_step
         self.rt, self.batch_groups = rt, batch

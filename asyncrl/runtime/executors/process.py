@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 
 from asyncrl.runtime.executors.weight_channel import (ChannelAddress, FlatWeights, WeightChannel, attach_weights,
                                                       channel_backend, host_store, weightless_clone)
+from asyncrl.training.lora import is_lora, sync_tensors
 from asyncrl.types import RequestOutput, SamplingParams
 
 START_TIMEOUT_S = 300.0  # spawning imports torch and transformers; a busy machine is slow
@@ -66,19 +67,22 @@ class ProcessRolloutBackend:
         device = device or str(trainer_device)
         self._channel: Optional[WeightChannel] = None
         self._cuda_shared = trainer_device.type == "cuda" and transport == "shared"
+        self._shared_bytes = 0  # shared transport: weight bytes the pushes copied into the shared tensors
         if transport == "collective":
-            # the trainer's send buffer ([name] -> view); the child gets the module without weights
+            # the trainer's send buffer ([name] -> view); the child gets the module without weights.
+            # All weights go once, at start; each push then broadcasts what a sync moves (LoRA: A and B)
             store, address = host_store(channel_backend(trainer_device, torch.device(device)))
-            self._flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
-            self._flat.copy_from(model.named_parameters())
-            self.shared, child_model, child_shared = self._flat.views, weightless_clone(model), None
+            initial = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
+            initial.copy_from(model.named_parameters())
+            self._flat = (FlatWeights(FlatWeights.specs_of(sync_tensors(model)), trainer_device) if is_lora(model)
+                          else initial)
+            self.shared, child_model = self._flat.views, weightless_clone(model)
         else:
-            child_model = self._shared_reference(model)
-            address, child_shared = None, self.shared
+            child_model, address = self._shared_reference(model), None
         ctx = mp.get_context("spawn")  # fork would copy this process's threads' locks mid-state
         self._conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(target=_child_main, name="asyncrl-rollout", daemon=True, args=(
-            child_conn, child_model, tokenizer, child_shared, backend_name, version, kv_on_update, dtype, device,
+            child_conn, child_model, tokenizer, backend_name, version, kv_on_update, dtype, device,
             engine_options or {}, address))
         self.process.start()
         child_conn.close()  # the child holds the only other end: its death reads as EOF here
@@ -94,17 +98,27 @@ class ProcessRolloutBackend:
         if address is not None:
             self._wait(self._joining, START_TIMEOUT_S)  # the child is alive and joining: join too
             self._channel = WeightChannel(store, address, rank=0)
-            for work in self._channel.broadcast(self._flat, version):  # the initial weights
+            for work in self._channel.broadcast(initial, version):  # the initial weights
                 work.wait()
+            del initial  # LoRA: the frozen base never moves again (full weights: it is self._flat)
         self.pid = self._wait(self._ready, START_TIMEOUT_S)
+
+    @property
+    def bytes_moved(self) -> int:
+        """Weight bytes sent to the child so far, counted where they move: by the broadcast
+        channel (collective transport; the initial full broadcast included) or as the copies into
+        the shared tensors (shared transport). A LoRA push moves the adapters only."""
+        return self._channel.bytes_moved if self._channel is not None else self._shared_bytes
 
     def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """A module whose parameters are shared with the child (``self.shared``: [name] ->
         tensor, written by each push); the child builds its backend from it and keeps it as the
-        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
+        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC).
+        A LoRA model's frozen base is the trainer's own tensors (never written): only the
+        adapters are copies."""
         from asyncrl.runtime.weight_sync import clone_for_rollout
 
-        reference = clone_for_rollout(model)
+        reference = clone_for_rollout(model, share_frozen=True)
         if not self._cuda_shared:
             reference = reference.cpu()
         self.shared = {n: p.data if self._cuda_shared else p.data.share_memory_()
@@ -125,6 +139,7 @@ class ProcessRolloutBackend:
         with torch.no_grad():
             for name, tensor in named_tensors:
                 self.shared[name].copy_(tensor.detach())
+                self._shared_bytes += tensor.numel() * tensor.element_size()
             if self._cuda_shared:  # the child reads them from its own stream: the copies must be done
                 torch.cuda.synchronize(next(iter(self.shared.values())).device)
         call_id = next(self._ids)
@@ -238,7 +253,7 @@ class ProcessRolloutBackend:
         return f"pid {self.process.pid}, exit code {self.process.exitcode}"
 
 
-def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: str, version: int,
+def _child_main(conn, model, tokenizer, backend_name: str, version: int,
                 kv_on_update: str, dtype, device: str, engine_options: dict,
                 address: Optional[ChannelAddress]) -> None:
     """The rollout process: build the backend, then serve calls until "stop" or EOF.
@@ -268,9 +283,13 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
         if address is not None:
             send(-2, True, None)  # the trainer joins the group once it reads this
             channel = WeightChannel.join(address)
-            flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
-            channel.receive(flat, version)
-            model, shared = attach_weights(model, flat.views, device), flat.views
+            full = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
+            channel.receive(full, version)
+            # what each push broadcasts: everything, or a LoRA model's adapters (their own buffers)
+            flat = FlatWeights(FlatWeights.specs_of(sync_tensors(model)), device) if is_lora(model) else full
+            if flat is not full:
+                flat.copy_from((name, full.views[name]) for name in flat.views)
+            model = attach_weights(model, {**full.views, **flat.views}, device)
         backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device,
                                        engine_options)
         send(-1, True, _os_pid())
@@ -278,10 +297,14 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
         send(None, False, traceback.format_exc())
         raise SystemExit(1)
 
+    from asyncrl.runtime.weight_sync import rollout_weights
+
     def load(v: int) -> int:
         if channel is not None:
             channel.receive(flat, v)
-        backend.update_weights(shared.items(), v)
+        # the module's parameters are the received tensors: all of them, the adapters (LoRA), or
+        # the merged weights computed here from the base and the adapters (an engine that merged)
+        backend.update_weights(rollout_weights(model, backend), v)
         return backend.version
     probes: dict = {}  # the trainer's probe objects by key (each keeps its last result for delta)
     calls = {"generate": backend.generate,

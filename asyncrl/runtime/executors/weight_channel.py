@@ -127,6 +127,7 @@ class WeightChannel:
     def __init__(self, store: dist.Store, address: ChannelAddress, rank: int):
         self.rank, self.backend = rank, address.backend
         self._stamp_tensor: torch.Tensor | None = None
+        self.bytes_moved = 0  # weight bytes this rank put into broadcasts (sent or received), stamps excluded
         if address.backend == "nccl":
             self.group = dist.ProcessGroupNCCL(store, rank, 2)
         else:
@@ -144,7 +145,9 @@ class WeightChannel:
         current stream (the copies into the buffers): the sender does not synchronize."""
         stamp = self._stamp(flat)
         stamp.fill_(version)  # a kernel on the current stream, not a host copy (which would wait)
-        return [self.group.broadcast(buffer, 0) for buffer in [*flat.ordered_buffers(), stamp]]
+        buffers = flat.ordered_buffers()
+        self.bytes_moved += sum(buffer.numel() * buffer.element_size() for buffer in buffers)
+        return [self.group.broadcast(buffer, 0) for buffer in [*buffers, stamp]]
 
     def receive(self, flat: FlatWeights, version: int) -> None:
         """Rank 1: block until every buffer holds the broadcast bytes (visible to any stream);
