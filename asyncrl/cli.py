@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "YAML path, then dotted overrides, e.g. trainer.steps=200 rollout.n=4")
     sub.add_parser("report", help="write RUN_DIR/report.html (plots, stage profile, health events)",
                    add_help=False)
+    sub.add_parser("serve", help="OpenAI-compatible server on the engine (asyncrl serve MODEL_OR_RUN_DIR --help)",
+                   add_help=False)
     sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHMARKS)} (flags: asyncrl bench NAME --help)",
                    add_help=False)
     return parser
@@ -111,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":  # benchmarks parse their own flags
         return _run_bench(argv[1:])
+    if argv and argv[0] == "serve":  # takes a model or run directory and server flags
+        from asyncrl.serve.server import main as serve_main
+        return serve_main(argv[1:])
     if argv and argv[0] == "report":  # takes a run directory, not a recipe
         from asyncrl.metrics.report import main as report_main
         return report_main(argv[1:])

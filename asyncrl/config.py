@@ -57,7 +57,8 @@ class ModelConfig:
 class TaskConfig:
     """A synthetic verifiable task (asyncrl.data.tasks)."""
 
-    name: str = field_spec("arithmetic", choices=("arithmetic", "countdown"))
+    name: str = field_spec("arithmetic", choices=("arithmetic", "countdown", "calculator"),
+                           help="calculator: multiplication solvable by calling the calculator tool (a workflow)")
     min_digits: int = field_spec(1, ge=1, le=9, help="arithmetic: operand digit counts")
     max_digits: int = field_spec(3, ge=1, le=9)
     operations: list[str] = field_spec(default_factory=lambda: ["+"], help="arithmetic: subset of + - *")
@@ -175,11 +176,29 @@ class SFTConfig:
 
 
 @dataclass
+class OpenAIServerConfig:
+    """``rollout.backend=openai``: generate on an OpenAI-compatible server (asyncrl serve, vLLM,
+    SGLang) with token-id prompts and logprobs (asyncrl/rollout/openai_backend.py)."""
+
+    base_url: Optional[str] = field_spec(None, help="the server, e.g. http://127.0.0.1:8000 (no /v1)")
+    model: Optional[str] = field_spec(None, help="served model name (null: the server's first model)")
+    api_key: Optional[str] = field_spec(None, help="null: $OPENAI_API_KEY")
+    weight_sync: str = field_spec("http", choices=("http", "disk", "none"),
+                                  help="http: safetensors body to POST /v1/update_weights (asyncrl serve); disk: a "
+                                       "file in shared_dir, its path posted; none: weights synced by other means")
+    shared_dir: Optional[str] = field_spec(None, help="weight_sync=disk: a directory trainer and server both see")
+    timeout_s: float = field_spec(600.0, gt=0)
+    max_connections: int = field_spec(256, ge=1)
+
+
+@dataclass
 class RolloutConfig:
     """Generation: the rollout backend, samples per prompt (the group), sampling parameters."""
 
-    backend: str = field_spec("auto", choices=("auto", "engine", "hf"),
-                              help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate")
+    backend: str = field_spec("auto", choices=("auto", "engine", "hf", "openai"),
+                              help="auto: the asyncrl engine for Qwen3/Qwen2/Llama/Mistral, else HF generate; "
+                                   "openai: an OpenAI-compatible server (rollout.openai)")
+    openai: OpenAIServerConfig = field(default_factory=OpenAIServerConfig)
     n: int = field_spec(8, ge=1, help="samples per prompt (GRPO group size)")
     temperature: float = field_spec(1.0, gt=0)
     top_p: float = field_spec(1.0, gt=0, le=1)
@@ -190,6 +209,27 @@ class RolloutConfig:
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
+
+
+@dataclass
+class WorkflowConfig:
+    """Multi-turn episodes (asyncrl/workflows, docs/workflows.md): ``async def rollout(client,
+    example) -> Trajectory | float`` runs ``rollout.n`` times per prompt against a client bound
+    to the current policy; ``rollout.max_tokens`` bounds each turn."""
+
+    fn: Optional[str] = field_spec(None, help="module:function, or a built-in: calculator, python_math "
+                                              "(null: single-turn prompt -> completion)")
+    tools: list[Any] = field_spec(default_factory=list, help="built-in names (calculator, python) or "
+                                                             "{fn: module:function, schema: {...}}")
+    tool_parser: str = field_spec("auto", choices=("auto", "hermes", "llama3_json", "none"),
+                                  help="tool-call format (auto: from the chat template)")
+    max_total_tokens: int = field_spec(1024, ge=2, help="an episode's prompt + all turns at most")
+    max_concurrent: int = field_spec(256, ge=1, help="episodes in flight at once per generate call")
+    chat_template_kwargs: dict[str, Any] = field_spec(default_factory=dict, help="e.g. {enable_thinking: false}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.fn is not None
 
 
 @dataclass
@@ -356,6 +396,17 @@ class ActorConfig:
     logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
     routing_replay: bool = field_spec(False, help="MoE: the trainer's forward uses the experts the engine chose "
                                                   "for each token (R3); the mismatch rate is reported either way")
+    # The trainer's forward (issue 20; asyncrl/training/forward_plan.py); also the reference's and critic's.
+    kernels: str = field_spec("auto", choices=("auto", "liger", "eager"),
+                              help="liger: Liger Kernel's RMSNorm/RoPE/SwiGLU + the Triton fused LM head (CUDA); "
+                                   "eager: HF's modules + the torch fused head; auto: the fastest that runs here")
+    packing: str = field_spec("auto", choices=("auto", "varlen", "tree", "padded"),
+                              help="varlen: rows concatenated, attention by cumulative lengths (GPU default); "
+                                   "tree: short rows as prefix trees under a 4D mask (CPU default); padded")
+    compile: bool = field_spec(False, help="torch.compile the decoder blocks (dynamic shapes; recompiles in the "
+                                           "metrics); Inductor then fuses what Liger's block kernels would")
+    peak_tflops: Optional[float] = field_spec(None, gt=0, help="the device's peak for actor/mfu (null: known "
+                                                               "GPUs' dense bf16 peak; none on CPU)")
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -478,6 +529,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)

@@ -54,6 +54,13 @@ class Completion:
     # MoE routing replay: expert ids [P + len(token_ids) - 1, L_moe, K] int16 of every token that
     # went through the engine's forward (prompt, then completion but its last token), or None
     routed_experts: Optional[Any] = None
+    # Multi-turn trajectories (asyncrl.workflows): ``token_ids`` holds every token after the
+    # first prompt, the policy's and the tools'/environment's; ``loss_mask[t]`` is 1 on tokens
+    # the policy sampled and 0 on the others (their logprob is 0, their version −1).
+    # None: every token was sampled (single turn).
+    loss_mask: Optional[list[int]] = None
+    reward: Optional[float] = None  # set by a workflow: the episode's reward (no reward fn then)
+    info: dict[str, Any] = field(default_factory=dict)  # workflow counters (turns, tool_calls ...)
 
 
 #: vLLM's name for one sampled continuation.

@@ -130,6 +130,9 @@ def run_controller(controller, model, record: RunRecord, limits: Limits, evaluat
             tokens = int(round(metrics["response/length_mean"] * batch))
             if mode == "async":  # overlapped with the trainer: not part of the step's wall time
                 stages["async_rollout_busy"] = metrics.get("async/rollout_seconds", 0.0)
+            for key in ("actor/mfu", "actor/tflops"):  # the trainer's throughput (issue 20), per step
+                if key in metrics:
+                    record.extra.setdefault(key, []).append(metrics[key])
             if clock.step_done(step, stages, batch, tokens, model):
                 break
     finally:

@@ -144,7 +144,8 @@ def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
 
     start = time.perf_counter()
     extra = ["model.dtype=bfloat16", f"trainer.device={_device()}", f"rollout.max_tokens={NEW_TOKENS}", "actor.lr=1e-6",
-             f"actor.micro_batch_size={MICRO_BATCH}", "runtime.rollout_process=false", "logging.memory=false"]
+             f"actor.micro_batch_size={MICRO_BATCH}", "runtime.rollout_process=false", "logging.memory=false",
+             *os.environ.get("PEER_TRL_ASYNCRL_OVERRIDES", "").split()]  # e.g. "actor.kernels=eager" (bench/trainer_speed_gpu.py)
     cfg = asyncrl_config(checkpoint, 0, mode, 1, out_dir, extra)
     torch.manual_seed(0)
     model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, _device())

@@ -28,7 +28,8 @@ def build_char_tokenizer(charset: str = DEFAULT_CHARSET, with_unk: bool = True) 
         vocab.setdefault(ch, len(vocab))
     unk = "<unk>" if with_unk else None
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # one piece per character, newlines included ("." would leave "\n\n" whole, an unknown token)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join characters back without separators
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", vocab["<bos>"])])

@@ -103,7 +103,12 @@ def grade_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequ
 
 def grade_completions(reward_fn: RewardFn, example: Example,
                       completions: Sequence[Completion]) -> tuple[list[float], list[float]]:
-    """:func:`grade_responses` of one prompt's completions (rewards also receive ``finish_reason``)."""
+    """:func:`grade_responses` of one prompt's completions (rewards also receive ``finish_reason``).
+    Episodes of a workflow (asyncrl.workflows) come scored: their own reward is used as is, and
+    an episode is correct when it reached 1."""
+    if completions and all(c.reward is not None for c in completions):
+        scores = [float(c.reward) for c in completions]
+        return scores, [float(s >= 1.0) for s in scores]
     fields = [{**example.fields, "finish_reason": c.finish_reason} for c in completions]
     return grade_responses(reward_fn, [example.prompt] * len(completions), [c.text for c in completions], fields)
 
@@ -146,6 +151,15 @@ class PoolReward:
 
 
 # -- prompt encoding ---------------------------------------------------------------
+
+def generate_for_examples(backend, encode: Callable[[Example], list[int]], examples: Sequence[Example],
+                          params) -> list:
+    """One ``RequestOutput`` per example: a backend that runs whole episodes (a workflow:
+    ``generate_examples``) takes the examples themselves, any other their prompt ids."""
+    if hasattr(backend, "generate_examples"):
+        return backend.generate_examples(list(examples), params)
+    return backend.generate(encode_batch(encode, examples), params)
+
 
 def encode_batch(encode: Callable[[Example], list[int]], examples: Sequence[Example]) -> list[list[int]]:
     """Prompt ids of ``examples``: ``encode.batch`` when it has one (:class:`PromptEncoder`)."""

@@ -203,6 +203,25 @@ class LLM:
             pending = {r for r in pending if not self._request_done(r)}
         return [self._collect(r) for r in ids]
 
+    # ---- per-request progress (a server driving ``step`` itself: asyncrl.serve) -------------
+    def request_sequences(self, request_id: str) -> list[Sequence]:
+        """The live samples of a queued request (read them from the thread that calls ``step``)."""
+        return self._requests[request_id].group
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether one sequence of ``num_tokens`` tokens fits ``max_model_len`` and the KV pool
+        (``add_request`` refuses one that does not)."""
+        bm = self.block_manager
+        return num_tokens <= self.max_model_len and -(-num_tokens // bm.block_size) <= len(bm.blocks)
+
+    def request_finished(self, request_id: str) -> bool:
+        """True once every sample of the request finished (then :meth:`pop_output` it)."""
+        return self._request_done(request_id)
+
+    def pop_output(self, request_id: str) -> RequestOutput:
+        """The finished request's output; the engine forgets the request."""
+        return self._collect(request_id)
+
     def _request_done(self, request_id: str) -> bool:
         parent = self._requests[request_id]
         complete = len(parent.group) == parent.params.n or parent.finish_reason == "abort"

@@ -1,86 +1,56 @@
-"""Code-execution reward: run the response's program against tests in the sandbox.
+"""Code-execution reward: the response's program in the sandbox, the tests outside it.
 
 Fields the reward reads from the dataset row:
   * ``tests``: a list of test cases, each either
-      - a string of Python (``"assert add(1, 2) == 3"``) run after the program in the
-        program's namespace; it passes when it raises nothing, or
-      - ``{"input": "...", "output": "..."}``: the program is run with that stdin and
-        passes when its stdout equals ``output`` (trailing whitespace per line ignored);
+      - a string of Python (``"assert add(1, 2) == 3"``); it passes when it raises nothing, or
+      - ``{"input": "...", "output": "..."}``: the program run with that stdin passes
+        when its stdout equals ``output`` (trailing whitespace per line ignored);
     or a single string (one test; HumanEval's ``check`` function plus a call);
   * ``code_prefix`` (optional): prepended to the program (HumanEval's prompt when the
-    model writes only the function body).
+    model writes only the function body); it is also run, as trusted code, by the grader;
+  * ``entry_point`` (optional): a name the tests must take from the candidate even if
+    the prefix defines it.
 
-All tests run in one sandboxed process (one interpreter start per response, not
-per test); each test gets ``per_test_timeout_s`` via SIGALRM, and results stream to
-the report channel so a program that hangs in test 3 still gets credit for 1 and 2.
+Who does what (the verdict is never formed where the candidate runs):
+
+    sandbox (candidate_server.py + the program)  <-- plain JSON values -->  grader.py
+       runs the program's functions on request                            runs the tests,
+       never sees a test                                                  compares, reports
+
+The grader is a separate, unsandboxed process of the caller's (the tests are the
+dataset's, trusted like the prompt); it receives only plain values from the sandbox,
+so a returned object whose ``__eq__`` is always True, a patched ``json``/``exec`` in the
+candidate's interpreter, or lines written to any descriptor cannot make a test pass.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from asyncrl.rewards.sandbox import SandboxLimits, SandboxResult, run_python
+from asyncrl.rewards import walls
+from asyncrl.rewards.sandbox import SandboxLimits, SandboxResult, SandboxRun
 
 Test = Union[str, dict]
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_GRADER = os.path.join(walls.STANDALONE, "grader.py")
+_GRADER_MEMORY_BYTES = 2 * 1024 ** 3
 
-# Runs inside the sandbox as main.py. It reads the candidate and the tests from
-# files, so no quoting of user text into source is needed.
-_DRIVER = r'''
-import io, json, os, signal, sys
-report = os.fdopen(int(os.environ["ASYNCRL_REPORT_FD"]), "w", buffering=1)
-candidate = open("candidate.py", encoding="utf-8").read()
-spec = json.load(open("tests.json", encoding="utf-8"))
 
-def on_alarm(signum, frame):
-    raise TimeoutError("test timed out")
+@dataclass
+class TestReport:
+    """Per-test outcome of one program: ``passed[i]`` and, when it failed, ``errors[i]``.
+    ``sandbox`` is what the candidate's run did (status, stderr, isolation)."""
 
-signal.signal(signal.SIGALRM, on_alarm)
-
-def emit(index, passed, error=""):
-    report.write(json.dumps({"test": index, "passed": passed, "error": error[-500:]}) + "\n")
-
-def run_source(stdin_text):
-    """Execute the candidate as __main__ with the given stdin; return its stdout."""
-    real_in, real_out = sys.stdin, sys.stdout
-    captured = io.BytesIO()  # binary underneath, so sys.stdout.buffer works too
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin_text.encode()), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(captured, encoding="utf-8", write_through=True)
-    try:
-        try:
-            exec(compile(candidate, "solution.py", "exec"), {"__name__": "__main__"})
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise
-        sys.stdout.flush()
-        return captured.getvalue().decode("utf-8", errors="replace")
-    finally:
-        sys.stdin, sys.stdout = real_in, real_out
-
-def same_output(got, want):
-    norm = lambda s: [line.rstrip() for line in s.strip().splitlines()]
-    return norm(got) == norm(want)
-
-namespace = None
-for index, test in enumerate(spec["tests"]):
-    signal.setitimer(signal.ITIMER_REAL, spec["per_test_timeout_s"])
-    try:
-        if isinstance(test, dict):
-            got = run_source(str(test.get("input", "")))
-            ok = same_output(got, str(test.get("output", "")))
-            emit(index, ok, "" if ok else f"expected {test.get('output')!r}, got {got[:200]!r}")
-        else:
-            if namespace is None:  # define the program once for all assert tests
-                namespace = {"__name__": "solution"}
-                exec(compile(candidate, "solution.py", "exec"), namespace)
-            exec(compile(test, f"test_{index}.py", "exec"), dict(namespace))
-            emit(index, True)
-    except BaseException as e:
-        emit(index, False, f"{type(e).__name__}: {e}")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-'''
+    passed: list[bool]
+    errors: list[str]
+    sandbox: SandboxResult
 
 
 def extract_code(response: str) -> str:
@@ -89,45 +59,89 @@ def extract_code(response: str) -> str:
     return blocks[-1] if blocks else (response or "")
 
 
-def run_tests(
-    program: str, tests: list[Test], limits: Optional[SandboxLimits] = None,
-    per_test_timeout_s: float = 5.0,
-) -> tuple[list[bool], SandboxResult]:
-    """Run ``program`` against ``tests`` in one sandbox; per-test pass flags.
+def run_tests(program: str, tests: list[Test], limits: Optional[SandboxLimits] = None,
+              per_test_timeout_s: float = 5.0, code_prefix: str = "",
+              entry_point: Optional[str] = None) -> TestReport:
+    """Run ``tests`` against ``program`` (which already includes any prefix).
 
-    A test that never reported (the process died or timed out first) failed.
+    The program runs in one sandbox (one interpreter for all tests), the tests in one
+    grader process; a test that reported nothing (deadline, crash) failed.
     """
-    files = {
-        "candidate.py": program,
-        "tests.json": json.dumps({"tests": list(tests), "per_test_timeout_s": per_test_timeout_s}),
-    }
-    result = run_python(_DRIVER, limits=limits, files=files)
+    limits = limits or SandboxLimits()
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    env = {"ASYNCRL_REQUEST_FD": str(request_r), "ASYNCRL_REPLY_FD": str(reply_w)}
+    try:
+        sandbox = SandboxRun("candidate_server.py", {"candidate.py": program}, limits,
+                             pass_fds=(request_r, reply_w), env=env, boot_main=True)
+    finally:
+        os.close(request_r)
+        os.close(reply_w)
+    spec = {"tests": list(tests), "per_test_timeout_s": per_test_timeout_s, "code_prefix": code_prefix or "",
+            "entry_point": entry_point, "request_fd": request_w, "reply_fd": reply_r,
+            "memory_bytes": _GRADER_MEMORY_BYTES}
+    try:
+        records = _grade(spec, limits.wall_time_s, sandbox)
+    finally:
+        os.close(request_w)
+        os.close(reply_r)
+    result = sandbox.wait()
     if result.status == "sandbox_error":  # not the program's fault: a recorded failure
         raise RuntimeError(f"code sandbox failed to start: {result.stderr[-1000:]}")
-    passed = [False] * len(tests)
-    for line in result.report:
-        try:
-            record = json.loads(line)
-            index = int(record["test"])
-        except (ValueError, KeyError, TypeError):
-            continue  # the program wrote to the channel itself: ignore it
-        if 0 <= index < len(tests):
+    passed, errors = [False] * len(tests), ["no verdict (the run ended first)"] * len(tests)
+    for record in records:
+        index = record.get("test")
+        if isinstance(index, int) and 0 <= index < len(tests):
             passed[index] = record.get("passed") is True
-    return passed, result
+            errors[index] = str(record.get("error", ""))
+    return TestReport(passed, errors, result)
+
+
+def _grade(spec: dict, wall_time_s: float, sandbox: SandboxRun) -> list[dict]:
+    """Run the grader until it is done or the run's wall time is over; its verdicts."""
+    grader = subprocess.Popen(
+        [os.path.realpath(sys.executable), "-I", "-S", _GRADER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, pass_fds=(spec["request_fd"], spec["reply_fd"]),
+        start_new_session=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    timer = threading.Timer(wall_time_s, lambda: (grader.kill(), sandbox.kill()))
+    timer.start()
+    records = []
+    try:
+        grader.stdin.write(json.dumps(spec).encode())
+        grader.stdin.close()
+        for line in grader.stdout:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("done"):
+                break
+            records.append(record)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        timer.cancel()
+        grader.kill()
+        grader.wait()
+        sandbox.stop()  # the tests are over: the candidate's time is up
+    return records
 
 
 def code_reward(
     prompt: str, response: str, tests: Union[Test, list[Test], None] = None,
     code_prefix: str = "", all_or_nothing: bool = False, timeout_s: float = 10.0,
-    per_test_timeout_s: float = 5.0, memory_mb: int = 1024, **fields: Any,
+    per_test_timeout_s: float = 5.0, memory_mb: int = 1024, sandbox: str = "kernel",
+    entry_point: Optional[str] = None, **fields: Any,
 ) -> float:
     """Fraction of ``tests`` the program in ``response`` passes (1.0 / 0.0 with
-    ``all_or_nothing``). Raises ValueError when the row has no tests (a data bug)."""
+    ``all_or_nothing``). ``sandbox="weak"`` accepts the in-process sandbox where the
+    kernel one is unavailable. Raises ValueError when the row has no tests (a data bug)."""
     if tests is None or tests == [] or tests == "":
         raise ValueError("code reward: the example has no 'tests' field")
     test_list = [tests] if isinstance(tests, (str, dict)) else list(tests)
     program = (code_prefix or "") + extract_code(response)
-    limits = SandboxLimits(wall_time_s=timeout_s, cpu_time_s=max(1, int(timeout_s)), memory_mb=memory_mb)
-    passed, _ = run_tests(program, test_list, limits, per_test_timeout_s)
-    fraction = sum(passed) / len(passed)
+    limits = SandboxLimits(wall_time_s=timeout_s, cpu_time_s=max(1, int(timeout_s)), memory_mb=memory_mb,
+                           isolation=sandbox)
+    report = run_tests(program, test_list, limits, per_test_timeout_s, code_prefix, entry_point)
+    fraction = sum(report.passed) / len(report.passed)
     return float(fraction == 1.0) if all_or_nothing else fraction

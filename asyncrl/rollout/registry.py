@@ -39,9 +39,17 @@ def _engine(model, tokenizer, **engine_options) -> RolloutBackend:
     return EngineBackend(model, tokenizer, **engine_options)  # own copy of the weights, refreshed by update_weights
 
 
+def _openai(model, tokenizer, openai=None, **_engine_options) -> RolloutBackend:
+    from asyncrl.rollout.openai_backend import build_openai_backend
+    return build_openai_backend(openai)  # the server holds its own weights; pushed by update_weights
+
+
 def engine_options(rollout_cfg, lora_cfg=None) -> dict:
-    """``EngineConfig`` fields set from the ``rollout`` config section (and ``actor.lora``: serve the
-    adapter merged into the weights, or apply it on the fly)."""
+    """``EngineConfig`` fields set from the ``rollout`` config section (the server's settings
+    for ``openai``; with ``actor.lora``: serve the adapter merged into the weights, or apply it
+    on the fly)."""
+    if rollout_cfg.backend == "openai":
+        return {"openai": rollout_cfg.openai}
     options = {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
                "return_routed_experts": rollout_cfg.return_routed_experts}
     if lora_cfg is not None and lora_cfg.enabled:
@@ -49,7 +57,7 @@ def engine_options(rollout_cfg, lora_cfg=None) -> dict:
     return options
 
 
-BACKENDS = {"hf": _hf, "engine": _engine}
+BACKENDS = {"hf": _hf, "engine": _engine, "openai": _openai}
 
 
 def resolve_backend_name(name: str, model) -> str:

@@ -36,10 +36,18 @@ PROBE_TEXT = "12+34="
 def build_rollout_backend(cfg, model, tokenizer):
     """A backend with its own copy of the weights (never the trainer's tensors); ``auto`` as in
     ``rollout.registry`` (the engine for the architectures it implements); in a child process
-    with ``runtime.rollout_process`` (executors/process.py)."""
-    from asyncrl.rollout.registry import engine_options, resolve_backend_name
+    with ``runtime.rollout_process`` (executors/process.py); episodes of ``workflow.fn`` on it."""
+    from asyncrl.workflows.build import wrap_backend
+
+    return wrap_backend(cfg, _single_turn_backend(cfg, model, tokenizer), tokenizer)
+
+
+def _single_turn_backend(cfg, model, tokenizer):
+    from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
+    if name == "openai":  # the server holds its own weights
+        return build_backend(name, model, tokenizer, **engine_options(cfg.rollout))
     if cfg.runtime.rollout_process and cfg.runtime.executor == "local":
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 

@@ -26,6 +26,7 @@ from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
 from asyncrl.training.lora import apply_lora, save_merged
 from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
+from asyncrl.workflows.build import wrap_backend
 
 
 def prepare_policy(cfg, task, device, announce: bool = True):
@@ -64,7 +65,9 @@ def _train(cfg, source) -> dict:
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     if cfg.actor.lora.enabled:  # adapters on the loaded policy: only they train, and only they sync
         model = apply_lora(model, cfg.actor.lora)
-    backend = build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout, cfg.actor.lora))
+    backend = wrap_backend(cfg, build_backend(cfg.rollout.backend, model, tokenizer,
+                                              **engine_options(cfg.rollout, cfg.actor.lora)),
+                           tokenizer)  # a workflow runs whole episodes on it (asyncrl.workflows)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
@@ -76,11 +79,16 @@ def _train(cfg, source) -> dict:
         backend.update_weights(rollout_weights(model, backend), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         record = samples if samples is not None else {}
-        result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []))}
+        greedy, sampled = {}, {}
+        result = {"accuracy": heldout_accuracy(*common, encode=encode, record=record.setdefault("greedy", []),
+                                               details=greedy)}
         if cfg.trainer.eval_samples:
             result["sampled_accuracy"] = heldout_accuracy(*common, encode=encode, temperature=cfg.rollout.temperature,
                                                           samples=cfg.trainer.eval_samples, seed=cfg.seed,
-                                                          record=record.setdefault("sampled", []))
+                                                          record=record.setdefault("sampled", []), details=sampled)
+        if "tool_call_rate" in greedy:  # workflows: how often the policy calls a tool
+            result["tool_call_rate"] = greedy["tool_call_rate"]
+            result["sampled_tool_call_rate"] = sampled.get("tool_call_rate")
         return result
 
     before_samples: dict = {}
@@ -136,11 +144,14 @@ def _train(cfg, source) -> dict:
     after = evaluate(after_samples)
     final_accuracy = after["accuracy"]
     checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
+    getattr(backend, "close", lambda: None)()  # a workflow's engine thread
     gain = final_accuracy - sft_accuracy if heldout else None
     summary = {
         "name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "steps": steps_done,
         "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
         "sft_sampled_accuracy": before.get("sampled_accuracy"), "final_sampled_accuracy": after.get("sampled_accuracy"),
+        **{f"{when}_{k}": r[k] for when, r in (("sft", before), ("final", after)) for k in
+           ("tool_call_rate", "sampled_tool_call_rate") if r.get(k) is not None},
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
         "wall_seconds": time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),

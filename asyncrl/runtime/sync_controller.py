@@ -15,7 +15,7 @@ import torch
 
 from asyncrl.algorithms import (AdvantageInput, build_kl_controller, compute_advantages, kl_in_reward,
                                 overlong_penalty)
-from asyncrl.data.sources import PromptEncoder, encode_batch, grade_completions
+from asyncrl.data.sources import PromptEncoder, generate_for_examples, grade_completions
 from asyncrl.metrics.health import SampleStats
 from asyncrl.metrics.memory import MemoryTracker
 from asyncrl.metrics.timer import StageTimer
@@ -30,6 +30,7 @@ from asyncrl.training.logprob_gap import logprob_gap_metrics
 from asyncrl.training.lora import AdapterDisabledReference, is_lora
 from asyncrl.training.reference import Reference
 from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
+from asyncrl.workflows.metrics import workflow_metrics
 
 ROUND_SEED_STRIDE = 100_003  # round r of a step samples with seed + r·stride (round 0: today's seed)
 
@@ -132,14 +133,11 @@ class SyncController:
     def rollout(self, step: int, round_index: int = 0) -> tuple[list[Example], list[RequestOutput]]:
         examples = [next(self.prompts) for _ in range(self.cfg.trainer.prompts_per_step)]
         self.params.seed = self.cfg.seed * 1_000_003 + step + ROUND_SEED_STRIDE * round_index
-        return examples, self.backend.generate(self._prompt_ids(examples), self.params)
+        return examples, generate_for_examples(self.backend, self.encode, examples, self.params)
 
     def greedy_rollout(self, examples: list[Example]) -> list[RequestOutput]:
         """ReMax's baseline: one temperature-0 response per prompt from the same backend."""
-        return self.backend.generate(self._prompt_ids(examples), self.greedy_params)
-
-    def _prompt_ids(self, examples: list[Example]) -> list[list[int]]:
-        return encode_batch(self.encode, examples)
+        return generate_for_examples(self.backend, self.encode, examples, self.greedy_params)
 
     def score(self, example: Example, output: RequestOutput) -> tuple[list[float], list[float]]:
         """(shaped scores, correctness) of one prompt's completions. The shaped score is the
@@ -219,6 +217,7 @@ class SyncController:
                    "throughput/rollout_tokens_per_s": generated_tokens / rollout_s,
                    "throughput/step_tokens_per_s": float(lengths.sum()) / step_s,
                    "throughput/samples_per_s": batch.batch_size / step_s}
+        metrics.update(workflow_metrics(generated.outputs))
         mask = batch.response_mask
         if batch.ref_logprobs is not None and batch.old_logprobs is not None:
             metrics["kl/ref"] = float(((batch.old_logprobs - batch.ref_logprobs) * mask).sum() / mask.sum())

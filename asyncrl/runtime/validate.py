@@ -85,6 +85,21 @@ RULES: list[Rule] = [
     (lambda c: c.runtime.weight_transport != "shared" and not _rollout_process(c),
      lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
+    # -- workflows and remote servers (docs/workflows.md) --
+    (lambda c: c.workflow.enabled and c.rollout.backend == "hf",
+     lambda c: "workflow.fn runs episodes on the asyncrl engine or an OpenAI-compatible server: set rollout.backend "
+               "to auto, engine or openai"),
+    (lambda c: c.workflow.enabled and (_rollout_process(c) or c.runtime.executor == "ray"),
+     lambda c: "workflow.fn runs its episodes in the trainer's process (an engine thread): set "
+               "runtime.rollout_process=false and runtime.executor=local"),
+    (lambda c: c.rollout.backend == "openai" and not c.rollout.openai.base_url,
+     lambda c: "rollout.backend=openai needs rollout.openai.base_url (e.g. http://127.0.0.1:8000 from "
+               "`asyncrl serve MODEL`)"),
+    (lambda c: c.rollout.backend == "openai" and (_rollout_process(c) or c.runtime.executor == "ray"),
+     lambda c: "rollout.backend=openai already generates in another process (the server): set "
+               "runtime.rollout_process=false and runtime.executor=local"),
+    (lambda c: c.task.name == "calculator" and not c.workflow.enabled and not c.data.enabled,
+     lambda c: "task.name=calculator is a tool-use task: set workflow.fn=calculator (recipes/calculator_tool.yaml)"),
     (lambda c: c.runtime.executor == "ray" and not _async(c),
      lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
 ]

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, kl_penalty,
                                 rollout_is_weights)
+from asyncrl.training.compile import compile_stats
+from asyncrl.training.forward_plan import prepare_model
 from asyncrl.training.logprob_gap import LogprobGap
 from asyncrl.training.logprobs import response_logprobs
+from asyncrl.training.mfu import peak_flops, update_flops
+from asyncrl.training.micro_batches import balanced_micro_batches
 from asyncrl.training.optim import adamw
 from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
@@ -68,6 +73,8 @@ class Actor:
         self._gap = LogprobGap()
         # MoE: hooks on the routers (replay the rollout's experts, or only count the mismatch)
         self.routing = RoutingReplay(model, replay=actor_cfg.routing_replay) if find_routers(model) else None
+        # kernels, layout, compile of the forward (forward_plan.py); the reference's copy inherits it
+        self.plan = prepare_model(model, actor_cfg.kernels, actor_cfg.packing, actor_cfg.compile)
 
     @property
     def on_policy_shortcut(self) -> bool:
@@ -84,28 +91,32 @@ class Actor:
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L] log-probs of the batch's responses under the current weights."""
         self.model.eval()
-        parts = [self._forward(batch.select(idx), with_entropy=False)[0] for idx in self._micro_indices(batch.batch_size)]
-        return torch.cat(parts).to(batch.response_mask.device) * batch.response_mask  # the batch's device
+        out = torch.zeros_like(batch.response_mask)
+        for idx in self._micro_indices(batch):
+            out[idx] = self._forward(batch.select(idx), with_entropy=False)[0].to(out.device)
+        return out * batch.response_mask  # the batch's device
 
     def _forward(self, batch: TrainBatch, with_entropy: bool):
         device = next(self.model.parameters()).device
         args = (self.model, batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length,
                 self.temperature, self.cfg.logprob_chunk_tokens)
-        kwargs = dict(with_entropy=with_entropy, entropy_grad=self.algo.entropy_coeff > 0)
+        kwargs = dict(with_entropy=with_entropy)
         if self.routing is None or batch.routed_experts is None:
             return response_logprobs(*args, **kwargs)
         with self.routing.use(batch.routed_experts, batch.routing_mask):  # routes align with the padded layout
             return response_logprobs(*args, share_prompts=False, pack_bin_tokens=0, **kwargs)
 
-    def _micro_indices(self, size: int) -> list[torch.Tensor]:
-        order = torch.arange(size)
-        return list(order.split(self.cfg.micro_batch_size))
+    def _micro_indices(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """Row indices per micro-batch: groups kept whole, balanced by tokens (micro_batches.py)."""
+        return balanced_micro_batches(batch.attention_mask, batch.prompt_length, batch.group_ids,
+                                      self.cfg.micro_batch_size)
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs over mini-batches; returns averaged metrics of the step."""
         self.model.train()
         self._gap = LogprobGap()  # filled only by the on-policy shortcut's pre-update forward
         history: list[dict[str, float]] = []
+        start = time.perf_counter()
         for _ in range(self.cfg.ppo_epochs):
             for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
                 history.append(self._optimizer_step(batch.select(mini)))
@@ -114,7 +125,21 @@ class Actor:
         mismatch = self.routing.mismatch_rate() if self.routing is not None else None
         if mismatch is not None:
             metrics["actor/routing_mismatch"] = mismatch
-        return metrics
+        return {**metrics, **self._throughput(batch, time.perf_counter() - start)}
+
+    def _throughput(self, batch: TrainBatch, seconds: float) -> dict[str, float]:
+        """actor/tflops (model FLOPs of the update per second, mfu.py) and actor/mfu (over the
+        device's peak, where known). The update ends in host reads of its metrics, so the GPU
+        has finished by the time the clock stops."""
+        flops = self.cfg.ppo_epochs * update_flops(self.model, batch.attention_mask.sum(-1))
+        param = next(self.model.parameters())
+        out = {"actor/tflops": flops / max(seconds, 1e-9) / 1e12}
+        if self.plan.body == "compiled":
+            out.update(compile_stats())
+        peak = peak_flops(param.device, param.dtype, self.cfg.peak_tflops)
+        if peak:
+            out["actor/mfu"] = flops / max(seconds, 1e-9) / peak
+        return out
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
         device = next(self.model.parameters()).device
@@ -123,7 +148,7 @@ class Actor:
         global_seqs = float((mask.sum(-1) > 0).sum())
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        micro_list = self._micro_indices(mini.batch_size)
+        micro_list = self._micro_indices(mini)
         for idx in micro_list:
             micro = mini.select(idx)
             metrics = self._micro_loss(micro, global_tokens, global_seqs, device)

@@ -47,6 +47,9 @@ def build_train_batch(outputs: list[RequestOutput], scores: list[float], pad_id:
     length = response_mask.shape[1]
     routing = routes_from_completions([(len(p), getattr(c, "routed_experts", None)) for p, c, _ in rows],
                                       prompt_len, length)
+    if any(c.loss_mask is not None for _, c, _ in rows):  # multi-turn: tool tokens attend but carry no loss
+        response_mask = _pad_rows([c.loss_mask if c.loss_mask is not None else [1] * len(c.token_ids)
+                                   for _, c, _ in rows], length, 0, torch.float32)
     return TrainBatch(
         input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
         prompt_length=prompt_len,

@@ -18,7 +18,8 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
-from asyncrl.training.logprobs import position_ids_from_mask
+from asyncrl.training.forward_plan import plan_of, prepare_like
+from asyncrl.training.logprobs import response_states
 from asyncrl.training.optim import adamw
 from asyncrl.types import TrainBatch
 
@@ -34,19 +35,27 @@ def build_value_model(policy) -> torch.nn.Module:
     if critic.score.bias is not None:
         torch.nn.init.zeros_(critic.score.bias)
     param = next(policy.parameters())
-    return critic.to(device=param.device, dtype=param.dtype)
+    critic = critic.to(device=param.device, dtype=param.dtype)
+    prepare_like(critic, plan_of(policy))  # the policy's kernels, layout and compile choices
+    return critic
 
 
 def response_values(model, batch: TrainBatch) -> torch.Tensor:
     """V[i, t] ``[b, L]``: the value of the state *before* response token t.
 
     Same alignment as the log-probs: the hidden state at position P + t − 1 predicts
-    token t, so it is the state token t is chosen from (verl's ``[-L-1:-1]`` slice).
+    token t, so it is the state token t is chosen from (verl's ``[-L-1:-1]`` slice). Computed
+    in the log-probs' layout (each prompt once per group; logprobs.response_states); positions
+    past a row's response hold 0 in the packed layouts: callers mask them.
     """
     device = next(model.parameters()).device
     ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), use_cache=False)
-    return out.logits[:, batch.prompt_length - 1:-1, 0].float()
+    states, _, token_index = response_states(model, ids, attn, batch.prompt_length)
+    values = model.score(states)[:, 0].float()
+    rows, length = ids.shape[0], ids.shape[1] - batch.prompt_length
+    if token_index is None:
+        return values.view(rows, length)
+    return values.new_zeros(rows * length).index_copy(0, token_index, values).view(rows, length)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -1,19 +1,27 @@
-"""Log-probs of target tokens through the LM head, fused by hand: never store [N, V] logits.
+"""Log-probs and entropy of target tokens through the LM head, fused: never store [N, V] logits.
 
-``linear_logprobs(hidden, weight, targets, T)`` = ``log_softmax(hidden @ weight.T / T)[targets]``.
-The generic way (a chunked, checkpointed ``linear -> float -> / T -> logsumexp -> gather``)
-costs, per chunk, a dozen full passes over the fp32 [chunk, V] logits in forward and
-backward, plus a zero-filled [chunk, V] gradient for ``gather``'s backward; with Qwen's
-151,936-token vocabulary that was ~30% of a GPU actor update (bench/actor_update_gpu.py).
+``linear_logprobs(hidden, weight, targets, T)`` = ``log_softmax(hidden @ weight.T / T)[targets]``
+and the entropy of that softmax, both with exact gradients. The generic way (a chunked,
+checkpointed ``linear -> float -> / T -> logsumexp -> gather``) costs, per chunk, a dozen full
+passes over the fp32 [chunk, V] logits in forward and backward, plus a zero-filled [chunk, V]
+gradient for ``gather``'s backward; with Qwen's 151,936-token vocabulary that was ~30% of a GPU
+actor update (bench/actor_update_gpu.py).
 
-Here forward keeps only the per-row log-normaliser ``lse`` [N]; backward recomputes each
-chunk's logits once and forms ``dL/dlogits = g * (onehot - softmax) / T`` in place (the
-softmax is ``exp(logits / T - lse)``), then the two matmuls. Same values and gradients as
-the generic path (tests/training/test_head_logprobs.py, float64 reference).
+Here forward keeps only per-row statistics (the log-normaliser ``lse`` and the entropy ``H``,
+[N] each); backward recomputes each chunk's logits once and forms, in place,
+
+    dL/dz = g_lp * (onehot - p) - g_H * p * (z - lse + H),    z = logits / T, p = exp(z - lse)
+
+(divided by T for dL/dlogits), then the two matmuls. Two implementations of the per-chunk row
+math: torch ops on an fp32 copy (any device; the reference), and Triton kernels that read and
+write the matmul's own output in place (triton_head.py; CUDA, chosen by ``row_kernel="triton"``).
+Same values and gradients as float64 autograd (tests/training/test_head_logprobs.py).
 """
 from __future__ import annotations
 
 import torch
+
+ROW_KERNELS = ("torch", "triton")
 
 
 def acc_dtype(hidden: torch.Tensor) -> torch.dtype:
@@ -21,66 +29,98 @@ def acc_dtype(hidden: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, torch.float32)
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[n, H] x [V, H] -> fp32 logits / T, [n, V] (a fresh tensor: safe to modify in place)."""
-    logits = (hidden @ weight.T).to(acc_dtype(hidden))
+def _torch_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """The torch reference of triton_head.row_stats: logits [c, V] -> (lse, logprob, entropy) [c]."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
-        logits.div_(temperature)
-    return logits
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logprob = z.gather(1, targets[:, None]).squeeze(1) - lse
+    if not with_entropy:
+        return lse, logprob, lse.new_zeros(0)
+    expected = (z - lse[:, None]).exp_().mul_(z).sum(-1)  # E_p[z]
+    return lse, logprob, lse - expected
+
+
+def _torch_grad_logits(logits, targets, lse, entropy, g_logprob, g_entropy, temperature: float) -> torch.Tensor:
+    """The torch reference of triton_head.grad_logits_: dL/dlogits [c, V] in the logits' dtype."""
+    z = logits.to(lse.dtype)
+    if temperature != 1.0:
+        z = z / temperature
+    probs = (z - lse[:, None]).exp()
+    grad = probs * -g_logprob[:, None]
+    if g_entropy is not None:  # dH/dz = -p (z - lse + H)
+        grad -= probs * (z - lse[:, None] + entropy[:, None]) * g_entropy[:, None]
+    grad.scatter_add_(1, targets[:, None], g_logprob[:, None])
+    if temperature != 1.0:
+        grad /= temperature
+    return grad.to(logits.dtype)
+
+
+def _row_ops(row_kernel: str):
+    if row_kernel == "triton":
+        from asyncrl.training import triton_head
+        return triton_head.row_stats, triton_head.grad_logits_
+    return _torch_stats, _torch_grad_logits
 
 
 class _LinearLogprobs(torch.autograd.Function):
-    """Autograd op for ``linear_logprobs``; ``chunk`` rows at a time (memory: one fp32 [chunk, V])."""
+    """Autograd op for ``linear_logprobs``; ``chunk`` rows at a time (memory: one [chunk, V]
+    logits buffer, plus its fp32 copy on the torch row kernel)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, with_entropy: bool):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, with_entropy: bool, row_kernel: str):
+        stats, _ = _row_ops(row_kernel)
         n = hidden.shape[0]
-        lse = torch.empty(n, dtype=acc_dtype(hidden), device=hidden.device)
-        logprobs = torch.empty(n, dtype=acc_dtype(hidden), device=hidden.device)
-        entropy = torch.empty(n if with_entropy else 0, dtype=acc_dtype(hidden), device=hidden.device)
+        dtype = acc_dtype(hidden)
+        lse, logprobs = (torch.empty(n, dtype=dtype, device=hidden.device) for _ in range(2))
+        entropy = torch.empty(n if with_entropy else 0, dtype=dtype, device=hidden.device)
         for s in range(0, n, chunk):
-            logits = _chunk_logits(hidden[s:s + chunk], weight, temperature)
-            lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
-            logprobs[s:s + chunk] = logits.gather(1, targets[s:s + chunk, None]).squeeze(1) - lse[s:s + chunk]
-            if with_entropy:  # H = lse - E_p[z], a metric here: no gradient (see linear_logprobs)
-                expected = (logits.sub(lse[s:s + chunk, None]).exp_().mul_(logits)).sum(-1)
-                entropy[s:s + chunk] = lse[s:s + chunk] - expected
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
+            lse_c, lp_c, ent_c = stats(hidden[s:s + chunk] @ weight.T, targets[s:s + chunk], temperature, with_entropy)
+            lse[s:s + chunk], logprobs[s:s + chunk] = lse_c, lp_c
+            if with_entropy:
+                entropy[s:s + chunk] = ent_c
+        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+        ctx.temperature, ctx.chunk, ctx.row_kernel = temperature, chunk, row_kernel
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
-        T, chunk = ctx.temperature, ctx.chunk
+    def backward(ctx, g_logprob, g_entropy):
+        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        _, grad_logits = _row_ops(ctx.row_kernel)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) \
             if ctx.needs_input_grad[1] else None
-        grad_out = grad_out.to(lse.dtype)
+        g_logprob = torch.zeros_like(lse) if g_logprob is None else g_logprob.to(lse.dtype)
+        if g_entropy is not None and g_entropy.numel():
+            g_entropy = g_entropy.to(lse.dtype)
+        else:
+            g_entropy = None
+        chunk = ctx.chunk
         for s in range(0, hidden.shape[0], chunk):
-            h, g = hidden[s:s + chunk], grad_out[s:s + chunk]
-            probs = _chunk_logits(h, weight, T).sub_(lse[s:s + chunk, None]).exp_()  # softmax(logits / T)
-            # d logprob[t] / d logits = (onehot(t) - softmax) / T, times the incoming g
-            grad_logits = probs.mul_(-g[:, None]).scatter_add_(1, targets[s:s + chunk, None], g[:, None])
-            if T != 1.0:
-                grad_logits.div_(T)
-            grad_logits = grad_logits.to(hidden.dtype)
+            h = hidden[s:s + chunk]
+            g_ent = g_entropy[s:s + chunk] if g_entropy is not None else None
+            ent = entropy[s:s + chunk] if g_entropy is not None else None
+            grad = grad_logits(h @ weight.T, targets[s:s + chunk], lse[s:s + chunk], ent, g_logprob[s:s + chunk],
+                               g_ent, ctx.temperature).to(hidden.dtype)
             if grad_hidden is not None:
-                grad_hidden[s:s + chunk] = grad_logits @ weight
+                grad_hidden[s:s + chunk] = grad @ weight
             if grad_weight is not None:
-                grad_weight.add_(grad_logits.T @ h)
+                grad_weight.add_(grad.T @ h)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                    temperature: float = 1.0, chunk_tokens: int = 4096, with_entropy: bool = False):
+                    temperature: float = 1.0, chunk_tokens: int = 4096, with_entropy: bool = False,
+                    row_kernel: str = "torch"):
     """hidden ``[N, H]``, weight ``[V, H]`` (the LM head, no bias), targets ``[N]`` int64
     -> log-probs ``[N]`` float32 (float64 for float64 inputs) of ``targets`` under
     ``softmax(hidden @ weight.T / temperature)``, and the entropy ``[N]`` of that softmax
-    (``with_entropy``; else empty) WITHOUT a gradient: for the entropy as a metric. A loss
-    with an entropy bonus takes the generic path (logprobs.py)."""
-    return _LinearLogprobs.apply(hidden, weight, targets, float(temperature), max(1, int(chunk_tokens)),
-                                 bool(with_entropy))
+    (``with_entropy``; else empty), both differentiable. ``row_kernel``: "torch" (any device)
+    or "triton" (CUDA, or the Triton interpreter)."""
+    if row_kernel not in ROW_KERNELS:
+        raise ValueError(f"row_kernel must be one of {ROW_KERNELS}, got {row_kernel!r}")
+    return _LinearLogprobs.apply(hidden, weight, targets.contiguous(), float(temperature), max(1, int(chunk_tokens)),
+                                 bool(with_entropy), row_kernel)

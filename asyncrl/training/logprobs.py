@@ -1,15 +1,17 @@
 """Per-token log-probs and entropy of the responses, with the prompt computed once per group.
 
-GRPO batches hold n responses per prompt. Short rows (each prompt with its rows' responses
-within ``PACK_BIN_TOKENS``) run in the packed layout (packing.py): every prompt once, every
-response after it without padding, one forward. Longer rows run padded: the prompt once per
-distinct prompt, its KV cache broadcast to the rows (gradients flow back through it), then
-the responses. Either way the trainer, like the rollout engine, pays for each prompt once.
+GRPO batches hold n responses per prompt. On a GPU plan (forward_plan.py) rows of any length run
+in the varlen layout (varlen.py): every prompt once, every response after it, no padding, one
+forward with attention by cumulative lengths. Otherwise short rows (each prompt with its rows'
+responses within ``PACK_BIN_TOKENS``) run in the packed prefix-tree layout (packing.py) under a
+4D mask, and longer rows run padded: the prompt once per distinct prompt, its KV cache broadcast
+to the rows (gradients flow back through it), then the responses. In every layout the trainer,
+like the rollout engine, pays for each prompt once.
 
-When the logits of the whole micro-batch would be big (a 150k vocabulary), the LM head is
-applied to at most ``chunk_tokens`` positions at a time, under activation checkpointing when
-gradients are needed, so full float32 logits [batch, seq, vocab] are never held at once. Small
-ones (the 15-token quickstart vocabulary) take one plain pass: same numbers, fewer ops.
+When the logits of the whole micro-batch would be big (a 150k vocabulary), the LM head is fused
+(head_logprobs.py: at most ``chunk_tokens`` positions at a time, only per-row statistics kept,
+exact gradients of the log-prob and the entropy), so [batch, seq, vocab] logits are never held.
+Small ones (the 15-token quickstart vocabulary) take one plain pass: same numbers, fewer ops.
 """
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from asyncrl.training.forward_plan import plan_of
 from asyncrl.training.head_logprobs import acc_dtype, linear_logprobs
+from asyncrl.training.kernels import liger_rope_enabled
 from asyncrl.training.packing import PackedRows, pack_rows
+from asyncrl.training.varlen import varlen_hidden, varlen_rows
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -113,17 +118,18 @@ def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_pr
 
 
 def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float, chunk_tokens: int,
-          with_entropy: bool, entropy_grad: bool = True):
-    """states [N, H], targets [N] -> logprob [N], entropy [N] (or empty). Chunked and checkpointed
-    only when the logits of all N rows would be big (a 150k vocabulary); for small ones a single
-    plain pass computes the same numbers with fewer ops."""
+          with_entropy: bool, row_kernel: str = "torch", fused: bool | None = None):
+    """states [N, H], targets [N] -> logprob [N], entropy [N] (or empty). A single plain pass when
+    the logits of all N rows are small; else the fused head (head_logprobs.py: no [N, V] logits,
+    exact gradients of both outputs) for a bias-free head, or checkpointed chunks of the plain
+    formula (``fused=False`` forces them: the reference in tests)."""
     count = states.shape[0]
     vocab = head.weight.shape[0]
-    if count * vocab * 4 <= SMALL_LOGITS_BYTES:
+    if fused is None and count * vocab * 4 <= SMALL_LOGITS_BYTES:
         return _head_logprobs(states, head.weight, head.bias, targets, temperature, with_entropy)
-    if head.bias is None and not (with_entropy and entropy_grad):  # the hand-fused head: no [chunk, V] graph kept
-        lp, ent = linear_logprobs(states, head.weight, targets, temperature, chunk_tokens, with_entropy)
-        return lp.float(), ent.float()
+    if head.bias is None and fused is not False:
+        return linear_logprobs(states, head.weight, targets, temperature, chunk_tokens, with_entropy,
+                               row_kernel if states.is_cuda else "torch")
     needs_grad = torch.is_grad_enabled() and states.requires_grad
     logprobs, entropies = [], []
     for start in range(0, count, chunk_tokens):
@@ -135,10 +141,43 @@ def _head(states: torch.Tensor, targets: torch.Tensor, head, temperature: float,
     return torch.cat(logprobs), torch.cat(entropies)
 
 
+def _scatter_rows(values: torch.Tensor, token_index: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """[N] values of the real response tokens -> [B, L], 0 past each response."""
+    return values.new_zeros(batch * length).index_copy(0, token_index, values).view(batch, length)
+
+
+def response_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                    share_prompts: bool = True, pack_bin_tokens: int | None = None):
+    """The decoder's states predicting each response token, in the plan's layout.
+
+    Returns ``(states [N, H], targets [N], token_index [N] or None)``: with a token index, N
+    counts the real response tokens only (packed layouts; ``token_index`` places them in
+    [B * L]); without one, N = B * L (the padded layout, padding included)."""
+    plan = plan_of(model)
+    base = model.get_decoder()
+    share_prompts = share_prompts and _all_full_attention(model)  # hybrid models: one plain padded forward
+    if share_prompts and plan.layout == "varlen":
+        rows = varlen_rows(input_ids, attention_mask, prompt_length, plan.pad_multiple)
+        if rows is not None:
+            with liger_rope_enabled(plan.body == "liger"):
+                hidden = varlen_hidden(model, base, rows)
+            return hidden.index_select(0, rows.state_index), rows.targets, rows.token_index
+    pack_bin_tokens = PACK_BIN_TOKENS if pack_bin_tokens is None else pack_bin_tokens
+    packed = pack_rows(input_ids, attention_mask, prompt_length, pack_bin_tokens) \
+        if share_prompts and pack_bin_tokens > 0 and plan.layout != "padded" and _packable(model) else None
+    with liger_rope_enabled(plan.body == "liger"):
+        if packed is not None:
+            return _packed_states(model, base, packed), packed.targets, packed.token_index
+        states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
+    return states.reshape(-1, states.shape[-1]), input_ids[:, prompt_length:].reshape(-1), None
+
+
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                       temperature: float = 1.0, chunk_tokens: int = 4096, with_entropy: bool = False,
-                      share_prompts: bool = True, pack_bin_tokens: int | None = None, entropy_grad: bool = True):
-    """Log-probs (and entropy) of the response tokens under ``model``.
+                      share_prompts: bool = True, pack_bin_tokens: int | None = None,
+                      fused_head: bool | None = None):
+    """Log-probs (and entropy) of the response tokens under ``model``, in the layout and with
+    the kernels of its forward plan (forward_plan.py; the CPU default when it has none).
 
     Args:
       input_ids, attention_mask: [B, P + L], prompt left-padded to P, response after it.
@@ -146,31 +185,22 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
       share_prompts: run each distinct prompt once (same result).
       pack_bin_tokens: use the padding-free packed layout (packing.py) when each prompt with its
         rows' responses fits in this many tokens; 0: always the padded layout; None:
-        ``PACK_BIN_TOKENS``.
-      entropy_grad: False when the entropy is only reported (no entropy bonus): then it may
-        come without a gradient, which lets a big vocabulary take the fused head.
+        ``PACK_BIN_TOKENS``. (The varlen layout of a GPU plan packs rows of any length.)
+      fused_head: None: the fused LM head whenever the logits would be big; False: checkpointed
+        chunks of the plain formula (the reference); True: the fused head always.
     Returns:
       logprobs [B, L] (float32) and entropy [B, L] (zeros if ``with_entropy`` is False).
-      Positions past a row's response (attention 0) hold 0 in the packed layout and an
+      Positions past a row's response (attention 0) hold 0 in the packed layouts and an
       unused value in the padded one: callers mask them.
     """
-    base, head = model.get_decoder(), model.get_output_embeddings()
-    share_prompts = share_prompts and _all_full_attention(model)  # hybrid models: one plain padded forward
+    head = model.get_output_embeddings()
     batch, length = input_ids.shape[0], input_ids.shape[1] - prompt_length
-    pack_bin_tokens = PACK_BIN_TOKENS if pack_bin_tokens is None else pack_bin_tokens
-    packed = pack_rows(input_ids, attention_mask, prompt_length, pack_bin_tokens) \
-        if share_prompts and pack_bin_tokens > 0 and _packable(model) else None
-    if packed is not None:
-        lp, ent = _head(_packed_states(model, base, packed), packed.targets, head, temperature, chunk_tokens,
-                        with_entropy, entropy_grad)
-        def unpack(values: torch.Tensor) -> torch.Tensor:  # [N] -> [B, L], 0 past each response
-            return values.new_zeros(batch * length).index_copy(0, packed.token_index, values).view(batch, length)
-        logprob = unpack(lp)
-        return logprob, unpack(ent) if with_entropy else torch.zeros_like(logprob)
-    states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
-    width = states.shape[-1]
-    lp, ent = _head(states.reshape(-1, width), input_ids[:, prompt_length:].reshape(-1), head, temperature,
-                    chunk_tokens, with_entropy, entropy_grad)
+    states, targets, token_index = response_states(model, input_ids, attention_mask, prompt_length, share_prompts,
+                                                   pack_bin_tokens)
+    lp, ent = _head(states, targets, head, temperature, chunk_tokens, with_entropy, plan_of(model).head, fused_head)
+    if token_index is not None:
+        logprob = _scatter_rows(lp, token_index, batch, length)
+        return logprob, _scatter_rows(ent, token_index, batch, length) if with_entropy else torch.zeros_like(logprob)
     logprob = lp.view(batch, length)
     entropy = ent.view(batch, length) if with_entropy else torch.zeros_like(logprob)
     return logprob, entropy

@@ -44,12 +44,15 @@ def tiny_checkpoint(cfg, task, device, on_step: Optional[Callable[[int, float], 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-"))
     try:
-        tokenizer = save_and_reload(build_char_tokenizer(task.charset), tmp)
+        # a task with a chat format of its own (tool use) builds its tokenizer (special tokens, template)
+        build = getattr(task, "build_tokenizer", None)
+        tokenizer = build(tmp) if build is not None else save_and_reload(build_char_tokenizer(task.charset), tmp)
         model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.seed).to(device)
         info = {"sft/cached": 0.0}
         if cfg.sft.enabled and cfg.sft.steps > 0:
             torch.manual_seed(cfg.seed)
-            info.update(run_sft(model, tokenizer, task.train_stream(seed=10_000 + cfg.seed), cfg.sft.steps,
+            demos = getattr(task, "demonstrations", task.train_stream)  # tool use: whole transcripts
+            info.update(run_sft(model, tokenizer, demos(seed=10_000 + cfg.seed), cfg.sft.steps,
                                 cfg.sft.batch_size, cfg.sft.lr, cfg.sft.warmup_steps, schedule=cfg.sft.lr_schedule,
                                 min_lr_ratio=cfg.sft.min_lr_ratio, on_step=on_step))
         model.save_pretrained(str(tmp), safe_serialization=True)

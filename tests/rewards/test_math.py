@@ -1,11 +1,13 @@
 """Math reward on real reference answers from the data sets that ship in asyncrl/data/sets."""
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from asyncrl.data.sources import SHIPPED_DATA
+from asyncrl.eval.answers import last_boxed
 from asyncrl.rewards.math import extract_gsm8k, math_reward
 
 DATA = SHIPPED_DATA  # the sets that ship inside the package (asyncrl/data/sets)
@@ -15,16 +17,6 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason="asyncrl/data/sets not
 def _rows(relative: str) -> list[dict]:
     with open(DATA / relative, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
-
-
-def _last_boxed(text: str) -> str:
-    """The content of the last \\boxed{...}, braces balanced."""
-    start = text.rindex("\\boxed{") + len("\\boxed{")
-    depth, end = 1, start
-    while depth:
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        end += 1
-    return text[start:end - 1]
 
 
 def _gsm8k_sample() -> list[dict]:
@@ -63,7 +55,7 @@ def test_competition_answers_score_one_and_perturbed_zero(name):
 def test_minerva_solutions_score_one_against_their_boxed_answer():
     rows = _rows("math_eval/minerva_math.jsonl")
     failures = [row["solution"][-120:] for row in rows
-                if math_reward(row["problem"], row["solution"], answer=_last_boxed(row["solution"])) != 1.0]
+                if math_reward(row["problem"], row["solution"], answer=last_boxed(row["solution"])) != 1.0]
     assert failures == []
 
 
@@ -101,6 +93,48 @@ def test_garbage_responses_score_zero_without_raising(response):
 def test_missing_reference_answer_is_a_loud_error():
     with pytest.raises(ValueError, match="reference answer"):
         math_reward("", "\\boxed{1}", answer=None)
+
+
+# The cases of issue 17: what the policy could be rewarded for, and must not be.
+@pytest.mark.parametrize("gold,response,score", [
+    ("5", "First I get \\boxed{3}. Wait, that is wrong. Recomputing: \\boxed{5}", 1.0),  # self-correction
+    ("3", "First I get \\boxed{3}. Wait, that is wrong. Recomputing: \\boxed{5}", 0.0),
+    ("5", "the answer is 5 or 6", 0.0),                       # two different final answers
+    ("5", "#### 5 or 6", 0.0),
+    ("5", "\\boxed{5} or \\boxed{6}", 0.0),
+    ("\\{3, 5\\}", "\\boxed{3} or \\boxed{5}", 1.0),     # ... which is right when the answer is that set
+    ("5", "I added 2 and 3 and got 5 apples, I think", 0.0),  # no final answer: the last number is not one
+    ("5", "#### Final Answer\nSo \\boxed{5}", 1.0),            # markdown headings are not GSM8K markers
+    ("5", "#### Step 1\nWe add.\n#### Step 2\n\\boxed{5}", 1.0),
+    ("-5", "The answer is \u22125", 1.0),                     # Unicode minus outside a box
+    ("1000", "\\boxed{1\u202f000}", 1.0),                   # narrow no-break space as thousands separator
+])
+def test_issue_17_cases(gold, response, score):
+    assert math_reward("", response, answer=gold) == score
+
+
+def test_last_number_fallback_is_opt_in():
+    assert math_reward("", "we add 2 and 3 to get 5", answer="5") == 0.0
+    assert math_reward("", "we add 2 and 3 to get 5", answer="5", last_number_fallback=True) == 1.0
+
+
+@pytest.mark.parametrize("response", [
+    "\\boxed{(10!)!}", "\\boxed{10^{10^{10}}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{(10^{100})!}", "\\boxed{x^{10^{12}}}",
+])
+def test_pathological_answers_cost_at_most_about_half_a_second(response):
+    math_reward("", "\\boxed{5}", answer="5")  # math-verify imported and warm
+    start = time.process_time()
+    assert math_reward("", response, answer="5") == 0.0
+    assert time.process_time() - start < 1.0  # a 0.5 CPU-second budget (plus extraction, screening)
+
+
+def test_pathological_answers_are_screened_off_the_main_thread_too():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as ex:
+        start = time.perf_counter()
+        assert ex.submit(math_reward, "", "\\boxed{(10!)!}", answer="5").result() == 0.0
+        assert time.perf_counter() - start < 5  # no signal timer here: the cost screen refused it
 
 
 def test_works_off_the_main_thread():

@@ -10,6 +10,11 @@ def reference(hidden, weight, targets, temperature):
     return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1)
 
 
+def reference_with_entropy(hidden, weight, targets, temperature):
+    logp = torch.log_softmax((hidden @ weight.T) / temperature, dim=-1)
+    return logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [1, 5, 64])
 def test_values_and_gradients_match_float64_autograd(temperature, chunk):
@@ -20,19 +25,19 @@ def test_values_and_gradients_match_float64_autograd(temperature, chunk):
     targets = torch.randint(0, V, (N,), generator=g)
     upstream = torch.randn(N, generator=g, dtype=torch.float64)
 
+    up_entropy = torch.randn(N, generator=g, dtype=torch.float64)
+
     ours, entropy = linear_logprobs(hidden, weight, targets, temperature, chunk, with_entropy=True)
-    (ours.double() * upstream).sum().backward()
+    (ours * upstream + entropy * up_entropy).sum().backward()
     gh, gw = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
-    ref = reference(hidden, weight, targets, temperature)
-    (ref * upstream).sum().backward()
+    ref, ref_entropy = reference_with_entropy(hidden, weight, targets, temperature)
+    (ref * upstream + ref_entropy * up_entropy).sum().backward()
 
     torch.testing.assert_close(ours, ref, atol=1e-10, rtol=0)
-    logp = torch.log_softmax((hidden @ weight.T).detach() / temperature, -1)
-    torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1), atol=1e-10, rtol=0)
-    assert not entropy.requires_grad  # a metric: the entropy bonus takes the generic path
-    torch.testing.assert_close(gh, hidden.grad, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(gw, weight.grad, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(entropy, ref_entropy, atol=1e-10, rtol=0)
+    torch.testing.assert_close(gh, hidden.grad, atol=1e-10, rtol=1e-10)  # exact gradient of both outputs
+    torch.testing.assert_close(gw, weight.grad, atol=1e-10, rtol=1e-10)
 
 
 def test_float32_matches_float64_and_weight_tied_to_embedding_accumulates():
@@ -69,9 +74,23 @@ def test_no_grad_for_weight_when_frozen():
     assert hidden.grad is not None and weight.grad is None
 
 
-def test_actor_metric_entropy_takes_the_fused_head_with_the_generic_values():
-    """response_logprobs with a reported-only entropy (entropy_grad False) on the chunked path
-    gives the generic path's log-probs, entropy and log-prob gradients."""
+def test_logprob_only_loss_gets_the_same_gradient_with_or_without_the_entropy_output():
+    """An entropy computed but unused by the loss (a metric) adds nothing to the gradient."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(7, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 8, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 13, (7,), generator=g)
+    grads = []
+    for with_entropy in (False, True):
+        hidden.grad = None
+        linear_logprobs(hidden, weight, targets, 0.9, 3, with_entropy=with_entropy)[0].sum().backward()
+        grads.append(hidden.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
+
+
+def test_entropy_bonus_takes_the_fused_head_with_the_generic_values_and_gradients():
+    """response_logprobs on the chunked (big-vocabulary) path, log-prob loss with an entropy
+    bonus: the fused head gives the generic checkpointed path's values and gradients."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from asyncrl.training import logprobs as lp_module
@@ -79,22 +98,21 @@ def test_actor_metric_entropy_takes_the_fused_head_with_the_generic_values():
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                         tie_word_embeddings=True))
+                                         tie_word_embeddings=True)).double()
     ids = torch.randint(1, 97, (4, 9))
     mask = torch.ones_like(ids)
     saved = lp_module.SMALL_LOGITS_BYTES
     lp_module.SMALL_LOGITS_BYTES = -1  # force the big-vocabulary (chunked) path
     try:
         results = []
-        for entropy_grad in (True, False):  # generic checkpointed chunks, then the fused head
+        for fused in (False, True):  # generic checkpointed chunks, then the fused head
             model.zero_grad()
             lp, ent = lp_module.response_logprobs(model, ids, mask, 5, 0.8, chunk_tokens=5, with_entropy=True,
-                                                  entropy_grad=entropy_grad)
-            lp.sum().backward()
-            results.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
+                                                  fused_head=fused)
+            (lp.sum() - 0.01 * ent.sum()).backward()
+            results.append((lp.detach(), ent.detach(), model.lm_head.weight.grad.clone(),
+                            model.model.layers[0].mlp.up_proj.weight.grad.clone()))
     finally:
         lp_module.SMALL_LOGITS_BYTES = saved
-    (lp0, ent0, g0), (lp1, ent1, g1) = results
-    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(g1, g0, atol=1e-5, rtol=1e-5)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -205,7 +205,7 @@ def test_actor_update_is_the_same_in_both_layouts(tiny_policy, monkeypatch, over
         results.append((metrics, [p.grad.clone() for p in actor.model.parameters()]))
     (m_a, g_a), (m_b, g_b) = results
     assert m_a.keys() == m_b.keys()
-    for key in m_a:
+    for key in m_a.keys() - {"actor/tflops", "actor/mfu"}:  # throughput: timing, not numbers
         assert m_a[key] == pytest.approx(m_b[key], rel=1e-4, abs=1e-6), key
     for a, b in zip(g_a, g_b):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence
 
-from asyncrl.data.sources import encode_batch
+from asyncrl.data.sources import generate_for_examples
 from asyncrl.runtime.buffer import RolloutBuffer, ScoredGroup
 from asyncrl.runtime.staleness import StalenessManager
 from asyncrl.types import Example, RequestOutput, SamplingParams
@@ -138,9 +138,8 @@ class RolloutLoop:
         """Round r samples with seed·1_000_003 + r: with max_staleness=0, round r is step r of the
         sync controller, so both see the same prompts and the same seeds."""
         params = dataclasses.replace(self.params, seed=self.seed * 1_000_003 + round_index)
-        ids = encode_batch(self.encode, examples)
         with self.gate.reading():
-            return self.backend.generate(ids, params)
+            return generate_for_examples(self.backend, self.encode, examples, params)
 
     def _scorer(self, group: PendingGroup, indices: list[int]) -> Callable[[], None]:
         def run():

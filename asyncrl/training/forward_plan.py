@@ -1,0 +1,112 @@
+"""How the trainer's forward runs on one model: kernels, layout, compile (``actor.kernels``,
+``actor.packing``, ``actor.compile``).
+
+``prepare_model`` resolves the config against the model and the machine once, changes the model
+in place where a choice needs it (Liger's modules, compiled blocks: class swaps that keep
+parameter names, hooks, ``deepcopy`` and FSDP2's later ``fully_shard``), and attaches the
+resulting ``ForwardPlan``; every role that runs the model (actor, the reference's copy, the
+critic, log-prob probes) reads it back through ``plan_of``, so they all take the same path.
+
+Invariant: every plan computes the eager path's log-probs, entropies and gradients to rounding
+(tests/training/test_forward_plan.py, test_varlen.py); plans differ only in speed and memory.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.training import kernels as kernel_lib
+from asyncrl.training import varlen
+
+PACKING_CHOICES = ("auto", "varlen", "tree", "padded")
+_ATTR = "_asyncrl_forward_plan"
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class ForwardPlan:
+    """The resolved forward of one model.
+
+    body: "eager" (HF modules), "liger" (Liger's RMSNorm/RoPE/SwiGLU) or "compiled" (HF modules,
+    decoder blocks under torch.compile). head: the LM head's row kernel, "torch" or "triton"
+    (triton_head.py). layout: "varlen" (GPU, varlen.py), "tree" (the prefix tree under a 4D mask
+    for short rows, packing.py; padded otherwise) or "padded" (the prompt's KV shared per group).
+    notes: why a requested or automatic choice fell back.
+    """
+
+    body: str = "eager"
+    head: str = "torch"
+    layout: str = "tree"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pad_multiple(self) -> int:
+        from asyncrl.training.compile import PAD_MULTIPLE
+        return PAD_MULTIPLE if self.body == "compiled" else 1
+
+    def describe(self) -> str:
+        return f"body={self.body} head={self.head} layout={self.layout}" + \
+            (f" ({'; '.join(self.notes)})" if self.notes else "")
+
+
+def plan_of(model) -> ForwardPlan:
+    """The plan ``prepare_model`` attached, or the CPU default (eager body, torch head, tree layout)."""
+    return getattr(model, _ATTR, None) or ForwardPlan()
+
+
+def _resolve_layout(choice: str, model, device, dtype, notes: list[str]) -> str:
+    if choice not in PACKING_CHOICES:
+        raise ValueError(f"actor.packing must be one of {PACKING_CHOICES}, got {choice!r}")
+    if choice in ("tree", "padded"):
+        return choice
+    if choice == "auto" and device.type != "cuda":
+        return "tree"  # the CPU default: short rows under the 4D mask, long rows padded
+    reason = varlen.varlen_supported(model)
+    if reason is None and device.type == "cuda":
+        reason = varlen.probe_flash(device, dtype) if dtype in (torch.bfloat16, torch.float16) else \
+            f"a {dtype} model (FlashAttention's varlen kernel takes bf16/fp16)"
+    if reason is None:
+        return "varlen"
+    if choice == "varlen" and varlen.varlen_supported(model) is not None:
+        raise ValueError(f"actor.packing=varlen: {reason}")
+    if choice == "varlen":  # the layout works with the dense reference attention (CPU, fp32): slow but exact
+        notes.append(f"varlen attention by the dense reference ({reason})" if device.type == "cuda" else
+                     "varlen attention by the dense reference (CPU)")
+        return "varlen"
+    notes.append(f"varlen layout off: {reason}")
+    return "tree"
+
+
+def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_blocks: bool = False) -> ForwardPlan:
+    """Resolves ``actor.kernels`` / ``actor.packing`` / ``actor.compile`` for ``model`` (on its
+    device already), applies them, attaches and returns the plan. ValueError (one line, naming
+    the cause) for an explicit choice that cannot run here."""
+    param = next(model.parameters())
+    notes: list[str] = []
+    resolved = kernel_lib.resolve_kernels(kernels, model, notes)
+    layout = _resolve_layout(packing, model, param.device, param.dtype, notes)
+    head = "triton" if kernels != "eager" and param.is_cuda and kernel_lib.triton_available() else "torch"
+    if compile_blocks:
+        from asyncrl.training.compile import compile_decoder_blocks
+        compile_decoder_blocks(model)
+        body = "compiled"  # Inductor fuses the blocks' elementwise ops itself: Liger's modules not applied
+        if resolved == "liger":
+            notes.append("compile: Liger's block kernels replaced by Inductor's")
+    elif resolved == "liger":
+        kernel_lib.apply_liger(model)
+        body = "liger"
+    else:
+        body = "eager"
+    plan = ForwardPlan(body=body, head=head, layout=layout, notes=notes)
+    setattr(model, _ATTR, plan)
+    _log.info("trainer forward: %s", plan.describe())
+    return plan
+
+
+def prepare_like(model, plan: ForwardPlan) -> ForwardPlan:
+    """Applies to ``model`` (the critic, built from the policy's config) the choices that
+    produced ``plan`` (the policy's)."""
+    kernels = "liger" if plan.body == "liger" else ("eager" if plan.head == "torch" and plan.body == "eager" else "auto")
+    return prepare_model(model, kernels, plan.layout, plan.body == "compiled")
