@@ -44,28 +44,23 @@ def push_and_probe(backend, model, version, probe):
 
 
 def test_an_adapter_push_moves_under_one_percent_of_a_full_push():
+    """One rollout process on the collective transport: its start broadcasts every weight (a
+    full push, counted by the channel), each later push only A and B (counted the same way)."""
     model = medium_qwen3()
-    probe = LogprobProbe([5, 17, 42, 9, 100], temperature=1.0, tolerance=1e-4)
-    full = ProcessRolloutBackend(model, None, "engine", transport="collective")
-    try:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.02 * torch.randn_like(p))
-        full_bytes, full_probe = push_and_probe(full, model, 1, probe)
-    finally:
-        full.close()
-    assert full_bytes == sum(p.numel() * 4 for p in model.parameters()) and full_probe.gap < 1e-4
-
     cfg = load_config("quickstart", ["actor.lora.rank=8", "actor.lora.target_modules=[q_proj,v_proj]"])
     policy = apply_lora(model, cfg.actor.lora)
-    lora = ProcessRolloutBackend(policy, None, "engine", transport="collective")
+    probe = LogprobProbe([5, 17, 42, 9, 100], temperature=1.0, tolerance=1e-4)
+    backend = ProcessRolloutBackend(policy, None, "engine", transport="collective")
     try:
+        full_bytes = backend.bytes_moved
+        assert probe.check(backend, policy, 0).gap < 1e-4  # the base arrived
         with torch.no_grad():  # the adapters a few optimizer steps would give (B starts at zero)
             for _, p in adapter_tensors(policy):
                 p.copy_(0.05 * torch.randn_like(p))
-        lora_bytes, lora_probe = push_and_probe(lora, policy, 1, probe)
+        lora_bytes, lora_probe = push_and_probe(backend, policy, 1, probe)
     finally:
-        lora.close()
+        backend.close()
+    assert full_bytes == sum(p.numel() * 4 for p in policy.parameters())  # every weight (the base and A, B)
     # the child serves base + adapter unmerged: it follows the push (the adapter moved the log-probs)
     assert lora_probe.gap < 1e-4 and lora_probe.delta > 1e-3
     assert lora_bytes == sum(p.numel() * 4 for _, p in adapter_tensors(policy))
