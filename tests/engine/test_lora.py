@@ -176,3 +176,27 @@ def test_parse_lora_name_reads_module_and_factor():
     assert parse_lora_name("base_model.model.model.layers.3.mlp.up_proj.lora_A.weight") == \
         ("model.layers.3.mlp.up_proj", "A")
     assert parse_lora_name("model.layers.3.mlp.up_proj.base_layer.weight") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_decode_reads_adapter_updates(tiny_dirs):
+    """GPU, fp32, CUDA graphs on: the captured decode reads the adapter slots, so after an update
+    of A and B (written in place, no re-capture) the engine equals the new merged model."""
+    from asyncrl.engine import LLM
+
+    def gpu_llm(model):
+        return LLM(model, dtype=torch.float32, device="cuda", block_size=16, max_num_seqs=16, num_kv_blocks=64)
+
+    model = lora_model(tiny_dirs["qwen3"], seed=4)
+    llm = gpu_llm(model)
+    assert not llm.config.enforce_eager
+    prompts = prompts_for(8, [5, 9, 3])
+    for version, seed in ((0, None), (1, 5)):
+        if seed is not None:
+            randomize_adapters(model, seed)
+            llm.update_weights([(n, p) for n, p in model.named_parameters() if parse_lora_name(n)], version)
+        want = completions(gpu_llm(merged_copy(model)), prompts)
+        for a, b in zip(completions(llm, prompts), want):
+            assert a.token_ids == b.token_ids and set(a.versions) == {version}
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-4)
