@@ -72,7 +72,7 @@ def test_an_async_lora_run_with_the_rollout_process(cfg_of, tmp_path):
     the base (KL loss on); the checkpoint is a PEFT adapter that ``PeftModel.from_pretrained``
     loads onto the base, equal to the merged model saved beside it. (Three steps of the tiny
     task may leave B at zero — no reward signal yet — so that the saved adapter is a trained,
-    non-zero one is shown by tests/training/test_lora.py.)"""
+    non-zero one is shown by tests/training/test_lora_trainer.py.)"""
     from transformers import AutoModelForCausalLM
 
     from asyncrl.data.tasks import build_task
