@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``argv`` None: the process's own arguments (the console script): this process ends with
+    the job, so a signal during its teardown exits with the job's status."""
+    entry_point = argv is None
+    if entry_point:  # this process is the job: a second SIGTERM/SIGINT ends it at once
+        from asyncrl.runtime import preemption
+        preemption.HARD_EXIT = True
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":  # benchmarks parse their own flags
         return _run_bench(argv[1:])
@@ -127,11 +133,50 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
+    return _run_command(ns.command, cfg, entry_point)
+
+
+def _run_command(command: str, cfg, entry_point: bool = False) -> int:
+    """Run a job; a failure is one line on stderr, its traceback in a log file (failures.py).
+
+    Exit codes: 0 done (or preempted: the job checkpointed and said how to resume), 2 a
+    config or input refused before training, 1 any other failure, 130 Ctrl-C while loading."""
+    from asyncrl.errors import AsyncRLError, ModelLoadError, Preempted, RunDirError
+    from asyncrl.runtime.failures import failure_log, one_line, write_traceback
+
+    refused = (ConfigError, DatasetError, TemplateError, FileNotFoundError, ModelLoadError, RunDirError)
     try:
-        return COMMANDS[ns.command][0](cfg)
-    except (ConfigError, DatasetError, TemplateError, FileNotFoundError) as err:  # found before training starts
-        print(f"asyncrl: error: {err}", file=sys.stderr)
+        rc = COMMANDS[command][0](cfg)
+        if entry_point:
+            _exit_on_late_signals(rc)
+        return rc
+    except Preempted as err:
+        print(f"asyncrl: {err}", file=sys.stderr)
+        return 0
+    except refused as err:  # found before training starts
+        print(f"asyncrl: error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("asyncrl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        log = failure_log(err) or write_traceback(err)
+        named = isinstance(err, AsyncRLError)
+        cause = one_line(err) if named else f"unexpected {type(err).__name__}: {one_line(err)}"
+        print(f"asyncrl: error: {cause} (full traceback: {log})", file=sys.stderr)
+        return 1
+
+
+def _exit_on_late_signals(rc: int) -> None:
+    """The job is done (its summary and checkpoint written): a SIGTERM or Ctrl-C during the
+    interpreter's teardown ends the process with the job's status, not as killed."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: os._exit(rc))
 
 
 if __name__ == "__main__":

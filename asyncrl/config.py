@@ -192,6 +192,35 @@ class OpenAIServerConfig:
 
 
 @dataclass
+class SpeculativeRolloutConfig:
+    """``rollout.speculative``: speculative decoding in the engine (asyncrl/engine/spec/, the keys
+    of vLLM's ``speculative_config``). Exact: tokens follow the policy's law and the returned
+    log-probs are the policy's; it only changes speed (in the small-batch tail of a rollout)."""
+
+    method: str = field_spec("off", choices=("off", "ngram", "draft_model"),
+                             help="ngram: prompt lookup over the prompt, the sequence and its group; "
+                                  "draft_model: a small model of the same tokenizer (model)")
+    num_speculative_tokens: int = field_spec(4, ge=1, le=16, help="drafts per sequence per step")
+    model: Optional[str] = field_spec(None, help="draft_model: its checkpoint directory (fixed: not synced)")
+    prompt_lookup_max: int = field_spec(4, ge=1, help="ngram: longest suffix matched")
+    prompt_lookup_min: int = field_spec(2, ge=1, help="ngram: shortest suffix matched")
+    draft_sampling: str = field_spec("greedy", choices=("greedy", "probabilistic"),
+                                     help="draft_model: argmax drafts, or sampled drafts with their probs")
+    disable_by_batch_size: int = field_spec(32, ge=1, help="speculate only while at most this many sequences run")
+    min_acceptance: float = field_spec(0.0, ge=0, lt=1, help="a sequence stops drafting below this acceptance "
+                                                              "rate (the policy drifted from the draft model)")
+
+    def engine_dict(self) -> Optional[dict]:
+        """vLLM's ``speculative_config`` dict for the engine; None when off."""
+        if self.method == "off":
+            return None
+        out = {f: getattr(self, f) for f in ("method", "num_speculative_tokens", "prompt_lookup_max",
+                                             "prompt_lookup_min", "draft_sampling", "disable_by_batch_size",
+                                             "min_acceptance")}
+        return out | ({"model": self.model} if self.method == "draft_model" else {})
+
+
+@dataclass
 class RolloutConfig:
     """Generation: the rollout backend, samples per prompt (the group), sampling parameters."""
 
@@ -209,6 +238,7 @@ class RolloutConfig:
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
+    speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)
 
 
 @dataclass
@@ -394,6 +424,10 @@ class ActorConfig:
     mini_batches: int = field_spec(1, ge=1, help="optimizer steps per rollout batch (per epoch)")
     micro_batch_size: int = field_spec(256, ge=1, help="rows per forward/backward")
     logprob_chunk_tokens: int = field_spec(4096, ge=1, help="tokens per chunk when computing log-probs")
+    master_dtype: str = field_spec("float32", choices=("float32", "bfloat16", "float16"),
+                                   help="dtype of the weights AdamW updates and of its state: float32 keeps fp32 "
+                                        "master weights beside a bf16/fp16 model (updates below bf16's resolution "
+                                        "accumulate); model.dtype: pure low-precision training")
     routing_replay: bool = field_spec(False, help="MoE: the trainer's forward uses the experts the engine chose "
                                                   "for each token (R3); the mismatch rate is reported either way")
     # The trainer's forward (issue 20; asyncrl/training/forward_plan.py); also the reference's and critic's.
@@ -423,6 +457,11 @@ class TrainerConfig:
     keep_checkpoints: int = field_spec(2, ge=1)
     torch_threads: int = field_spec(2, ge=1)
     device: str = field_spec("auto", choices=("auto", "cpu", "cuda"))
+    resume: str = field_spec("never", help="auto: continue from the latest complete checkpoint of logging.run_dir "
+                                           "(or of the newest run with this name); never: start at step 1 (a run "
+                                           "dir holding a run is refused); or the path of a checkpoint / run dir")
+    max_skipped_steps: int = field_spec(5, ge=0, help="stop after this many consecutive steps without an update "
+                                                      "(non-finite loss or gradient); 0: never stop")
 
 
 @dataclass
@@ -468,6 +507,11 @@ class RuntimeConfig:
     probe_tolerance: Optional[float] = field_spec(None, gt=0, help="max |lp_backend - lp_trainer| on the probe "
                                                   "tokens (null: 1e-3 in float32, 0.1 in bfloat16/float16)")
     ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all)")
+    max_restarts: int = field_spec(3, ge=0, help="async + rollout_process: restart a rollout process that died "
+                                                 "(from the last pushed weights) up to this many times")
+    hang_timeout_s: float = field_spec(900.0, gt=0, help="the longest wait on the rollout process, the weight "
+                                                         "channel, a collective or rollout data before the run "
+                                                         "stops with an error naming what hung")
 
 
 @dataclass

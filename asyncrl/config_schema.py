@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from typing import Any, Union
@@ -59,6 +60,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as err:
                 errors.append(str(err))
+        if len(errors) == 1:  # Optional[X]: X's own reason (e.g. "not a finite number")
+            raise ConfigError(errors[0])
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is list:
         if not isinstance(value, (list, tuple)):
@@ -78,6 +81,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             value = _float_or_none(value) if _float_or_none(value) is not None else value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .inf passes every range check and poisons the run
+            raise ConfigError(f"{key}: {value!r} is not a finite number")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -1,6 +1,7 @@
 """Issue-4 workload (a) on the new families, engine vs HF ``generate`` in the same run (one GPU).
 
-    python bench/model_families.py --json bench/results/model_families_h200.json
+    python bench/model_families.py --shapes qwen3.5-0.8b --profile        # ~1.5 min on an H200
+    python bench/model_families.py --json bench/results/model_families_h200.json   # both shapes
 
 Workload (a): 256 prompts x (256 random tokens in, 256 out, EOS ignored), temperature 1, random
 bf16 weights built from configs (no download):
@@ -8,9 +9,17 @@ bf16 weights built from configs (no download):
     hidden 1024, 248,320 vocab; the shape is assumed from the model card, not read from a checkpoint);
   * ``qwen3-30b-a3b``: Qwen3-30B-A3B's config numbers (48 layers, 128 experts top-8, hidden 2048).
 HF runs the same prompts as one static batch with its best kernels (FLA for the delta rule when
-``fla-core`` is installed, ``grouped_mm`` experts). The 30B model's weights (61 GB) exist once on
-the GPU at a time: HF generates first, its weights move to host memory while the engine (a copy)
-runs, and come back for the routing check.
+``fla-core`` is installed, ``grouped_mm`` experts). HF's part can be capped (``--hf-prompts``,
+``--hf-response``; for MoE shapes ``--moe-hf-prompts`` / ``--moe-hf-response``, on by default:
+HF's 30B at batch 256 x 256 takes minutes): the engine then also runs that capped workload, and
+the speedup is taken at equal size (batch and length), as the output says; the engine's full
+workload-(a) number is reported beside it. The 30B model's weights (61 GB) exist once on the GPU at
+a time: HF generates first, its weights move to host memory while the engine (a copy) runs, and
+come back for the routing check.
+
+``--profile``: after the timed runs, the workload once more step by step (``profile_steps``): host
+ms per decode step by phase, prefill time, and torch.profiler's top-20 CUDA kernels of one prefill
+step and of 5 decode steps, so one GPU call both measures and explains. A table closes the output.
 
 Routing check (MoE): the engine returns the experts it chose for 8 completions; the HF model
 recomputes them without replay (``routing_mismatch``: differing (token, layer) top-k sets, bf16
@@ -27,7 +36,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from asyncrl.engine.bench import _rand_prompts, run_engine, run_hf
+from asyncrl.engine.bench import _rand_prompts, profile_steps, run_engine, run_hf
 from asyncrl.types import SamplingParams
 
 SHAPES = {
@@ -101,6 +110,17 @@ def routing_check(hf, outs, device) -> dict:
     return result
 
 
+def is_moe(shape: str) -> bool:
+    return "moe" in shape or "a3b" in shape
+
+
+def hf_size(shape: str, args) -> tuple[int, int]:
+    """(prompts, new tokens) HF generates for ``shape``: the workload unless capped."""
+    prompts, response = (args.moe_hf_prompts, args.moe_hf_response) if is_moe(shape) else (args.hf_prompts,
+                                                                                            args.hf_response)
+    return min(prompts or args.batch, args.batch), min(response or args.response, args.response)
+
+
 def bench_shape(shape: str, args, device: str, dtype) -> dict:
     from asyncrl.engine import LLM
 
@@ -109,9 +129,13 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     prompts = _rand_prompts(args.batch, args.prompt, hf.config.vocab_size, 1)
     params = SamplingParams(temperature=1.0, max_tokens=args.response, ignore_eos=True)
     result = {"shape": shape, "params_b": round(sum(p.numel() for p in hf.parameters()) / 1e9, 2)}
-    result["hf_generate"] = run_hf(hf, prompts, 1, [args.response] * len(prompts), 1.0, args.batch, device)
-    print(shape, "hf", json.dumps(result["hf_generate"]), flush=True)
-    moe = "moe" in shape or "a3b" in shape
+    hf_n, hf_out = hf_size(shape, args)
+    capped = (hf_n, hf_out) != (args.batch, args.response)
+    if not args.no_hf:
+        result["hf_generate"] = run_hf(hf, prompts[:hf_n], 1, [hf_out] * hf_n, 1.0, hf_n, device)
+        result["hf_generate"].update(batch=hf_n, response=hf_out)
+        print(shape, "hf", json.dumps(result["hf_generate"]), flush=True)
+    moe = is_moe(shape)
     if moe:  # one copy of the weights on the GPU at a time
         hf.to("cpu")
         _empty()
@@ -122,8 +146,19 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     llm.generate([[1] * 16] * 4, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up outside the timing
     result["engine_startup_s"] = round(time.perf_counter() - t0, 1)
     result["engine"] = run_engine(llm, prompts, params, device)
-    result["speedup"] = round(result["engine"]["tokens_per_s"] / result["hf_generate"]["tokens_per_s"], 2)
-    print(shape, "engine", json.dumps(result["engine"]), "speedup", result["speedup"], flush=True)
+    print(shape, "engine", json.dumps(result["engine"]), flush=True)
+    same = result["engine"]
+    if capped:  # the engine at HF's size too: the speedup compares equal batch and length
+        same = result["engine_at_hf_size"] = run_engine(
+            llm, prompts[:hf_n], SamplingParams(temperature=1.0, max_tokens=hf_out, ignore_eos=True), device)
+        print(shape, f"engine at HF's size ({hf_n} x {hf_out} out)", json.dumps(same), flush=True)
+    if not args.no_hf:
+        result["speedup"] = round(same["tokens_per_s"] / result["hf_generate"]["tokens_per_s"], 2)
+        result["speedup_at"] = f"{hf_n} prompts x {hf_out} out" + (" (HF capped)" if capped else "")
+        print(shape, "speedup", result["speedup"], "at", result["speedup_at"], flush=True)
+    if args.profile:
+        result["profile_ms_per_decode_step"] = profile_steps(llm, prompts, params, device, trace_steps=5, rows=20)
+        print(shape, "ms per decode step:", json.dumps(result["profile_ms_per_decode_step"]), flush=True)
     if moe:
         outs = llm.generate(prompts[:4], SamplingParams(n=2, temperature=1.0, max_tokens=32, seed=0, ignore_eos=True))
         llm.close()
@@ -139,6 +174,24 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     return result
 
 
+def summary(results: list[dict]) -> str:
+    """The closing table: one row per shape."""
+    head = ("shape", "HF size", "HF tok/s", "engine tok/s same size", "speedup", "engine tok/s (a)",
+            "decode ms/step", "prefill s", "routing mismatch")
+    rows = [head]
+    for r in results:
+        hf, prof = r.get("hf_generate"), r.get("profile_ms_per_decode_step", {})
+        same = r.get("engine_at_hf_size", r["engine"])
+        rows.append((r["shape"], f"{hf['batch']} x {hf['response']}" if hf else "-",
+                     f"{hf['tokens_per_s']:,.0f}" if hf else "-", f"{same['tokens_per_s']:,.0f}",
+                     f"{r['speedup']}x" if "speedup" in r else "-", f"{r['engine']['tokens_per_s']:,.0f}",
+                     f"{prof['step']:.2f}" if prof else "-",
+                     f"{prof['prefill_ms_total'] / 1000:.2f}" if prof else "-",
+                     str(r["routing"]["routing_mismatch"]) if "routing" in r else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="qwen3.5-0.8b,qwen3-30b-a3b")
@@ -149,6 +202,13 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    ap.add_argument("--hf-prompts", type=int, default=None, help="HF generates this many prompts (default: all)")
+    ap.add_argument("--hf-response", type=int, default=None, help="HF's new tokens (default: --response)")
+    ap.add_argument("--moe-hf-prompts", type=int, default=32, help="--hf-prompts for MoE shapes")
+    ap.add_argument("--moe-hf-response", type=int, default=64, help="--hf-response for MoE shapes")
+    ap.add_argument("--no-hf", action="store_true", help="engine only")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-step phases and the top-20 CUDA kernels of one prefill and 5 decode steps")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
@@ -162,11 +222,11 @@ def main() -> int:
         out["fla"] = None
     for shape in args.shapes.split(","):
         out["results"].append(bench_shape(shape, args, args.device, dtype))
-    text = json.dumps(out, indent=1)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
+        if args.json:  # after each shape: a later shape's failure keeps the earlier ones
+            with open(args.json, "w") as f:
+                f.write(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+    print(summary(out["results"]))
     return 0
 
 

@@ -96,3 +96,22 @@ def test_scientific_notation_without_a_dot_is_a_float(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("actor:\n  lr: 3e-5\n")
     assert load_config(str(recipe)).actor.lr == 3e-5
+
+
+@pytest.mark.parametrize("override", ["actor.lr=.inf", "actor.lr=.nan", "algorithm.clip_ratio_c=inf",
+                                      "trainer.max_wall_seconds=.inf"])
+def test_non_finite_numbers_are_refused(override, capsys):
+    """.inf passes every range check (inf > 0): accepted, it turned every weight NaN at step 1."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"{key}: .* is not a finite number"):
+        load_config(None, [override])
+    assert main(["train", override]) == 2 and "not a finite number" in capsys.readouterr().err
+
+
+def test_master_dtype_is_float32_or_the_models_own():
+    from asyncrl.runtime.validate import validate_config
+
+    validate_config(load_config(None, ["model.dtype=bfloat16"]))  # default: fp32 master weights
+    validate_config(load_config(None, ["model.dtype=bfloat16", "actor.master_dtype=bfloat16"]))  # pure bf16
+    with pytest.raises(ConfigError, match="actor.master_dtype=bfloat16 with model.dtype=float32"):
+        validate_config(load_config(None, ["actor.master_dtype=bfloat16"]))

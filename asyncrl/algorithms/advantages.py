@@ -259,12 +259,16 @@ def gae(inp: AdvantageInput) -> AdvantageOutput:
 @ADV_ESTIMATORS.register("opo")
 def opo(inp: AdvantageInput) -> AdvantageOutput:
     """OPO (arXiv 2505.23585, optimal reward baseline): length-weighted group baseline
-    b_g = Σ_j |o_j|·R_j / Σ_j |o_j|;  A_i = R_i − b_g."""
+    b_g = Σ_j |o_j|·R_j / Σ_j |o_j|;  A_i = R_i − b_g.
+
+    A one-sample group has no baseline (b = 0, A = R), as in verl's
+    ``compute_opo_outcome_advantage`` and this package's other outcome estimators."""
     R, mask = inp.outcome(), inp.mask()
     lengths = mask.sum(-1)
     total_len = group_sum(lengths, inp.group_ids)
     shift = group_min(R, inp.group_ids)  # exact baseline for constant groups (see group_mean)
     baseline = shift + group_sum(lengths * (R - shift), inp.group_ids) / total_len.clamp(min=1)
+    baseline = torch.where(group_size(inp.group_ids, R.dtype) > 1, baseline, torch.zeros_like(baseline))
     return _broadcast(R - baseline, mask)
 
 

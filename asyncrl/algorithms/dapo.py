@@ -19,7 +19,10 @@ def overlong_penalty(
     """
     if buffer_length <= 0:
         raise ValueError("buffer_length must be > 0")
-    exceed = response_lengths.to(torch.float32) - (max_response_length - buffer_length)
+    # integer lengths compute in float64, as verl's Python-float arithmetic (the scores the
+    # penalty is added to are Python floats too); a floating input keeps its own dtype
+    dtype = response_lengths.dtype if response_lengths.is_floating_point() else torch.float64
+    exceed = response_lengths.to(dtype) - (max_response_length - buffer_length)
     penalty = (-exceed / buffer_length * penalty_factor).clamp(max=0.0)
     return penalty.clamp(min=-abs(penalty_factor))
 

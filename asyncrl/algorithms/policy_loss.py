@@ -230,7 +230,10 @@ def sapo(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
     """
     A = inp.advantages
     ratio = inp.log_ratio().exp()
-    tau = torch.where(A > 0, cfg.tau_pos, cfg.tau_neg).to(ratio.dtype)
+    # τ built in the ratio's dtype (as verl's torch.as_tensor(tau, dtype=...)): a float32
+    # intermediate would turn 1.05 into 1.0499999523 in a float64 run
+    tau = torch.where(A > 0, torch.tensor(cfg.tau_pos, dtype=ratio.dtype, device=ratio.device),
+                      torch.tensor(cfg.tau_neg, dtype=ratio.dtype, device=ratio.device))
     gate = (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
     return _finish(-gate * A, inp, cfg, ratio, agg_mode="seq-mean-token-mean")
 

@@ -94,7 +94,11 @@ def read_rows(path: Union[str, Path], format: Optional[str] = None, split: str =
                "csv": _read_csv, "hf": lambda p: _read_hf(p, split)}
     if fmt not in readers:
         raise DatasetError(f"{path}: unknown format {fmt!r}; expected one of {FORMATS}")
-    return readers[fmt](path)
+    try:
+        return readers[fmt](path)
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}): a "
+                           f"binary file with a .{fmt} name?") from None
 
 
 def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
@@ -132,9 +136,14 @@ def _read_csv(path: Path) -> list[tuple[str, dict]]:
 
 
 def _read_parquet(path: Path) -> list[tuple[str, dict]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return _numbered(path, pq.read_table(path).to_pylist())
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:  # ArrowInvalid: not parquet, truncated, corrupt footer
+        raise DatasetError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
+    return _numbered(path, table.to_pylist())
 
 
 def _import_datasets(what: str):

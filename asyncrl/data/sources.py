@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -81,7 +82,14 @@ def score_responses(reward_fn: RewardFn, prompts: Sequence[str], responses: Sequ
     if hasattr(reward_fn, "score_batch"):
         return reward_fn.score_batch(prompts, responses, fields)
     values = (reward_fn(p, r, **f) for p, r, f in zip(prompts, responses, fields))
-    return [float(v) if v is not None else 0.0 for v in values]
+    return [_finite_or_zero(v) for v in values]
+
+
+def _finite_or_zero(value) -> float:
+    """A reward's value as a float; None, NaN and ±Inf score 0 (a failure, as the pool counts
+    them): one non-finite score would make every loss of the step non-finite."""
+    number = float(value) if value is not None else 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def score_completions(reward_fn: RewardFn, example: Example, completions: Sequence[Completion]) -> list[float]:

@@ -35,12 +35,15 @@ class AttentionMetadata:
       kv_slots     [B, Lk]    slot of key j of sequence b (padded -> scratch slot)
       mask         [B, 1, Lq, Lk]  True where query may attend key (causal, in range)
       -- paged decode path (one query token per sequence) --
-      block_tables [B, max_blocks] int32, context_lens [B] int32
+      block_tables [B, max_blocks] int32, context_lens [B] int32; query_len tokens per sequence
+      (T = B * query_len, packed; 1 for decode, K + 1 for a speculative verify step)
       -- cascade decode (shared prefixes; ``cascade.py`` layout), both or neither --
       suffix_start [B] int32, cascade_tiles [T, 2 + MPT] int32
       -- recurrent-state layers (hybrid models; ``state_pool.py``) --
       state_slots [B] int64 (paged decode: [rows], padding -> scratch slot); gathered steps also
-      state_lens [B] int64 (tokens this step) and state_init [B] int64 (0: start from a zero state)
+      state_lens [B] int64 (tokens this step) and state_init [B] int64 (0: start from a zero state);
+      GPU steps with FLA also state_cu_seqlens [B + 1] int64 and state_chunk_indices [NT, 2] int64
+      (the packed tokens' sequence bounds and FLA's chunk list, built on the host: no sync)
     """
 
     slot_mapping: torch.Tensor
@@ -56,6 +59,9 @@ class AttentionMetadata:
     state_slots: Optional[torch.Tensor] = None
     state_lens: Optional[torch.Tensor] = None
     state_init: Optional[torch.Tensor] = None
+    state_cu_seqlens: Optional[torch.Tensor] = None
+    state_chunk_indices: Optional[torch.Tensor] = None
+    query_len: int = 1  # paged decode: query tokens per sequence (> 1: a speculative verify step)
 
 
 @dataclass
@@ -165,5 +171,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         if meta.cascade_tiles is not None:
             return cascade_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
                                             meta.suffix_start, meta.cascade_tiles, scale)
-        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                                      query_len=meta.query_len)
     return gathered_attention(q, k_cache, v_cache, meta, scale)

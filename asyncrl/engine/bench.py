@@ -130,12 +130,13 @@ def _free(llm) -> None:
         torch.cuda.empty_cache()
 
 
-def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> dict:
+def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8, rows: int = 18) -> dict:
     """Host time per decode step of the engine loop, phase by phase, in the order
     ``LLM.step`` runs them: schedule step t, launch it (inputs + enqueue, no wait), wait for
     step t-1's tokens (``fetch``: the device still computing), postprocess them. With
     overlapped scheduling the wait absorbs the device time; without it each step waits for
-    itself. Also a torch.profiler table of a few decode steps."""
+    itself. Also torch.profiler tables (``rows`` lines) of one prefill step and of
+    ``trace_steps`` decode steps."""
     for p in prompts:
         llm.add_request(p, params)
     phases = dict(schedule=0.0, launch=0.0, wait=0.0, postprocess=0.0, step=0.0)
@@ -167,7 +168,7 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
             if prof and prefill_steps == 2:
                 _sync(device)
                 prof.__exit__(None, None, None)
-                print("prefill step:", prof.key_averages().table(sort_by="self_device_time_total", row_limit=15))
+                print("prefill step:", prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows))
                 prof = None
             continue
         decode_steps += 1
@@ -175,7 +176,8 @@ def profile_steps(llm, prompts, params, device: str, trace_steps: int = 8) -> di
             phases[k] += v
         if prof is not None and decode_steps == 20 + trace_steps:
             prof.__exit__(None, None, None)
-            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18), flush=True)
+            print(f"{trace_steps} decode steps:", prof.key_averages().table(sort_by="self_device_time_total",
+                                                                              row_limit=rows), flush=True)
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), flush=True)
             prof = False
     llm._requests.clear()

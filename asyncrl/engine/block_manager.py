@@ -140,6 +140,7 @@ class BlockManager:
         self._unbind_row(seq)
         seq.num_cached_tokens = 0
         seq.num_hashed_blocks, seq.last_hash = 0, None
+        seq.draft_cached = 0  # a draft model's K/V lived in these blocks too (spec/draft_model.py)
 
     def _blocks_to_append(self, seq: Sequence, num_tokens: int) -> int:
         # ``num_tokens`` counts a pending token (sampled, id not on the host yet): its

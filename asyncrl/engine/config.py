@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -24,3 +24,5 @@ class EngineConfig:
     seed: int = 0                     # seeds requests that give none
     return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)
     merge_lora: bool = False          # a LoRA adapter: merged into the weights at load, not applied on the fly
+    # speculative decoding (spec/): vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4}
+    speculative_config: Any = None

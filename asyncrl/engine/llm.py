@@ -97,7 +97,10 @@ class LLM:
         self.eos_token_ids = list(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
             self.eos_token_ids = [self.tokenizer.eos_token_id]
-        self.runner = ModelRunner(self.model, self.config, self.max_model_len)
+        spec, proposer = self._speculative_proposer(dtype, device)
+        self.runner = ModelRunner(self.model, self.config, self.max_model_len,
+                                  extra_block_bytes=proposer.block_bytes(self.config.block_size)
+                                  if hasattr(proposer, "block_bytes") else 0)
         if self.runner.state_pool is not None:  # hybrid: block-table rows are state slots, no prefix cache
             self.block_manager = StateSlotManager(self.runner.num_blocks, self.config.block_size,
                                                   self.runner._bt_width(), self.runner.num_state_slots)
@@ -124,6 +127,25 @@ class LLM:
         self.async_scheduling = (self.runner.is_cuda if self.config.async_scheduling is None
                                  else self.config.async_scheduling)
         self._inflight = None
+        self.spec = None
+        if spec is not None:
+            from asyncrl.engine.spec.decoding import SpeculativeDecoder
+
+            self.spec = SpeculativeDecoder(spec, proposer, self.runner)
+
+    def _speculative_proposer(self, dtype, device):
+        """(SpeculativeConfig, proposer) of ``speculative_config`` (spec/), or (None, None)."""
+        from asyncrl.engine.spec.config import SpeculativeConfig
+
+        spec = SpeculativeConfig.from_any(self.config.speculative_config)
+        if spec is None:
+            return None, None
+        if hasattr(self.model, "linear_layers") and self.model.linear_layers():
+            raise ValueError("speculative decoding is not supported for hybrid models (Gated DeltaNet layers): "
+                             "a rejected draft would need its recurrent state rolled back")
+        from asyncrl.engine.spec.decoding import make_proposer
+
+        return spec, make_proposer(spec, next(self.model.parameters()).dtype, device, self.model.config)
 
     def _on_device(self):
         """The engine's GPU made current for the calling thread (see :func:`_current_device`)."""
@@ -162,6 +184,11 @@ class LLM:
         results are read by the next call (or ``_drain``). Otherwise launch and read at once."""
         self._unpaused.wait()
         with self._lock:
+            if self.spec is not None and self.spec.should_run(self.scheduler):
+                finished = self._drain()  # drafting needs every token on the host
+                finished += self.spec.step(self.scheduler, self.version)
+                self.num_steps += 1
+                return finished
             batch = self.scheduler.schedule()
             launched = None
             if batch is not None:
@@ -287,14 +314,19 @@ class LLM:
         with self._lock:
             self._drain()
             self.runner.release()
+            if self.spec is not None and hasattr(self.spec.proposer, "release"):
+                self.spec.proposer.release()
             self.model.to("meta")
 
     @property
     def metrics(self) -> dict:
         bm, sc = self.block_manager, self.scheduler
-        return dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
-                    forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
-                    steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+        out = dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
+                   forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
+                   steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+        if self.spec is not None:
+            out.update(self.spec.metrics)
+        return out
 
     # ---- text ----------------------------------------------------------------------
     def _encode(self, prompt: PromptType) -> list[int]:

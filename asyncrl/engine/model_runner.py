@@ -22,6 +22,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
@@ -30,8 +31,11 @@ from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, state
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int):
+    def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, extra_block_bytes: int = 0):
+        """``extra_block_bytes``: memory per KV block taken by another pool with the same block
+        geometry (a speculative draft model's K/V, ``spec/draft_model.py``)."""
         self.model = model
+        self.extra_block_bytes = extra_block_bytes
         self.config = config
         self.block_size = config.block_size
         self.max_model_len = max_model_len
@@ -41,6 +45,8 @@ class ModelRunner:
         linear = model.linear_layers() if hasattr(model, "linear_layers") else []
         # before sizing the KV pool from free memory: the states take their share first
         self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
+        # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
+        self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
         self.num_blocks = self._num_kv_blocks()
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
@@ -76,7 +82,7 @@ class ModelRunner:
     def _block_bytes(self) -> int:
         c = self.model.config
         per_layer = self.block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
-        return 2 * len(self._attention_layers()) * per_layer
+        return 2 * len(self._attention_layers()) * per_layer + self.extra_block_bytes
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
@@ -307,7 +313,8 @@ class ModelRunner:
         device copies of the ``extra`` host arrays (sent in the step's one input transfer)."""
         extra = list(extra)
         if batch.is_prefill or not self.is_cuda:
-            state = [] if self.state_pool is None else state_host_arrays(batch, 0, self.state_pool.scratch)
+            state = ([] if self.state_pool is None
+                     else state_host_arrays(batch, 0, self.state_pool.scratch, self.packed_state_prefill))
             input_ids, positions, meta, rest = self._prepare(batch, state + extra + [self._logit_ends(batch)])
             attach_state(meta, rest[:len(state)])
             *rest, ends = rest[len(state):]

@@ -74,14 +74,22 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32)."""
     logits = logits.float()
     greedy = temperature <= 0
-    t = torch.where(greedy, 1.0, temperature)
-    scaled = logits / t[:, None]
-    if use_filter:
-        scaled = _mask_top_k_top_p(scaled, top_k, top_p)
-    logp = torch.log_softmax(scaled, dim=-1)
+    logp = processed_logprobs(logits, temperature, top_k, top_p, use_filter)
     race = torch.argmax(logp + gumbel_noise(keys, logits.shape[-1]), dim=-1)
     tokens = torch.where(greedy, torch.argmax(logits, dim=-1), race)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                       top_p: torch.Tensor, use_filter: bool) -> torch.Tensor:
+    """The distribution ``sample`` draws from, as log-probs ``[B, V]`` fp32: log_softmax of the
+    temperature-scaled logits with top-k / top-p applied (greedy rows: T = 1). The speculative
+    verifier (``spec/verifier.py``) accepts drafts against exactly this distribution."""
+    t = torch.where(temperature <= 0, 1.0, temperature)
+    scaled = logits.float() / t[:, None]
+    if use_filter:
+        scaled = _mask_top_k_top_p(scaled, top_k, top_p)
+    return torch.log_softmax(scaled, dim=-1)
 
 
 class Sampler:

@@ -54,6 +54,8 @@ class ScheduledBatch:
     Decode only, gathered in the scheduler's loop so the runner needs none:
     ``block_tables`` ``[n, W]`` int32 (``BlockManager.tables`` rows; None without them) and
     ``last_ids[i]``, the input token id when it is on the host (else 0: pending).
+    Verify steps (speculative decoding, ``schedule_verify``): every row computes ``1 + k``
+    positions from ``starts[i]`` (its last token, then drafts); ``draft_budgets[i]`` <= k.
     """
 
     seqs: list[Sequence]
@@ -68,6 +70,7 @@ class ScheduledBatch:
     key_positions: list[int] = field(default_factory=list)
     block_tables: Optional[np.ndarray] = None
     last_ids: list[int] = field(default_factory=list)
+    draft_budgets: Optional[list[int]] = None  # verify steps (spec/): drafts each row may take
 
 
 class Scheduler:
@@ -211,6 +214,70 @@ class Scheduler:
                 return False
         self.bm.may_append(seq)
         return True
+
+    # ---- speculative decoding (spec/): one verify step = last token + up to k drafts per row
+    def schedule_verify(self, k: int) -> Optional[ScheduledBatch]:
+        """A decode-shaped step where each running sequence computes its last token and up to
+        ``k`` draft positions: ``num_scheduled_tokens = 1 + k`` for every row (the runner pads
+        rows with fewer drafts), ``budgets[i]`` (``batch.draft_budgets``) = the drafts row i may
+        take: fewer near ``max_tokens`` / ``max_model_len`` (every emitted token must fit) or
+        when the pool has no block for them. Blocks are allocated for ``1 + budget`` positions
+        (drafts write their K/V into the sequence's pages; rejected ones are overwritten later).
+        Needs every sequence's tokens on the host (no pending token: ``LLM`` drains first)."""
+        scheduled: list[Sequence] = []
+        budgets: list[int] = []
+        running, bsz = self.running, self.bm.block_size
+        kept: list[Sequence] = []
+        while running and len(scheduled) < self.config.max_num_seqs:
+            seq = running.popleft()
+            assert not seq.num_pending, "speculative steps need every token on the host"
+            n = len(seq.token_ids)
+            budget = max(0, min(k, seq.params.max_tokens - seq.num_completion_tokens - 1, self.max_model_len - n - 1))
+            if budget and not self.bm.can_append(seq, 1 + budget):
+                budget = 0  # no room for drafts: this row decodes one token
+            if budget:
+                self.bm.may_append(seq, 1 + budget)
+            elif (n - 1) >= len(seq.block_table) * bsz and not self._grow(seq):
+                continue
+            seq.num_scheduled_tokens = 1 + k
+            seq.num_cached_tokens = n  # provisional: postprocess_verify sets the accepted count
+            scheduled.append(seq)
+            kept.append(seq)
+            budgets.append(budget)
+        running.extendleft(reversed(kept))
+        if not scheduled:
+            return None
+        return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled, sample_seqs=scheduled,
+                              sample_rows=list(range(len(scheduled))),
+                              starts=[len(s.token_ids) - 1 for s in scheduled], draft_budgets=budgets)
+
+    def postprocess_verify(self, batch: ScheduledBatch, tokens: list[list[int]], logprobs: list[list[float]],
+                           version: int) -> list[Sequence]:
+        """Commit a verify step: row i's emitted tokens (accepted drafts, then the corrected or
+        bonus token) one at a time under the finish rules (a stop token ends the row; the
+        rest is dropped). K/V is valid up to the last emitted token, which is not cached
+        (the decode invariant): ``num_cached_tokens = len(token_ids) - 1``."""
+        finished = []
+        for seq, toks, lps in zip(batch.seqs, tokens, logprobs):
+            if seq.status is SequenceStatus.FINISHED:
+                continue
+            for tok, lp in zip(toks, lps):
+                seq.token_ids.append(tok)
+                seq.logprobs.append(lp)
+                seq.versions.append(version)
+                reason = self._finish_reason(seq, tok)
+                if reason:
+                    self._finish(seq, reason)
+                    finished.append(seq)
+                    break
+            else:
+                seq.num_cached_tokens = len(seq.token_ids) - 1
+        if self.bm.enable_prefix_caching:
+            bsz = self.bm.block_size
+            for seq in batch.seqs:
+                if seq.status is not SequenceStatus.FINISHED and seq.num_cached_tokens // bsz > seq.num_hashed_blocks:
+                    self.bm.hash_full_blocks(seq)
+        return finished
 
     def drop_kv(self) -> int:
         """Free the K/V of every live sequence (after a weight update): running ones are

@@ -61,6 +61,9 @@ class Sequence:
         self.prompt_text: Optional[str] = None
         self.group: list[Sequence] = [self]  # all samples of this request, shared list
         self.routed_experts = None  # MoE routing [len - 1, L_moe, K] (device), set at finish (routing.py)
+        self.spec_drafted = 0  # speculative decoding: draft tokens proposed / accepted (spec/decoding.py)
+        self.spec_accepted = 0
+        self.draft_cached = 0  # positions whose draft-model K/V is written (reset with the blocks)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -80,10 +80,11 @@ class StateSlotManager(BlockManager):
         super()._bind_row(seq)
 
 
-def state_host_arrays(batch, rows: int, scratch: int) -> list[np.ndarray]:
+def state_host_arrays(batch, rows: int, scratch: int, packed: bool = False) -> list[np.ndarray]:
     """Host arrays of a step's state metadata: gathered steps (prefill / CPU) send
-    slots, new-token counts and init flags ``[B]``; paged decode sends slots ``[rows]``
-    (padding rows -> the scratch slot)."""
+    slots, new-token counts and init flags ``[B]`` (with ``packed``, the GPU prefill through FLA,
+    also ``cu_seqlens [B + 1]`` and FLA's chunk indices ``[NT, 2]``); paged decode sends slots
+    ``[rows]`` (padding rows -> the scratch slot)."""
     slots = np.fromiter((s.table_row for s in batch.seqs), dtype=np.int64, count=len(batch.seqs))
     if rows:  # paged decode bucket
         padded = np.full(rows, scratch, dtype=np.int64)
@@ -91,7 +92,12 @@ def state_host_arrays(batch, rows: int, scratch: int) -> list[np.ndarray]:
         return [padded]
     lens = np.fromiter((s.num_scheduled_tokens for s in batch.seqs), dtype=np.int64, count=len(batch.seqs))
     init = (np.asarray(batch.starts, dtype=np.int64) > 0).astype(np.int64)  # 1: continue the slot's state
-    return [slots, lens, init]
+    if not packed:
+        return [slots, lens, init]
+    from asyncrl.engine.models.gated_delta import fla_chunk_indices
+
+    cu = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lens)])
+    return [slots, lens, init, cu, fla_chunk_indices(lens)]
 
 
 def attach_state(meta, arrays: list[torch.Tensor]) -> None:
@@ -99,8 +105,10 @@ def attach_state(meta, arrays: list[torch.Tensor]) -> None:
     if not arrays:
         return
     meta.state_slots = arrays[0]
-    if len(arrays) == 3:
+    if len(arrays) >= 3:
         meta.state_lens, meta.state_init = arrays[1], arrays[2]
+    if len(arrays) == 5:
+        meta.state_cu_seqlens, meta.state_chunk_indices = arrays[3], arrays[4]
 
 
 def fork_slots(batch) -> list[np.ndarray]:

@@ -33,7 +33,11 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
-                         KV_SPLITS: tl.constexpr):
+                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr):
+    """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
+    ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
+    ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
+    (QLEN > 1: a speculative verify step, the last token and its drafts)."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -49,11 +53,14 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
-    gmask = g < GROUP
+    gmask = g < GROUP * QLEN
     dmask = d < D
-    heads = kvh * GROUP + g
-    q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :],
+    qi = g // GROUP  # the row's query token within the sequence (0 unless QLEN > 1)
+    heads = kvh * GROUP + g % GROUP
+    qtok = b * QLEN + qi  # the row's packed token index
+    q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
+    limit = ctx - QLEN + qi  # the last key position each row sees
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -70,10 +77,16 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
             s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(kmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
+        if QLEN > 1:  # causal among the step's own tokens; a row may see no key of a tile
+            s = tl.where(kmask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            s = tl.where(kmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            m_ref = m_new
+        alpha = tl.exp(m - m_ref)
+        p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
         v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
         if IEEE:
@@ -98,13 +111,13 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
             m = m_new
     if KV_SPLITS > 1:  # partial (out, lse) of this chunk; an empty chunk writes lse = -inf
         lsafe = tl.where(l > 0, l, 1.0)
-        rows = (sid * stride_pos + b * stride_pot + heads * stride_poh)
+        rows = (sid * stride_pos + qtok * stride_pot + heads * stride_poh)
         tl.store(SO + rows[:, None] + d[None, :], acc / lsafe[:, None], mask=gmask[:, None] & dmask[None, :])
-        tl.store(SL + sid * stride_pls + b * stride_plt + heads, m + tl.log(lsafe), mask=gmask)
+        tl.store(SL + sid * stride_pls + qtok * stride_plt + heads, m + tl.log(lsafe), mask=gmask)
     else:
         out = acc / l[:, None]
-        tl.store(O + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(O.dtype.element_ty),
-                 mask=gmask[:, None] & dmask[None, :])
+        tl.store(O + qtok[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(O.dtype.element_ty), mask=gmask[:, None] & dmask[None, :])
 
 
 @triton.jit
@@ -229,19 +242,21 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
-                   launch: DecodeLaunch | None = None):
-    B, H, D = q.shape
+                   launch: DecodeLaunch | None = None, qlen: int = 1):
+    T, H, D = q.shape
+    B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
     launch = launch or DECODE_LAUNCH
+    assert cascade is None or qlen == 1, "cascade decode takes one query token per sequence"
     # split-KV only without cascade: the cascade merge of prefix parts happens in the one program per row
     splits = 1 if cascade is not None else kv_splits_for(B, hkv, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
     # unused pointers when not CASCADE / not split
     start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
     if splits > 1:
-        so = torch.empty(splits, B, H, D, dtype=torch.float32, device=q.device)
-        sl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
+        so = torch.empty(splits, T, H, D, dtype=torch.float32, device=q.device)
+        sl = torch.empty(splits, T, H, dtype=torch.float32, device=q.device)
         po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
     else:
         so, sl = po, pl
@@ -251,12 +266,13 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=D,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
-        KV_SPLITS=splits, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        KV_SPLITS=splits, QLEN=qlen,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
-        _merge_splits_kernel[(B, H)](
+        _merge_splits_kernel[(T, H)](
             so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
             out.stride(0), out.stride(1), D=D, BLOCK_D=block_d, KV_SPLITS=splits, num_warps=4)
     return out
@@ -264,12 +280,15 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           launch: DecodeLaunch | None = None) -> torch.Tensor:
-    """q ``[B, H, D]``; caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32;
-    context_lens ``[B]`` int32 (>= 1) -> out ``[B, H, D]``. ``launch``: default ``DECODE_LAUNCH``."""
+                           launch: DecodeLaunch | None = None, query_len: int = 1) -> torch.Tensor:
+    """q ``[B * query_len, H, D]`` (each sequence's ``query_len`` tokens packed, in order);
+    caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32; context_lens ``[B]``
+    int32 (>= query_len: the keys up to and including the sequence's last query token) ->
+    out like q. Query i of a sequence attends keys ``[0, context_len - query_len + i]``.
+    ``launch``: default ``DECODE_LAUNCH``."""
     assert k_cache.stride(3) == 1 and q.stride(2) == 1
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          launch=launch)
+                          launch=launch, qlen=query_len)
 
 
 # Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at

@@ -22,7 +22,7 @@ import triton.language as tl
 
 @triton.jit
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr, o_ptr,
-                       HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       stride_qb, stride_kb, stride_vb, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, scale):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -32,11 +32,11 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr
     offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
     mk = offs_k < K
     mv = offs_v < V
-    q = tl.load(q_ptr + (b * HK + kh) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + (b * HK + kh) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + b * stride_qb + kh * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + b * stride_kb + kh * K + offs_k, mask=mk, other=0.0).to(tl.float32)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-    v = tl.load(v_ptr + (b * HV + h) * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + h * V + offs_v, mask=mv, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + b * HV + h).to(tl.float32)
     beta = tl.load(beta_ptr + b * HV + h).to(tl.float32)
     slot = tl.load(slot_ptr + b).to(tl.int64)
@@ -53,13 +53,20 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr
 def gated_delta_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                        state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """q, k ``[B, Hk, K]``, v ``[B, HV, V]``, g, beta ``[B, HV]``, state ``[slots, HV, K, V]`` fp32
-    (updated in place), slots ``[B]`` -> o ``[B, HV, V]`` fp32."""
+    (updated in place), slots ``[B]`` -> o ``[B, HV, V]`` fp32. q, k, v may be row-strided views
+    (the conv output split per head: no copies), each row's heads contiguous."""
     B, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
+    q, k, v = (_rows_packed(t) for t in (q, k, v))
     o = torch.empty(B, HV, V, dtype=torch.float32, device=q.device)
     block_v = min(32, triton.next_power_of_2(V))
     grid = (B, HV, triton.cdiv(V, block_v))
-    _gdn_decode_kernel[grid](q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-                             state, slots.contiguous(), o, HK, HV, K, V, triton.next_power_of_2(K), block_v,
-                             K ** -0.5)
+    _gdn_decode_kernel[grid](q, k, v, g.contiguous(), beta.contiguous(), state, slots.contiguous(), o,
+                             q.stride(0), k.stride(0), v.stride(0), HK, HV, K, V, triton.next_power_of_2(K),
+                             block_v, K ** -0.5)
     return o
+
+
+def _rows_packed(t: torch.Tensor) -> torch.Tensor:
+    """``t [B, H, D]`` as is when each row's ``[H, D]`` is contiguous (any row stride), else a copy."""
+    return t if t.stride(2) == 1 and t.stride(1) == t.shape[2] else t.contiguous()

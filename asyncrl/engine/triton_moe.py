@@ -1,7 +1,7 @@
 """Fused MoE on GPU: a grouped GEMM over the (token, expert) pairs routed to each expert.
 
 The T x K routed pairs are sorted by expert and each expert's run padded to a multiple of
-``BLOCK_M`` (``align_pairs``: torch ops on the device, no host sync, fixed output sizes, so the
+the tile height (16 at decode, 64 at prefill: ``pick_block_m``) (``align_pairs``: torch ops on the device, no host sync, fixed output sizes, so the
 step stays CUDA-graph capturable). One program computes a ``BLOCK_M x BLOCK_N`` tile of one
 expert's GEMM, reading that expert's weights once for ``BLOCK_M`` pairs (vLLM's ``fused_moe``
 design, re-implemented):
@@ -21,7 +21,18 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-BLOCK_M = 16
+BLOCK_M = 16  # rows (pairs) per tile when experts get few pairs each: decode
+BLOCK_M_LARGE = 64  # ... and when they get many: prefill (vLLM's configs also grow BLOCK_M with M)
+
+
+def pick_block_m(num_pairs: int, num_experts: int) -> int:
+    """Tile height for ``num_pairs`` routed pairs over ``num_experts``: each tile reads a
+    ``BLOCK_N x H`` slice of one expert's weights for ``BLOCK_M`` pairs, so weight traffic is
+    ``num_pairs / BLOCK_M`` tiles' worth. 16 keeps padding small at decode (Qwen3-30B-A3B at
+    batch 256: 2,048 pairs over 128 experts, 16 each); prefill (16k tokens: ~1,000 pairs per
+    expert) takes 64, reading each expert's weights 4x less often. Shapes only, no data: one
+    choice per captured graph size."""
+    return BLOCK_M_LARGE if num_pairs >= 4 * BLOCK_M_LARGE * num_experts else BLOCK_M
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M):
@@ -84,7 +95,7 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, c_ptr, pairs_ptr, block_expert_ptr, weigh
              mask=valid[:, None] & (offs_n[None, :] < N))
 
 
-def _grouped_gemm(a, w, out, sorted_pairs, block_expert, a_row_div, weights=None):
+def _grouped_gemm(a, w, out, sorted_pairs, block_expert, block_m, a_row_div, weights=None):
     num_pairs, N = out.shape
     K = a.shape[1]
     block_n, block_k = 64, 64 if K >= 64 else 32
@@ -92,7 +103,7 @@ def _grouped_gemm(a, w, out, sorted_pairs, block_expert, a_row_div, weights=None
     _grouped_gemm_kernel[grid](a, w, out, sorted_pairs, block_expert, weights if weights is not None else out,
                                num_pairs, N, a_row_div, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
                                K=K, MUL_WEIGHT=weights is not None, FP32=a.dtype == torch.float32,
-                               BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k)
+                               BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
@@ -100,11 +111,12 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     """x ``[T, H]``, w13 ``[E, 2I, H]``, w2 ``[E, H, I]``, weights/ids ``[T, K]`` -> ``[T, H]``."""
     T, top_k = ids.shape
     E, two_i, H = w13.shape
-    sorted_pairs, block_expert = align_pairs(ids, E)
+    block_m = pick_block_m(T * top_k, E)
+    sorted_pairs, block_expert = align_pairs(ids, E, block_m)
     x = x.contiguous()
     gate_up = torch.empty(T * top_k, two_i, dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, w13, gate_up, sorted_pairs, block_expert, top_k)
+    _grouped_gemm(x, w13, gate_up, sorted_pairs, block_expert, block_m, top_k)
     h = F.silu(gate_up[:, :two_i // 2]) * gate_up[:, two_i // 2:]
     y = torch.empty(T * top_k, H, dtype=x.dtype, device=x.device)
-    _grouped_gemm(h.contiguous(), w2, y, sorted_pairs, block_expert, 1, weights.reshape(-1).contiguous())
+    _grouped_gemm(h.contiguous(), w2, y, sorted_pairs, block_expert, block_m, 1, weights.reshape(-1).contiguous())
     return y.view(T, top_k, H).sum(1)

@@ -18,9 +18,10 @@ from asyncrl.config_schema import ConfigError
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.eval.benchmark import evaluate_examples, result_record, summarize
 from asyncrl.metrics.console import console
-from asyncrl.runtime.run_dir import make_run_dir
+from asyncrl.runtime.run_dir import make_run_dir, releasing_run_dirs
 from asyncrl.training.checkpoint import write_atomic_text
-from asyncrl.training.model import load_policy, quiet_transformers, resolve_device, resolve_model_path  # noqa: F401
+from asyncrl.training.model import (check_model_dir, load_policy, quiet_transformers, resolve_device,  # noqa: F401
+                                    resolve_model_path)
 from asyncrl.types import SamplingParams
 from asyncrl.rollout.registry import resolve_backend_name_for_path
 
@@ -58,12 +59,14 @@ def eval_table(numbers: dict[str, float], title: str) -> Table:
     return table
 
 
+@releasing_run_dirs
 def run_eval(cfg) -> dict:
     """Run ``asyncrl eval``; returns what ``eval.json`` holds."""
     if not cfg.model.path:
         raise ConfigError("asyncrl eval needs model.path: an HF checkpoint directory, a run's checkpoint, "
                           "or a run directory (its latest checkpoint)")
     model_path = resolve_model_path(cfg.model.path)
+    check_model_dir(model_path)  # a missing or truncated file named, before any loader's error or run dir
     source = build_prompt_source(cfg, train=False)
     try:
         return _evaluate(cfg, source, model_path)

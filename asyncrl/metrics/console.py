@@ -17,13 +17,14 @@ class StepProgress:
     """A progress bar over steps (``label``: RL, SFT ...) whose text ``info(metrics)`` makes
     from each step's metrics (default: reward and step time); inert when disabled."""
 
-    def __init__(self, total: int, enabled: bool = True, label: str = "RL", info=rl_info):
-        self.enabled = enabled and total > 0
+    def __init__(self, total: int, enabled: bool = True, label: str = "RL", info=rl_info, completed: int = 0):
+        """``completed``: steps done before (a resumed run)."""
+        self.enabled = enabled and total > completed
         self.info = info
         self._progress = Progress(
             TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False)
-        self._task = self._progress.add_task("rl", total=total, info="")
+        self._task = self._progress.add_task("rl", total=total, completed=completed, info="")
 
     def __enter__(self):
         if self.enabled:

@@ -403,8 +403,29 @@ class LogprobGap(Monitor):
                 "under the same weights: engine and trainer numerics or weights differ; check weight sync and dtypes")
 
 
+class RolloutRestarts(Monitor):
+    """The rollout process died and was restarted (``async/rollout_restarts`` rose): the run
+    goes on, but a process that keeps dying (OOM, a crashing kernel) needs a look."""
+
+    name = "rollout_restarts"
+
+    def __init__(self, cfg, mode: str = "sync"):
+        super().__init__(cfg, mode)
+        self.seen = 0.0
+
+    def check(self, step, metrics, samples):
+        restarts = self.value(metrics, "async/rollout_restarts")
+        if restarts is not None and restarts < self.seen:  # a resumed run counts from 0 again
+            self.seen = 0.0
+        if restarts is None or restarts <= self.seen:
+            return None
+        new, self.seen = restarts - self.seen, restarts
+        return restarts, 0.0, (f"the rollout process died and was restarted ({new:g} this step, {restarts:g} in "
+                               "all; runtime.max_restarts bounds them): its groups in flight were generated again")
+
+
 MONITORS = (KLBudget, RewardHacking, Staleness, VersionLag, ThroughputDrop, PrefixCacheDrop, DegenerateGroups,
-            EntropyCollapse, EntropyBlowup, LengthHacking, NonFinite, LogprobGap)
+            EntropyCollapse, EntropyBlowup, LengthHacking, NonFinite, LogprobGap, RolloutRestarts)
 
 
 # ----------------------------------------------------------------------------- runner

@@ -52,10 +52,12 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, purge_step: int | None = None):
+        """``purge_step``: a resumed run's first step; events of that step and later, left by
+        the run it resumes, are hidden (TensorBoard's purge), so no step appears twice."""
         from torch.utils.tensorboard import SummaryWriter  # deferred: pulls in tensorboard
 
-        self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -72,8 +74,8 @@ class TensorBoardSink:
 class MetricSinks:
     """Fan-out to every configured sink."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
-        self.sinks = [JsonlSink(run_dir)] + ([TensorBoardSink(run_dir)] if tensorboard else [])
+    def __init__(self, run_dir: Path, tensorboard: bool = True, purge_step: int | None = None):
+        self.sinks = [JsonlSink(run_dir)] + ([TensorBoardSink(run_dir, purge_step)] if tensorboard else [])
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:

@@ -318,7 +318,13 @@ class RewardPool:
         if done:
             total = sum(s.weight * pending.components[s.name] for s in self.specs)
             components = {s.name: pending.components[s.name] for s in self.specs}
-            pending.future.set_result(RewardResult(total, components, dict(pending.failed)))
+            failed = dict(pending.failed)
+            if not math.isfinite(total):  # finite scores whose weighted sum overflows (1e308 x 2)
+                failed["total"] = f"the weighted total is {total} (weights x scores overflow)"
+                total = self.default_score
+                with self._lock:
+                    self._record("total", "invalid", failed["total"], pending.request)
+            pending.future.set_result(RewardResult(total, components, failed))
 
     def _interpret(self, outcome: CallOutcome) -> tuple[float, Optional[str], str]:
         """(score, failure kind or None, error text)."""

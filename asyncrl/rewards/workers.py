@@ -20,6 +20,7 @@ import asyncio
 import functools
 import inspect
 import multiprocessing
+import signal
 import threading
 import time
 import traceback
@@ -113,7 +114,12 @@ class ThreadRunner:
 
 
 def _process_main(conn, specs: list[WorkerSpec]) -> None:
-    """Child loop: receive (name, prompt, response, fields, batched), send a CallOutcome."""
+    """Child loop: receive (name, prompt, response, fields, batched), send a CallOutcome.
+
+    SIGINT/SIGTERM are ignored: a Ctrl-C reaches the whole process group, and the trainer
+    stops its workers itself (no KeyboardInterrupt traceback from here)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         fns = build_functions(specs)
     except BaseException as err:

@@ -25,7 +25,9 @@ from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
 from asyncrl.runtime.staleness import StalenessManager, staleness_metrics
 from asyncrl.runtime.sync_controller import SyncController, build_roles
 from asyncrl.runtime.validate import validate_config
-from asyncrl.runtime.weight_sync import GenerationGate, LogprobProbe, WeightSync, clone_for_rollout, probe_tolerance
+from asyncrl.runtime.waits import Deadline
+from asyncrl.runtime.weight_sync import (GenerationGate, LogprobProbe, WeightSync, clone_for_rollout, probe_tolerance,
+                                         rollout_weights)
 from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic
 from asyncrl.types import Example
@@ -53,7 +55,8 @@ def _single_turn_backend(cfg, model, tokenizer):
 
         return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype),
                                      engine_options=engine_options(cfg.rollout, cfg.actor.lora), device=cfg.runtime.rollout_device,
-                                     transport=cfg.runtime.weight_transport)
+                                     transport=cfg.runtime.weight_transport, max_restarts=cfg.runtime.max_restarts,
+                                     hang_timeout_s=cfg.runtime.hang_timeout_s, on_restart=_announce_restart)
     if name == "engine":
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 
@@ -98,7 +101,7 @@ class AsyncController(SyncController):
         inflight_update = rt.partial_rollout and getattr(backend, "inflight_weight_update", False)
         # the admission version rises only once the backend holds the weights (deferred: on the ack)
         self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update,
-                                      on_loaded=self.staleness.set_version)
+                                      on_loaded=self.staleness.set_version, timeout_s=rt.hang_timeout_s)
         self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
                                 rt.rollout_chunk or batch, cfg.seed, self.score,
                                 lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s,
@@ -109,6 +112,7 @@ class AsyncController(SyncController):
         self._window = None  # (wall, rollout busy, rollout wait) at the end of the last step
         self._tokens0 = 0    # rollout tokens generated before this window
         self._tokens_per_s = 0.0  # of the last window in which a generate call ended
+        self._next_round = 1  # the rollout round after the newest one trained (resume: its seeds)
 
     def _probe(self) -> LogprobProbe:
         ids = self.tokenizer(PROBE_TEXT)["input_ids"] or [self.tokenizer.eos_token_id]
@@ -122,15 +126,23 @@ class AsyncController(SyncController):
             self._window = (time.perf_counter(), self.loop.busy_seconds, self.loop.wait_seconds)
             self.executor.start()
 
-    def close(self) -> None:
+    def close(self, abandon: bool = False) -> None:
+        """Stop the rollout side. ``abandon`` (a preempted run): generations in flight are
+        not waited for — their groups were never trained and a resume regenerates them
+        (resume.py) — so the rollout process is stopped within seconds."""
+        timeout = 5.0 if abandon else 30.0
         try:
+            if abandon:  # no restart of a child killed on purpose
+                setattr(self.backend, "closing", True)
             if self._started:
-                self.executor.stop()
+                self.executor.stop(timeout)
             # the last deferred probe; after a reported failure (e.g. a dead rollout process)
             # its pending load failed for the same cause: not raised again
-            self.weight_sync.close(raise_pending=self._failure is None)
+            self.weight_sync.close(raise_pending=self._failure is None and not abandon)
         finally:
-            getattr(self.backend, "close", lambda: None)()  # a rollout process is stopped here
+            close = getattr(self.backend, "close", None)
+            if close is not None:  # a rollout process is stopped here
+                close(timeout) if abandon else close()
 
     def step(self, step: int) -> dict[str, float]:
         self.start()
@@ -138,7 +150,10 @@ class AsyncController(SyncController):
         t.start_step()
         t.step_seconds.update(wait_rollout=0.0, weight_sync=0.0)
         with t.stage("wait_rollout"):
-            groups = self.buffer.take(self.batch_groups, check=self._check)
+            deadline = Deadline(f"rollout data for step {step} ({self.batch_groups} groups)", self.rt.hang_timeout_s,
+                                hint="the rollout side is alive but produced no batch")
+            groups = self.buffer.take(self.batch_groups, check=lambda: (self._check(), deadline.check()))
+        self._next_round = max(self._next_round, 1 + max(g.round_index for g in groups))
         with t.stage("reward"):
             scored = _as_scored_groups(groups)
             batch = build_train_batch(scored.outputs, scored.flat("scores"), self.tokenizer.pad_token_id)
@@ -173,6 +188,31 @@ class AsyncController(SyncController):
             self._failure = err
             raise
 
+    # resume (resume.py): in-flight groups are regenerated, see its module doc ----------------
+
+    def data_position(self) -> int:
+        """Prompts of the groups trained or released so far: group g is prompt start + g, and
+        every id below the buffer's cursor was trained or released, none above it trained."""
+        return getattr(self.prompts, "start", 0) + self.buffer.cursor
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "next_round": self._next_round}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Before ``start``: the rollout backend gets the resumed weights, admission restarts
+        at their version, and rollout rounds (seeds) continue after the last trained one."""
+        if self._started:
+            raise RuntimeError("load_state_dict must come before the first step")
+        super().load_state_dict(state)
+        self.staleness.resume_at(self.actor.version)
+        self._next_round = state.get("next_round", 1)
+        self.loop.resume_rounds(self._next_round)
+
+    def sync_weights(self) -> None:
+        """The rollout backend holds its own copy: copy the trainer's weights into it (LoRA: the
+        adapters, or the merged layers for an engine serving the merged model; as a push does)."""
+        self.backend.update_weights(rollout_weights(self.actor.model, self.backend), self.actor.version)
+
     def _rollout_tokens_per_s(self, tokens: int, rollout_seconds: float) -> float:
         """Tokens / generate seconds of the calls that ended in this window; a window in which
         none ended repeats the last value (0 would read as a throughput collapse)."""
@@ -198,9 +238,17 @@ class AsyncController(SyncController):
                    "async/buffer_groups": float(len(self.buffer)), "async/running_groups": float(self.staleness.running),
                    "async/groups_timed_out": float(self.inflight.timed_out),
                    "async/groups_partial": float(self.inflight.partial),
+                   "async/rollout_restarts": float(getattr(self.backend, "restarts", 0)),
                    "throughput/rollout_tokens_per_s": self._rollout_tokens_per_s(tokens, rollout)}
         self._tokens0 = tokens
         return metrics
+
+
+def _announce_restart(restarts: int, reason: str) -> None:
+    from asyncrl.metrics.console import console
+
+    console.print(f"[bold yellow]rollout process restarted[/] ({restarts} so far): {reason}; its groups in flight "
+                  "are generated again with the last pushed weights")
 
 
 def _params(backend):

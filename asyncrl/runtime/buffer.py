@@ -31,6 +31,7 @@ class ScoredGroup:
     admit_index: int
     admit_version: int
     admitted_at: float = field(default_factory=time.perf_counter)
+    round_index: int = 0  # the rollout round (its seed) that generated it
 
     @property
     def oldest_version(self) -> int:
@@ -54,6 +55,12 @@ class RolloutBuffer:
     def __len__(self) -> int:
         with self._cond:
             return len(self._groups)
+
+    @property
+    def cursor(self) -> int:
+        """Admission indices below this were taken (trained) or released; none above was taken."""
+        with self._cond:
+            return self._cursor
 
     def put(self, group: ScoredGroup) -> None:
         with self._cond:

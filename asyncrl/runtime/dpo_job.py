@@ -20,7 +20,7 @@ from asyncrl.metrics.console import console
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.hf import HFGenerateBackend
 from asyncrl.runtime.pipeline import prepare_policy
-from asyncrl.runtime.run_dir import start_run
+from asyncrl.runtime.run_dir import releasing_run_dirs, start_run
 from asyncrl.training.checkpoint import write_atomic_text
 from asyncrl.training.dpo import DPOTrainer, PreferencePair
 from asyncrl.data.jsonl import read_string_records
@@ -60,6 +60,7 @@ def split_pairs(pairs: list[PreferencePair], seed: int) -> tuple[list[Preference
     return order[held:], order[:held]
 
 
+@releasing_run_dirs
 def run_dpo_job(cfg) -> dict:
     """Run ``asyncrl dpo``; returns the summary also written to ``summary.json``."""
     device, run_dir = start_run(cfg, "[bold]asyncrl dpo[/]", job="dpo")

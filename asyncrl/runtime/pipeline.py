@@ -17,12 +17,17 @@ from asyncrl.metrics.health import HealthMonitor
 from asyncrl.metrics.profile import StageProfile, headline, profile_table
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.registry import build_backend, engine_options
+from asyncrl.errors import NonFiniteError, Preempted
 from asyncrl.runtime.async_controller import build_async_controller
-from asyncrl.runtime.run_dir import start_run
+from asyncrl.runtime.failures import write_traceback
+from asyncrl.runtime.guards import SkippedSteps
+from asyncrl.runtime.preemption import Preemption
+from asyncrl.runtime.resume import (CountingStream, ResumePoint, RunCheckpoints, attributes, config_for_resume,
+                                    find_resume_checkpoint, refuse_to_overwrite, restore_attributes, truncate_logs)
+from asyncrl.runtime.run_dir import discard_if_unused, release_run_dir, start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
-from asyncrl.training.actor import Actor
 from asyncrl.runtime.weight_sync import rollout_weights
-from asyncrl.training.checkpoint import save_checkpoint, write_atomic_text
+from asyncrl.training.checkpoint import HFPolicyState, latest_checkpoint, write_atomic_text
 from asyncrl.training.lora import apply_lora, save_merged
 from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
@@ -50,18 +55,42 @@ def run_training(cfg, source=None) -> dict:
 
     The prompt source (synthetic task, or dataset + reward pool; ``source`` when the Python
     API built it from Python objects) is built first, so bad data or reward names fail
-    before any model loads; its pool is closed at the end.
+    before any model loads; its pool is closed at the end. ``trainer.resume`` continues a run
+    from a checkpoint (resume.py); SIGTERM/SIGINT stop it after the step in flight with a
+    checkpoint (preemption.py).
     """
     source = source if source is not None else build_prompt_source(cfg)
-    try:
-        return _train(cfg, source)
-    finally:
-        source.close()
+    with Preemption() as preemption:  # covers the reward pool's shutdown too
+        try:
+            return _train(cfg, source, preemption)
+        finally:
+            source.close()
 
 
-def _train(cfg, source) -> dict:
+def _train(cfg, source, preemption: Preemption) -> dict:
+    """Resolve the run directory (a resume continues its checkpoint's), lock it, and run;
+    a failure leaves its traceback in error.log, or no directory at all before step 1."""
     wall_start = time.perf_counter()
+    checkpoint = find_resume_checkpoint(cfg)
+    cfg = config_for_resume(cfg, checkpoint)
+    resume = ResumePoint(checkpoint) if checkpoint is not None else None
+    if resume is None and cfg.logging.run_dir and cfg.trainer.resume == "never":
+        refuse_to_overwrite(Path(cfg.logging.run_dir))
     device, run_dir = start_run(cfg, f"[bold]asyncrl[/] run [cyan]{cfg.name}[/]", job="train")
+    if resume is None and cfg.trainer.resume != "never":
+        truncate_logs(run_dir, 0)  # a stopped attempt that never checkpointed: start over cleanly
+    try:
+        return _run(cfg, source, device, run_dir, resume, preemption, wall_start)
+    except BaseException as err:
+        discarded = discard_if_unused(run_dir)  # failed before anything worth keeping
+        if not isinstance(err, Preempted):
+            write_traceback(err, None if discarded else run_dir)
+        raise
+    finally:
+        release_run_dir(run_dir)
+
+
+def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: float) -> dict:
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
     if cfg.actor.lora.enabled:  # adapters on the loaded policy: only they train, and only they sync
         model = apply_lora(model, cfg.actor.lora)
@@ -92,26 +121,59 @@ def _train(cfg, source) -> dict:
         return result
 
     before_samples: dict = {}
-    before = evaluate(before_samples)
+    before = resume.run["before"] if resume is not None else evaluate(before_samples)  # the run's pre-RL eval
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
-    controller = build_controller(cfg, model, backend, tokenizer, source, encode)
+    prompts = CountingStream(source.train_stream(), resume.prompts if resume is not None else 0)
+    controller = build_controller(cfg, model, backend, tokenizer, source, encode, prompts)
     actor = controller.actor
-    sinks = MetricSinks(run_dir, cfg.logging.tensorboard)
+    # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
+    extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
+        if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
+    checkpoints = RunCheckpoints(cfg, run_dir, controller,
+                                 HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler, extra=extra),
+                                 source)
+    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
+    profile = StageProfile()
+    totals = {"steps": 0, "step_wall": 0.0, "rl_seconds": 0.0, "wall_seconds": 0.0, "failed": []}
+    if resume is not None:
+        try:
+            checkpoints.restore(resume)
+        except BaseException:
+            getattr(controller, "close", lambda: None)()  # no rollout process left behind
+            raise
+        restore_attributes(health, resume.run["health"])
+        restore_attributes(profile, resume.run["profile"])
+        totals = {**totals, **resume.run["totals"]}
+        console.print(f"resumed from {resume.checkpoint} (step {resume.step}, {resume.prompts} prompts consumed)")
+    purge = totals["steps"] + 1 if cfg.trainer.resume != "never" else None  # earlier events of these steps hidden
+    sinks = MetricSinks(run_dir, cfg.logging.tensorboard, purge_step=purge)
     if cfg.logging.wandb:
         from asyncrl.metrics.wandb_sink import WandbSink
         sinks.sinks.append(WandbSink(run_dir, cfg.logging.wandb_project, cfg.name, to_dict(cfg),
                                      cfg.logging.wandb_mode, cfg.logging.wandb_entity))
     _write_samples(sinks, 0, before_samples)
-    health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
-    profile = StageProfile()
-    steps_done, step_wall, rl_start = 0, 0.0, time.perf_counter()
-    failed: list[float] = []  # reward/failed_fraction per step (a dataset's reward pool)
+    skipped = SkippedSteps(cfg.trainer.max_skipped_steps)
+    steps_done, saved_step, step_wall, rl_start = totals["steps"], None, totals["step_wall"], time.perf_counter()
+    failed: list[float] = list(totals["failed"])  # reward/failed_fraction per step (a dataset's reward pool)
+    done_version = actor.version  # the policy version at the end of the last completed step
+
+    def run_state() -> dict:
+        """The pipeline's part of a checkpoint (resume.py): restored as it was."""
+        return {"before": before, "health": attributes(health, skip=("cfg", "events_path")),
+                "profile": attributes(profile), "totals": {
+                    "steps": steps_done, "step_wall": step_wall, "failed": list(failed),
+                    "rl_seconds": totals["rl_seconds"] + time.perf_counter() - rl_start,
+                    "wall_seconds": totals["wall_seconds"] + time.perf_counter() - wall_start}}
+
+    preemption.defer()  # from here a signal finishes the step in flight, then checkpoints
     try:
-        with StepProgress(cfg.trainer.steps, cfg.logging.progress) as progress:
-            for step in range(1, cfg.trainer.steps + 1):
+        with StepProgress(cfg.trainer.steps, cfg.logging.progress, completed=steps_done) as progress:
+            for step in range(steps_done + 1, cfg.trainer.steps + 1):
+                if preemption.requested:
+                    break
                 step_start = time.perf_counter()
-                metrics = {**controller.step(step), **source.step_metrics()}  # + reward/<name>, failures
+                metrics = {**_run_step(controller, step, checkpoints), **source.step_metrics()}
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     samples: dict = {}
@@ -127,25 +189,31 @@ def _train(cfg, source) -> dict:
                     metrics.update(health.step_metrics())
                 sinks.write(step, metrics)
                 progress.advance(metrics)
-                steps_done = step
+                steps_done, done_version = step, actor.version
+                skipped.observe(step, metrics)
                 if cfg.trainer.checkpoint_every and step % cfg.trainer.checkpoint_every == 0:
-                    _checkpoint(run_dir, step, actor, tokenizer, cfg, source)
+                    checkpoints.save(step, run_state())
+                    saved_step = step
                 if cfg.trainer.max_wall_seconds and time.perf_counter() - rl_start > cfg.trainer.max_wall_seconds:
                     console.print(f"[yellow]stopping after {step} steps: trainer.max_wall_seconds reached[/]")
                     break
+    except Exception as err:
+        if steps_done and saved_step != steps_done and actor.version == done_version:
+            _checkpoint_after_failure(err, checkpoints, steps_done, run_state)
+        raise
     finally:
         sinks.close()
-        if cfg.runtime.mode == "async":
-            controller.close()  # stop the rollout side before the final eval and checkpoint
+        if cfg.runtime.mode == "async":  # stop the rollout side before the final eval and checkpoint
+            controller.close(abandon=preemption.requested is not None)
     if cfg.health.enabled:
         health.finish(console)  # episodes still open, once, with their counts
-    rl_seconds = time.perf_counter() - rl_start
+    rl_seconds = totals["rl_seconds"] + time.perf_counter() - rl_start
     after_samples: dict = {}
-    after = evaluate(after_samples)
-    final_accuracy = after["accuracy"]
-    checkpoint = _checkpoint(run_dir, steps_done, actor, tokenizer, cfg, source)
+    after = {} if preemption.requested else evaluate(after_samples)  # preempted: seconds left, not minutes
+    final_accuracy = after.get("accuracy")
+    checkpoint = checkpoints.save(steps_done, run_state()) if steps_done else None
     getattr(backend, "close", lambda: None)()  # a workflow's engine thread
-    gain = final_accuracy - sft_accuracy if heldout else None
+    gain = final_accuracy - sft_accuracy if heldout and final_accuracy is not None else None
     summary = {
         "name": cfg.name, "seed": cfg.seed, "run_dir": str(run_dir), "steps": steps_done,
         "sft_accuracy": sft_accuracy, "final_accuracy": final_accuracy,
@@ -153,9 +221,10 @@ def _train(cfg, source) -> dict:
         **{f"{when}_{k}": r[k] for when, r in (("sft", before), ("final", after)) for k in
            ("tool_call_rate", "sampled_tool_call_rate") if r.get(k) is not None},
         "accuracy_gain": gain, "rl_seconds": rl_seconds, "source": source.name,
-        "wall_seconds": time.perf_counter() - wall_start,
+        "wall_seconds": totals["wall_seconds"] + time.perf_counter() - wall_start,
         "step_wall_seconds": step_wall, "stage_seconds": dict(profile.stage_seconds),
-        "checkpoint": str(checkpoint),
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "resumed_from_step": resume.step if resume is not None else None, "preempted": preemption.requested,
         "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
         "profile": profile.summary(), "memory": controller.memory.summary(), "health": health.summary(),
         **{k: v for k, v in model_info.items()},
@@ -175,19 +244,50 @@ def _train(cfg, source) -> dict:
             console.print("[yellow]report written without plots: matplotlib is not installed "
                           "(pip install 'asyncrl[report]')[/]")
         console.print(f"report: {write_report(run_dir)}")
-    if heldout:
+    if heldout and after:
         console.print(f"held-out accuracy before RL: {_fmt(before)}")
         console.print(f"held-out accuracy after RL:  {_fmt(after)}  ([bold]{_gains(before, after)}[/])")
     console.print(f"run directory: {run_dir}")
+    if preemption.requested:
+        console.print(f"stopped by {preemption.requested} after step {steps_done}/{cfg.trainer.steps}; to resume, run "
+                      f"the same command with trainer.resume=auto logging.run_dir={run_dir}")
     return summary
 
 
-def build_controller(cfg, model, backend, tokenizer, source, encode):
+def _run_step(controller, step: int, checkpoints) -> dict:
+    """One controller step; non-finite weights are reported with the step and the last good
+    checkpoint (nothing poisoned was saved)."""
+    try:
+        return controller.step(step)
+    except NonFiniteError as err:
+        latest = latest_checkpoint(checkpoints.run_dir)
+        good = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written"
+        raise NonFiniteError(f"step {step}: {err}; {good} (lower actor.lr, then trainer.resume=auto)") from err
+
+
+def _checkpoint_after_failure(err: Exception, checkpoints, steps_done: int, run_state) -> None:
+    """A run that fails between steps (the rollout process died past runtime.max_restarts, a
+    hang, too many skipped steps) keeps its last completed step. The caller checked that the
+    weights are still those of ``steps_done`` (no update of the failed step went in);
+    poisoned weights are never saved."""
+    if isinstance(err, NonFiniteError):
+        return
+    try:
+        path = checkpoints.save(steps_done, run_state())
+    except Exception as save_err:  # the original failure stays the one reported
+        console.print(f"[red]no checkpoint after the failure: {save_err}[/]")
+        return
+    console.print(f"checkpoint of step {steps_done} written after the failure: {path} (trainer.resume=auto)")
+
+
+def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=None):
     """``runtime.mode``: sync shares ``backend`` (the trainer's model); async builds a rollout
-    backend with its own copy of the weights and runs it concurrently (async_controller.py)."""
+    backend with its own copy of the weights and runs it concurrently (async_controller.py).
+    ``prompts``: the training stream (default: the source's, from its start)."""
+    prompts = prompts if prompts is not None else source.train_stream()
     if cfg.runtime.mode == "async":
-        return build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(), encode=encode)
-    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, source.train_stream(), encode=encode)
+        return build_async_controller(cfg, model, tokenizer, source.reward, prompts, encode=encode)
+    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, prompts, encode=encode)
 
 
 def _write_samples(sinks: MetricSinks, step: int, samples: dict) -> None:
@@ -216,13 +316,3 @@ def _fmt(result: dict) -> str:
         return "n/a (no held-out set)"
     sampled = result.get("sampled_accuracy")
     return f"greedy {result['accuracy']:.3f}" + (f", sampled {sampled:.3f}" if sampled is not None else "")
-
-
-def _checkpoint(run_dir: Path, step: int, actor: Actor, tokenizer, cfg, source) -> Path:
-    """The policy, its optimizer, and where the prompt stream is (``data``: resumable)."""
-    state = {"policy_version": actor.version, "seed": cfg.seed, "data": source.state_dict()}
-    # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
-    extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
-        if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
-    return save_checkpoint(run_dir, step, actor.model, tokenizer, actor.optimizer, actor.scheduler,
-                           state, keep=cfg.trainer.keep_checkpoints, extra=extra)

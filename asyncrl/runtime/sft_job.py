@@ -17,12 +17,13 @@ from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console
 from asyncrl.metrics.sinks import MetricSinks
 from asyncrl.rollout.hf import HFGenerateBackend
-from asyncrl.runtime.run_dir import start_run
+from asyncrl.runtime.run_dir import releasing_run_dirs, start_run
 from asyncrl.training.checkpoint import write_atomic_text
 from asyncrl.training.model import build_tiny_model, load_policy
 from asyncrl.training.sft import run_sft
 
 
+@releasing_run_dirs
 def run_sft_job(cfg) -> dict:
     device, run_dir = start_run(cfg, "[bold]asyncrl sft[/]", job="sft")
     task = build_task(cfg.task, cfg.seed)

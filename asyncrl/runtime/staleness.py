@@ -85,6 +85,15 @@ class StalenessManager:
             self.version = version
             self._cond.notify_all()
 
+    def resume_at(self, version: int) -> None:
+        """A resumed run at trainer version ``version``, before any admission: count the
+        ``version`` batches trained before the checkpoint as accepted, so the capacity is
+        (η + 1)·B as at a fresh start and the bound's proof (c ≥ jB) carries over."""
+        with self._cond:
+            if self.running or self.next_id:
+                raise RuntimeError("resume_at must come before the first admission")
+            self.version, self.accepted = version, version * self.batch_size
+
     def wake(self) -> None:
         """Wake waiters (used on shutdown, together with a zero timeout)."""
         with self._cond:

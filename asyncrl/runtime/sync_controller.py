@@ -44,8 +44,8 @@ def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic
     reference = (reference_class(model, cfg.rollout.temperature, cfg.actor.micro_batch_size,
                                  cfg.actor.logprob_chunk_tokens)
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
-    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size)
-              if cfg.critic.enable else None)
+    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size,
+                     algo.loss_scale_factor, cfg.actor.master_dtype) if cfg.critic.enable else None)
     return actor, reference, critic
 
 
@@ -207,12 +207,34 @@ class SyncController:
         """Colocated: the backend shares the actor's tensors, so only the version moves."""
         self.backend.update_weights(rollout_weights(self.actor.model, self.backend), self.actor.version)
 
+    # resume (resume.py) -------------------------------------------------------------------
+
+    def data_position(self) -> int:
+        """Prompts the steps run so far consumed (each one trained or filtered out)."""
+        return getattr(self.prompts, "position", 0)
+
+    def state_dict(self) -> dict:
+        """What an exact resume needs besides the actor's weights and optimizer."""
+        return {"version": self.actor.version, "kl_ctrl": dict(vars(self.kl_ctrl)),
+                "stage_totals": dict(self.timer.total_seconds), "prompts": self.data_position(),
+                "critic": self.critic.state_dict() if self.critic is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (the actor's weights already loaded) and hand the
+        weights to the rollout backend."""
+        self.actor.version = state["version"]
+        vars(self.kl_ctrl).update(state["kl_ctrl"])
+        self.timer.total_seconds.update(state["stage_totals"])
+        if self.critic is not None and state.get("critic") is not None:
+            self.critic.load_state_dict(state["critic"])
+        self.sync_weights()
+
     def _batch_metrics(self, batch: TrainBatch, generated: ScoredGroups) -> dict[str, float]:
         lengths = batch.response_mask.sum(-1)
         generated_tokens = float(sum(len(c.token_ids) for out in generated.outputs for c in out.completions))
         rollout_s = max(self.timer.step_seconds.get("rollout", 0.0), 1e-9)
         step_s = max(sum(self.timer.step_seconds.values()), 1e-9)
-        metrics = {"response/length_mean": float(lengths.mean()),
+        metrics = {"batch/samples": float(batch.batch_size), "response/length_mean": float(lengths.mean()),
                    "response/length_max": float(lengths.max()),
                    "throughput/rollout_tokens_per_s": generated_tokens / rollout_s,
                    "throughput/step_tokens_per_s": float(lengths.sum()) / step_s,

@@ -85,6 +85,9 @@ RULES: list[Rule] = [
     (lambda c: c.runtime.weight_transport != "shared" and not _rollout_process(c),
      lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
+    (lambda c: c.actor.master_dtype not in ("float32", c.model.dtype),
+     lambda c: f"actor.master_dtype={c.actor.master_dtype} with model.dtype={c.model.dtype}: the master weights are "
+               "float32 or the model's own dtype (pure low-precision training)"),
     # -- workflows and remote servers (docs/workflows.md) --
     (lambda c: c.workflow.enabled and c.rollout.backend == "hf",
      lambda c: "workflow.fn runs episodes on the asyncrl engine or an OpenAI-compatible server: set rollout.backend "

@@ -14,12 +14,14 @@ import copy
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
+from asyncrl.errors import HangError
 from asyncrl.training.lora import is_lora, merged_tensors, sync_tensors
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.types import SamplingParams
@@ -180,9 +182,10 @@ class WeightSync:
     one. Every sync is verified, one step late; the trainer's process spends ~nothing on it."""
 
     def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool,
-                 on_loaded: Callable[[int], None] = lambda version: None):
+                 on_loaded: Callable[[int], None] = lambda version: None, timeout_s: Optional[float] = None):
+        """``timeout_s``: the longest wait for a deferred load + probe (``runtime.hang_timeout_s``)."""
         self.backend, self.gate, self.probe, self.inflight = backend, gate, probe, inflight
-        self.on_loaded = on_loaded
+        self.on_loaded, self.timeout_s = on_loaded, timeout_s
         self.deferred = inflight and hasattr(backend, "start_update") and hasattr(backend, "run_probe")
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-probe") if self.deferred else None
         self._pending: Optional[Future] = None
@@ -209,7 +212,13 @@ class WeightSync:
     def wait(self) -> dict[str, float]:
         """The metrics of the deferred load + probe in flight ({} if none); raises its error."""
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else {}
+        if pending is None:
+            return {}
+        try:
+            return pending.result(timeout=self.timeout_s)
+        except FuturesTimeout:
+            raise HangError(f"the weight sync (load + probe of the last push) did not finish in {self.timeout_s:g} s "
+                            "(runtime.hang_timeout_s)") from None
 
     def check(self) -> None:
         """Raise now if the deferred load or probe in flight already failed."""

@@ -12,9 +12,10 @@ from asyncrl.training.compile import compile_stats
 from asyncrl.training.forward_plan import prepare_model
 from asyncrl.training.logprob_gap import LogprobGap
 from asyncrl.training.logprobs import response_logprobs
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.training.mfu import peak_flops, update_flops
 from asyncrl.training.micro_batches import balanced_micro_batches
-from asyncrl.training.optim import adamw
 from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
 
@@ -62,10 +63,11 @@ class Actor:
     def __init__(self, model, actor_cfg, algo_cfg, temperature: float):
         self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
         self.loss_cfg = policy_loss_config(algo_cfg)
-        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen)
+        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen);
+        # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = adamw(self.trainable, lr=actor_cfg.lr, betas=actor_cfg.betas,
-                               weight_decay=actor_cfg.weight_decay)
+        self.optimizer = trainer_adamw(self.trainable, actor_cfg.master_dtype, lr=actor_cfg.lr,
+                                       betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay)
         warmup = actor_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
@@ -154,11 +156,15 @@ class Actor:
             metrics = self._micro_loss(micro, global_tokens, global_seqs, device)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * len(idx) / mini.batch_size
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
-        if torch.isfinite(grad_norm):
+        # the optimizer's tensors (the float32 masters when there are; with LoRA only the adapters')
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
+        # a NaN/Inf gradient would poison the weights, and a micro-batch without backward (its
+        # loss was not finite) would leave a biased partial gradient: skip the step and count it
+        if torch.isfinite(grad_norm) and not sums.get("actor/nonfinite_loss"):
             self.optimizer.step()
+            check_parameters_finite(self.model, "the actor's optimizer step")
             sums["actor/skipped_step"] = 0.0
-        else:  # a NaN/Inf gradient would poison the weights: skip the step and count it
+        else:
             self.optimizer.zero_grad(set_to_none=True)
             sums["actor/skipped_step"] = 1.0
         self.scheduler.step()

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Optional
 
 import torch
 from transformers import AutoModelForTokenClassification
 
 from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.training.forward_plan import plan_of, prepare_like
 from asyncrl.training.logprobs import response_states
-from asyncrl.training.optim import adamw
 from asyncrl.types import TrainBatch
 
 
@@ -75,12 +77,28 @@ class Critic:
     global token / sequence counts, so they sum to exactly the mini-batch loss.
     """
 
-    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int):
+    def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int,
+                 loss_scale_factor: Optional[float] = None, master_dtype: str = "float32"):
+        """``loss_scale_factor``: L_norm of ``seq-mean-token-sum-norm``, the actor's
+        ``algorithm.loss_scale_factor`` (verl's critic inherits it too); ``master_dtype``: the
+        actor's ``actor.master_dtype`` (mixed_precision.py)."""
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
-        self.optimizer = adamw(model.parameters(), lr=critic_cfg.lr, weight_decay=critic_cfg.weight_decay)
+        self.loss_scale_factor = loss_scale_factor
+        self.optimizer = trainer_adamw(model.parameters(), master_dtype, lr=critic_cfg.lr,
+                                       weight_decay=critic_cfg.weight_decay)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    def state_dict(self) -> dict:
+        """Weights, optimizer (with master weights) and scheduler: what a resume restores."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
 
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
@@ -117,15 +135,16 @@ class Critic:
             loss, stats = compute_value_loss(
                 values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
                 cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode,
-                global_tokens=global_tokens, global_seqs=global_seqs)
+                global_tokens=global_tokens, global_seqs=global_seqs, loss_scale_factor=self.loss_scale_factor)
             loss.backward()
             # micro losses sum to the mini-batch loss; per-micro stats are averaged by rows
             sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
             for key, value in stats.items():
                 sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * len(idx) / mini.batch_size
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()
+            check_parameters_finite(self.model, "the critic's optimizer step")
         else:  # a NaN/Inf gradient would poison the weights: skip the step
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()

@@ -17,8 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from asyncrl.config_schema import ConfigError
+from asyncrl.errors import ModelLoadError
 from asyncrl.hub import HubError, is_hub_id, model_snapshot
 from asyncrl.training.checkpoint import latest_checkpoint
+from asyncrl.training.hf_kernels import route_cpu_to_torch_kernels
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,6 +46,8 @@ def build_tiny_model(tiny_cfg, tokenizer, seed: int):
 def _tiny_qwen3_5(tiny_cfg, tokenizer, seed: int):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+    route_cpu_to_torch_kernels()  # a CPU model must not reach FLA's Triton kernels (hf_kernels.py)
+
     config = Qwen3_5TextConfig(
         vocab_size=len(tokenizer), hidden_size=tiny_cfg.hidden_size, intermediate_size=tiny_cfg.intermediate_size,
         num_hidden_layers=tiny_cfg.num_hidden_layers, num_attention_heads=tiny_cfg.num_attention_heads,
@@ -66,6 +70,35 @@ def quiet_transformers() -> None:
 
     hf_logging.disable_progress_bar()  # also turns the hub's off...
     enable_progress_bars()             # ...which a download should keep
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_dir(path: str | Path) -> None:
+    """Refuse a ``model.path`` that cannot load, naming the file and the cause (transformers
+    would say "install sentencepiece or tiktoken" for a directory without a tokenizer, or
+    raise a bare SafetensorError for a truncated file)."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model path '{path}' is not a directory with config.json and weights")
+    if not (root / "config.json").is_file():
+        raise ModelLoadError(f"model path {root} has no config.json: not an HF model directory")
+    safetensors = sorted(root.glob("*.safetensors"))
+    if not safetensors and not list(root.glob("pytorch_model*.bin")):
+        raise ModelLoadError(f"model path {root} has no weights (*.safetensors or pytorch_model*.bin)")
+    if not any((root / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"model path {root} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    for file in safetensors:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                names = list(f.keys())
+                if names:  # the last tensor's bytes lie at the end: a truncated file fails here
+                    f.get_slice(names[-1])
+        except Exception as err:
+            raise ModelLoadError(f"{file} is not a readable safetensors file (truncated or corrupt: {err})") from None
 
 
 def resolve_model_path(path: str | Path) -> Path:
@@ -92,7 +125,9 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     """(model, tokenizer) from ``path`` as :func:`resolve_model_path` reads it."""
     quiet_transformers()
     path = str(resolve_model_path(path))
+    check_model_dir(path)  # missing weights or tokenizer, a truncated file: named, not a loader's traceback
     tokenizer = AutoTokenizer.from_pretrained(path)
+    route_cpu_to_torch_kernels()  # Qwen3.5 on a CPU: transformers' torch functions, even with fla-core installed
     model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[dtype]).to(device)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

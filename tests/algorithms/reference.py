@@ -116,7 +116,7 @@ def opo(R, group_ids, mask):
     adv = [0.0] * len(R)
     for idx in groups_of(group_ids).values():
         total = sum(lengths[i] for i in idx)
-        b = sum(lengths[i] * R[i] for i in idx) / total if total > 0 else 0.0
+        b = sum(lengths[i] * R[i] for i in idx) / total if total > 0 and len(idx) > 1 else 0.0  # verl: singleton b = 0
         for i in idx:
             adv[i] = R[i] - b
     return broadcast(adv, mask)

@@ -83,6 +83,15 @@ def test_opo_length_weighted_baseline():
     assert adv.tolist() == [[0.75, 0, 0], [-0.25, -0.25, -0.25]]
 
 
+def test_opo_one_sample_group_keeps_raw_reward():
+    # group 0: one response, R = 0.7 -> no baseline (verl: b = 0), A = 0.7 (was 0: b = R itself)
+    # group 1: lengths 1, 3 and R = 1, 0 -> b = 0.25, A = [0.75, −0.25] as above
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float64)
+    inp = AdvantageInput(torch.tensor([0.7, 1.0, 0.0], dtype=torch.float64), mask, torch.tensor([0, 1, 1]))
+    adv = compute_advantages("opo", inp).advantages
+    assert adv.tolist() == [[0.7, 0.7, 0], [0.75, 0, 0], [-0.25, -0.25, -0.25]]
+
+
 def test_gpg_scales_by_nonzero_fraction():
     # B = 4, one non-zero reward -> α = 4; μ = .25 -> A = 4·[.75, −.25, ...] = [3, −1, −1, −1]
     adv = compute_advantages("gpg", _inp([1.0, 0, 0, 0])).advantages[:, 0]

@@ -20,6 +20,13 @@ def test_overlong_scales_with_factor_and_is_bounded():
         overlong_penalty(torch.tensor([1]), 10, 0, 1.0)
 
 
+def test_overlong_penalty_of_integer_lengths_is_float64():
+    # L_max = 10, L_buf = 3, f = 0.1: |o| = 9 -> exceed = 2 -> −2/3·0.1, the Python-float value
+    # verl computes (float32 would give −0.06666667014)
+    out = overlong_penalty(torch.tensor([9]), 10, 3, penalty_factor=0.1)
+    assert out.dtype == torch.float64 and out.item() == -2 / 3 * 0.1
+
+
 def test_filter_groups_by_hand():
     # group 5: all correct (drop); group 2: mixed (keep); group 9: all wrong (drop); group 4: singleton (keep)
     metric = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0])

@@ -168,6 +168,13 @@ def test_sapo_gate_weight_at_ratio_two():
     assert -lp.grad.item() == pytest.approx(1.573, abs=1e-3)
 
 
+def test_sapo_tau_keeps_the_input_dtype():
+    # float64, r = 1, A = −1 (τ = τ_neg = 1.05): ℓ = −(4/τ)·σ(0)·A = 2/1.05 exactly in float64;
+    # a float32 τ (1.0499999523) gives 1.9047619912 instead of 1.9047619048
+    _, inp, cfg = _tokens([1.0], [-1.0])
+    assert compute_policy_loss("sapo", inp, cfg).loss.item() == 2 / 1.05
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_sapo_matches_reference(seed):
     inp = _random_input(seed)

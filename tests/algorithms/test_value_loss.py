@@ -18,6 +18,30 @@ def test_hand_values():
     torch.testing.assert_close(values.grad, torch.tensor([[1.0, 0.0]]))
 
 
+def test_in_band_values_are_never_counted_as_clipped():
+    # |V − V_old| < ε = 1 on every token: V_clip = V exactly, so (V_clip − R)² > (V − R)² never
+    # holds. The old V_old + clamp(V − V_old) is not V when |V_old| ≪ |V| (the difference rounds):
+    # here it counted ~1% of these in-band tokens as clipped.
+    gen = torch.Generator().manual_seed(0)
+    old = 0.01 * torch.randn(128, 128, generator=gen)
+    values = (0.2 * torch.randn(128, 128, generator=gen)).clamp(-0.9, 0.9)
+    returns = torch.randn(128, 128, generator=gen)
+    _, m = compute_value_loss(values, old, returns, torch.ones(128, 128), cliprange_value=1.0)
+    assert m["vf_clipfrac"] == 0.0
+
+
+def test_seq_mean_token_sum_norm_uses_the_loss_scale_factor():
+    # one row, V = 1, V_old = 1, R = 0 on 2 of 4 tokens: Σ_t (V − R)² = 2, S = 1
+    # 0.5·2/(1·L_norm): L_norm = 8 -> 0.125 (the padded length 4 would give 0.25)
+    values = torch.ones(1, 4)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    loss, _ = compute_value_loss(values, values, torch.zeros(1, 4), mask, loss_agg_mode="seq-mean-token-sum-norm",
+                                 loss_scale_factor=8.0)
+    assert loss.item() == 0.125
+    loss, _ = compute_value_loss(values, values, torch.zeros(1, 4), mask, loss_agg_mode="seq-mean-token-sum-norm")
+    assert loss.item() == 0.25
+
+
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_matches_reference_and_micro_batches_sum(mode):
     gen = torch.Generator().manual_seed(0)

@@ -219,3 +219,11 @@ def test_a_shaping_reward_never_counts_as_accuracy(tmp_path):
     scores, correct = grade_completions(source.reward, ex, done)
     assert scores == [2.0, 1.0, 1.0] and correct == [1.0, 0.0, 1.0]  # "#### 3" scores 1.0 but is wrong
     source.close()
+
+
+def test_a_plain_reward_returning_inf_or_nan_scores_zero():
+    from asyncrl.data.sources import score_responses
+
+    scores = score_responses(lambda p, r, **f: {"a": float("inf"), "b": float("nan"), "c": 1.0}[r],
+                             ["p"] * 3, ["a", "b", "c"], [{}] * 3)
+    assert scores == [0.0, 0.0, 1.0]

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.training.hf_kernels import route_cpu_to_torch_kernels
+
+# the HF references run on the CPU: transformers' torch delta rule and conv even where fla-core is
+# installed (a GPU machine), instead of FLA's Triton kernels, which cannot read CPU tensors
+route_cpu_to_torch_kernels()
+
 VOCAB = 97
 FAMILIES = ["qwen3_5", "qwen3_moe", "qwen3_5_moe"]
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -6,12 +6,20 @@ Our ops take padded variable-length batches and read/write slots of a state pool
 fp64; both sides compute the delta rule in fp32 (transformers casts to it), so they agree to fp32
 rounding (chunked vs recurrent summation order); the conv stays fp64 on both sides.
 """
+from types import SimpleNamespace
+
+import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from asyncrl.engine.models.gated_delta import causal_conv_step, causal_conv_varlen, gated_delta_decode, \
     gated_delta_prefill
+from asyncrl.training.hf_kernels import torch_reference
+
+# transformers' torch functions themselves (not the FLA kernels it routes to when fla-core is installed)
+hf = SimpleNamespace(**{name: torch_reference(getattr(modeling_qwen3_5, name)) for name in (
+    "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")})
 
 B, HK, HV, K, V, C, W = 3, 2, 4, 8, 6, 10, 4
 
@@ -90,14 +98,25 @@ def test_conv_step_matches_conv1d_reference():
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
-def test_fla_varlen_packing_against_the_padded_path(monkeypatch):
-    """The GPU prefill packs the valid tokens into one row with ``cu_seqlens`` for FLA's
-    ``chunk_gated_delta_rule``. With FLA's contract played by transformers' torch function per
-    segment, packing, initial states and the scatter back equal the padded CPU path."""
+def test_fla_chunk_indices_list_every_64_token_chunk():
+    """Lengths 64, 1, 130 -> 1, 1 and 3 chunks: (sequence, chunk) rows as FLA's prepare_chunk_indices."""
+    from asyncrl.engine.models.gated_delta import fla_chunk_indices
+
+    assert fla_chunk_indices(np.array([64, 1, 130])).tolist() == [[0, 0], [1, 0], [2, 0], [2, 1], [2, 2]]
+
+
+def test_fla_packed_prefill_against_the_padded_path(monkeypatch):
+    """The GPU prefill hands FLA's ``chunk_gated_delta_rule`` the step's packed tokens with
+    ``cu_seqlens`` and host-built chunk indices. With FLA's contract played by transformers' torch
+    function per segment, the packed path (initial states from slots, final states back) equals
+    the padded CPU path."""
     from asyncrl.engine.models import gated_delta
 
-    def fake_fla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+    def fake_fla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+                 chunk_indices):
         assert q.shape[0] == 1 and initial_state.shape[0] == len(cu_seqlens) - 1 and scale == q.shape[-1] ** -0.5
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).numpy()
+        assert torch.equal(chunk_indices, torch.from_numpy(gated_delta.fla_chunk_indices(lens)))
         outs, finals = [], []
         for i in range(len(cu_seqlens) - 1):
             s = slice(int(cu_seqlens[i]), int(cu_seqlens[i + 1]))
@@ -109,12 +128,16 @@ def test_fla_varlen_packing_against_the_padded_path(monkeypatch):
         return torch.cat(outs, 1), torch.cat(finals)
 
     monkeypatch.setattr(gated_delta, "_fla", lambda: fake_fla)
-    q, k, v, g, beta = (t.float() for t in _inputs(12, 3))
-    valid = torch.arange(12)[None, :] < torch.tensor([12, 4, 9])[:, None]
+    q, k, v, g, beta = (t.float() for t in _inputs(70, 3))
+    lens = np.array([70, 4, 9])
+    valid = torch.arange(70)[None, :] < torch.from_numpy(lens)[:, None]
     slots, init = torch.tensor([2, 0, 1]), torch.tensor([0, 1, 1])
     pool_a = torch.randn(3, HV, K, V)
     pool_b = pool_a.clone()
-    packed = gated_delta._prefill_fla(q, k, v, g, beta, valid, pool_a, slots, init)
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]))
+    packed = gated_delta.gated_delta_prefill_packed(q[valid], k[valid], v[valid], g[valid], beta[valid], cu,
+                                                    torch.from_numpy(gated_delta.fla_chunk_indices(lens)), pool_a,
+                                                    slots, init)
     padded = gated_delta_prefill(q, k, v, g, beta, valid, pool_b, slots, init)
-    torch.testing.assert_close(packed[valid], padded[valid], rtol=0, atol=2e-5)
+    torch.testing.assert_close(packed.float(), padded[valid], rtol=0, atol=2e-5)
     torch.testing.assert_close(pool_a, pool_b, rtol=0, atol=2e-5)

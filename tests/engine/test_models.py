@@ -65,3 +65,17 @@ def test_load_weights_roundtrip(arch, tiny_dirs, hf_models):
     assert torch.equal(model.lm_head.weight, sd["lm_head.weight"])
     with pytest.raises(KeyError):
         model.load_weights([("model.layers.0.self_attn.nope.weight", q)])
+
+
+def test_in_memory_model_stops_at_the_same_eos_list_as_its_directory(tmp_path):
+    """generation_config.json's EOS list (Qwen instruct: <|im_end|> and <|endoftext|>) wins over
+    config.json's single id, for an engine built from the directory and from the loaded module."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from conftest import build_tiny, make_llm
+
+    path = build_tiny("qwen3", tmp_path / "m")  # config.json: eos_token_id = 3
+    GenerationConfig(eos_token_id=[3, 5]).save_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    assert make_llm(path).eos_token_ids == [3, 5]
+    assert make_llm(hf).eos_token_ids == [3, 5]  # was [3]: the module's generation_config was ignored

@@ -30,9 +30,13 @@ def test_align_pairs_groups_by_expert_in_padded_runs():
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5)] + ([(torch.bfloat16, 3e-2)] if CUDA else []))
-def test_fused_moe_equals_torch_experts(dtype, tol):
+@pytest.mark.parametrize("T,E", [(37, 8), (300, 2)])  # decode-like tiles (16 rows) and prefill-like (64)
+def test_fused_moe_equals_torch_experts(dtype, tol, T, E):
+    from asyncrl.engine.triton_moe import pick_block_m
+
     g = torch.Generator().manual_seed(0)
-    T, H, I, E, K = 37, 64, 48, 8, 2
+    H, I, K = 64, 48, 2
+    assert pick_block_m(T * K, E) == (16 if T == 37 else 64)
     x = torch.randn(T, H, generator=g).to(DEVICE, dtype)
     w13 = (torch.randn(E, 2 * I, H, generator=g) * 0.1).to(DEVICE, dtype)
     w2 = (torch.randn(E, H, I, generator=g) * 0.1).to(DEVICE, dtype)
@@ -56,6 +60,11 @@ def test_gdn_decode_kernel_equals_recurrence():
     qe, ke = _expand_heads(q[:, None], k[:, None], HV)
     ref_o, ref_s = delta_rule_recurrent(qe, ke, v[:, None], gate[:, None], beta[:, None], pool[slots])
     dev = [t.to(DEVICE) for t in (q, k, v, gate, beta, pool, slots)]
+    # q, k, v as the model passes them: row-strided views of one [B, C] conv output (no copies)
+    flat = torch.cat([t.reshape(B, -1) for t in dev[:3]], dim=1)
+    dev[:3] = flat.split([HK * K, HK * K, HV * V], dim=1)
+    dev[:3] = [t.view(B, -1, d) for t, d in zip(dev[:3], (K, K, V))]
+    assert not dev[0].is_contiguous()
     out = gated_delta_decode(*dev)
     torch.testing.assert_close(out.cpu(), ref_o[:, 0], rtol=0, atol=1e-5)
     new = dev[5].cpu()

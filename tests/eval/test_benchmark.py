@@ -73,6 +73,7 @@ def test_a_run_directory_resolves_to_its_latest_checkpoint(tiny_chat_checkpoint,
     run = tmp_path / "run"
     step = run / "checkpoints" / "step_000004"
     shutil.copytree(tiny_chat_checkpoint, step)
+    (step / "trainer_state.json").write_text('{"step": 4}')  # what makes a checkpoint complete
     (run / "checkpoints" / "latest").write_text("step_000004")
     assert resolve_model_path(str(run)) == step
     assert resolve_model_path(str(run / "checkpoints")) == step

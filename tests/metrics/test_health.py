@@ -31,6 +31,7 @@ def healthy_row(step: int, rng: random.Random) -> dict:
         "actor/pg_loss": rng.uniform(-0.1, 0.1),
         "actor/grad_norm": rng.uniform(0.5, 2.0),
         "rollout/logprob_gap": rng.uniform(0.005, 0.02),
+        "async/rollout_restarts": 0.0,
     }
     if step % 5 == 0:
         row["eval/accuracy"] = 0.4 + 0.004 * step + rng.uniform(-0.01, 0.01)
@@ -107,6 +108,7 @@ FAILURES = {
     "entropy_blowup": _set(**{"actor/entropy": 5.0}),
     "nonfinite": _nonfinite,
     "logprob_gap": _set(**{"rollout/logprob_gap": 0.5}),
+    "rollout_restarts": lambda row, step: row.update({"async/rollout_restarts": 1.0 if step >= 40 else 0.0}),
 }
 
 

@@ -22,6 +22,16 @@ def test_weighted_total_and_components_inline():
     assert a.failed == {} and b.failed == {}
 
 
+def test_an_overflowing_weighted_total_is_a_failure():
+    # each component is finite (1e308) but 2 x 1e308 = inf: the total falls back to the
+    # default score and the item counts as failed (its loss would be non-finite otherwise)
+    spec = RewardSpec("big", "reward_fixtures:constant", weight=2.0, kwargs={"value": 1e308})
+    with RewardPool([spec], mode="inline", default_score=0.0) as pool:
+        [result] = pool.score(_requests("y"))
+    assert result.total == 0.0 and result.components == {"big": 1e308}
+    assert "inf" in result.failed["total"] and pool.failures[-1].reward == "total"
+
+
 def test_bound_kwargs_reach_the_function():
     spec = RewardSpec("c", "reward_fixtures:constant", kwargs={"value": 0.25})
     with RewardPool([spec], mode="inline") as pool:

@@ -1,5 +1,7 @@
 """Backends by config name: ``auto`` picks the engine for Qwen3, and the rollout section's
 engine options reach the engine (and only the engine)."""
+import pytest
+
 from asyncrl.config import load_config
 from asyncrl.rollout.hf import HFGenerateBackend
 from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
@@ -16,6 +18,17 @@ def test_rollout_gpu_memory_utilization_reaches_the_engine(tiny_policy):
     backend = build_backend("engine", model, tok, **engine_options(cfg.rollout))
     assert backend.llm.config.gpu_memory_utilization == 0.3
     assert isinstance(build_backend("hf", model, tok, **engine_options(cfg.rollout)), HFGenerateBackend)
+
+
+def test_rollout_speculative_reaches_the_engine(tiny_policy):
+    """``rollout.speculative.*`` becomes vLLM's speculative_config dict; off by default."""
+    model, tok = tiny_policy
+    assert build_backend("engine", model, tok, **engine_options(load_config("quickstart").rollout)).llm.spec is None
+    cfg = load_config("quickstart", ["rollout.speculative.method=ngram", "rollout.speculative.num_speculative_tokens=3"])
+    spec = build_backend("engine", model, tok, **engine_options(cfg.rollout)).llm.spec
+    assert spec.k == 3 and spec.config.method == "ngram" and spec.config.disable_by_batch_size == 32
+    with pytest.raises(ValueError, match="rollout.speculative needs the asyncrl engine"):
+        build_backend("hf", model, tok, **engine_options(cfg.rollout))
 
 
 def test_auto_falls_back_to_hf_generate_with_one_line(caplog):

@@ -12,6 +12,7 @@ from asyncrl.runtime.executors.process import ProcessRolloutBackend
 from asyncrl.runtime.pipeline import run_training
 from asyncrl.runtime.weight_sync import LogprobProbe, rollout_weights
 from asyncrl.training.lora import adapter_tensors, apply_lora
+from asyncrl.types import SamplingParams
 
 peft = pytest.importorskip("peft")
 
@@ -65,6 +66,42 @@ def test_an_adapter_push_moves_under_one_percent_of_a_full_push():
     assert lora_probe.gap < 1e-4 and lora_probe.delta > 1e-3
     assert lora_bytes == sum(p.numel() * 4 for _, p in adapter_tensors(policy))
     assert lora_bytes < 0.01 * full_bytes, (lora_bytes, full_bytes)
+
+
+def test_a_restarted_lora_child_gets_the_base_and_the_last_pushed_adapters():
+    """Collective transport with restarts: pushes move A and B only, yet a child started after
+    a death needs every weight; the trainer's full buffer (the frozen base + the adapters of
+    the last push, not the trainer's newer ones) is broadcast to it."""
+    model = medium_qwen3()
+    cfg = load_config("quickstart", ["actor.lora.rank=8", "actor.lora.target_modules=[q_proj,v_proj]"])
+    policy = apply_lora(model, cfg.actor.lora)
+    probe = LogprobProbe([5, 17, 42, 9, 100], temperature=1.0, tolerance=1e-4)
+    backend = ProcessRolloutBackend(policy, None, "engine", transport="collective", max_restarts=1)
+    try:
+        full_bytes = backend.bytes_moved
+        assert probe.check(backend, policy, 0).gap < 1e-4  # the base arrived
+        with torch.no_grad():
+            for _, p in adapter_tensors(policy):
+                p.copy_(0.05 * torch.randn_like(p))
+        lora_bytes, pushed = push_and_probe(backend, policy, 1, probe)
+        assert pushed.gap < 1e-4 and pushed.delta > 1e-3
+        at_push = {name: p.detach().clone() for name, p in adapter_tensors(policy)}
+        with torch.no_grad():  # the trainer moves on without pushing: a new child must not see this
+            for _, p in adapter_tensors(policy):
+                p.add_(0.05 * torch.randn_like(p))
+        first = backend.process
+        first.kill()
+        first.join(10)
+        out = backend.generate([[5, 17, 42]], SamplingParams(max_tokens=4, temperature=0.0, seed=0))
+        assert backend.restarts == 1 and backend.process is not first and backend.version == 1
+        assert len(out[0].outputs[0].token_ids) == 4
+        assert backend.bytes_moved == 2 * full_bytes + lora_bytes  # the whole set again, once, for the new child
+        with torch.no_grad():  # the trainer's model back at the pushed adapters: the new child serves exactly them
+            for name, p in adapter_tensors(policy):
+                p.copy_(at_push[name])
+        assert probe.check(backend, policy, 1).gap < 1e-4
+    finally:
+        backend.close()
 
 
 def test_an_async_lora_run_with_the_rollout_process(cfg_of, tmp_path):

@@ -55,9 +55,9 @@ def test_kl_term_loads_a_reference_and_reports_kl(fast_cfg, tmp_path):
     assert rows[0]["rollout/logprob_gap"] < 1e-3  # first step: rollout and trainer hold the same weights
 
 
-def test_second_run_reuses_the_cached_warm_start(fast_cfg):
+def test_second_run_reuses_the_cached_warm_start(fast_cfg, tmp_path):
     first = run_training(fast_cfg())
-    second = run_training(fast_cfg())
+    second = run_training(fast_cfg(f"logging.run_dir={tmp_path / 'run2'}"))  # the first run's dir is refused
     assert first["sft/cached"] == 0.0 and second["sft/cached"] == 1.0
     assert second["sft_accuracy"] == first["sft_accuracy"]
 

@@ -73,20 +73,75 @@ def test_an_error_in_the_child_comes_back_with_its_traceback(cfg_of):
         backend.close()
 
 
-def test_a_dead_rollout_process_fails_the_run(cfg_of):
-    cfg = cfg_of(*ASYNC)
+def test_a_dead_rollout_process_fails_the_run_past_max_restarts(cfg_of):
+    cfg = cfg_of(*ASYNC, "runtime.max_restarts=0")
     model, tok = policy(cfg)
     ctrl = build_async_controller(cfg, model, tok, length_reward, build_task(cfg.task, cfg.seed).train_stream(0))
     try:
         ctrl.step(1)
         os.kill(ctrl.backend.pid, signal.SIGKILL)
         start = time.perf_counter()
-        with pytest.raises(RuntimeError, match="died|gone|failed"):
+        with pytest.raises(RolloutProcessError, match="died and runtime.max_restarts=0 restarts are used up"):
             for step in range(2, 10):  # the buffer may still hold a batch; the next push must fail
                 ctrl.step(step)
         assert time.perf_counter() - start < 30
     finally:
         ctrl.close()
+
+
+def test_a_rollout_process_killed_3_times_is_restarted_and_no_sample_is_lost(cfg_of, tmp_path, monkeypatch):
+    """SIGKILL of the rollout process after steps 1, 2 and 3: each time a new one starts from
+    the last pushed weights and the generate call in flight is re-sent, so every step still
+    trains 4 groups x 4 samples and the staleness bound holds (bench/fault_injection.py:
+    rollout-kills does the same at random steps of a longer run)."""
+    import threading
+
+    backends = []
+    real_init = ProcessRolloutBackend.__init__
+
+    def remember(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        backends.append(self)
+    monkeypatch.setattr(ProcessRolloutBackend, "__init__", remember)
+    metrics_file = tmp_path / "run" / "metrics.jsonl"
+    killed = []
+
+    def killer():
+        while len(killed) < 3:
+            rows = len(metrics_file.read_text().splitlines()) if metrics_file.is_file() else 0
+            if rows > len(killed) and backends:
+                killed.append(backends[0].pid)
+                os.kill(backends[0].pid, signal.SIGKILL)
+            time.sleep(0.02)
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    summary = run_training(cfg_of(*ASYNC, "trainer.steps=5", "runtime.max_restarts=3"))
+    thread.join(5)
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    assert summary["steps"] == 5 and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert len(set(killed)) == 3 and backends[0].restarts == 3 and rows[-1]["async/rollout_restarts"] == 3
+    assert all(r["async/staleness_violations"] == 0 and r["batch/samples"] == 16 for r in rows)
+
+
+def test_a_stopped_rollout_process_is_reported_not_waited_for_forever(cfg_of):
+    """SIGSTOP: alive but silent. Past runtime.hang_timeout_s the step fails naming what hung."""
+    from asyncrl.errors import HangError
+
+    cfg = cfg_of(*ASYNC, "runtime.hang_timeout_s=3")
+    model, tok = policy(cfg)
+    ctrl = build_async_controller(cfg, model, tok, length_reward, build_task(cfg.task, cfg.seed).train_stream(0))
+    pid = ctrl.backend.pid
+    try:
+        ctrl.step(1)
+        os.kill(pid, signal.SIGSTOP)
+        start = time.perf_counter()
+        with pytest.raises(HangError, match="did not finish in 3 s"):
+            for step in range(2, 10):
+                ctrl.step(step)
+        assert time.perf_counter() - start < 20
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        ctrl.close(abandon=True)
 
 
 def test_the_probe_runs_in_the_child_and_catches_an_engine_on_other_weights(cfg_of):

@@ -73,3 +73,19 @@ def test_explained_variance_hand_values():
     assert explained_variance(returns, returns, mask) == 1.0           # perfect critic
     assert abs(explained_variance(torch.zeros(1, 4) + 2.5, returns, mask)) < 1e-6  # the mean: 0
     assert explained_variance(returns, torch.ones(1, 4), mask) == 0.0  # constant returns: reported as 0
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_loss_scale_factor(tiny_policy):
+    """verl's critic inherits the actor's loss_scale_factor: with L_norm = 2x the padded length,
+    the same batch's value loss halves (it was always divided by the padded length)."""
+    model, tok = tiny_policy
+    batch = _batch(tok)
+    cfg = load_config(None, [])
+    losses = []
+    for factor in (None, 2.0 * batch.response_mask.shape[1]):
+        critic = Critic(build_value_model(model), cfg.critic, "seq-mean-token-sum-norm", micro_batch_size=4,
+                        loss_scale_factor=factor)
+        batch.values = critic.compute_values(batch)
+        batch.returns = torch.ones_like(batch.response_mask) * batch.response_mask
+        losses.append(critic._optimizer_step(batch)["critic/vf_loss"])
+    assert losses[1] == torch.tensor(losses[0] / 2).item()

@@ -66,6 +66,17 @@ class ModelConfig:
         return cls.from_dict(raw)
 
     @classmethod
+    def from_module(cls, hf) -> "ModelConfig":
+        """From an in-memory HF ``*ForCausalLM``: its config, with the EOS list of its
+        ``generation_config`` winning as ``from_dir`` lets generation_config.json win (a Qwen
+        instruct model stops at <|im_end|> or <|endoftext|>, its config.json names one)."""
+        raw = hf.config.to_dict()
+        eos = getattr(getattr(hf, "generation_config", None), "eos_token_id", None)
+        if eos is not None:
+            raw = {**raw, "eos_token_id": eos}
+        return cls.from_dict(raw, architecture=type(hf).__name__)
+
+    @classmethod
     def from_dict(cls, raw: dict, architecture: Optional[str] = None) -> "ModelConfig":
         """From a config.json dict (or an HF ``PretrainedConfig.to_dict()``)."""
         arch = architecture or (raw.get("architectures") or ["LlamaForCausalLM"])[0]

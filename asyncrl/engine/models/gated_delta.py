@@ -4,12 +4,14 @@ Every op reads the state of slot ``slots[b]`` for sequence b (or zeros where ``i
 False: a prefill from position 0) and writes the new state back in place, so a sequence's
 state lives in one slot of the ``StatePool`` for its whole life.
 
-Kernels: on CUDA, prefill uses flash-linear-attention's ``chunk_gated_delta_rule`` (varlen via
-``cu_seqlens``, the library made for it; ``pip install fla-core``) and decode our Triton
-kernel ``triton_gdn.gated_delta_decode_kernel`` (one token, state read and written in place
-through the slot ids: CUDA-graph capturable; FLA's recurrent kernel takes no slot ids). On CPU
-(or without FLA) the pure-torch recurrence below runs; the tests check it against
-transformers' own torch functions.
+Kernels: on CUDA, prefill runs flash-linear-attention's ``chunk_gated_delta_rule`` over the
+step's packed tokens (varlen via ``cu_seqlens``, the library made for it; ``pip install
+fla-core``; ``gated_delta_prefill_packed``) and decode our Triton kernel
+``triton_gdn.gated_delta_decode`` (one token, state read and written in place through the slot
+ids: CUDA-graph capturable; FLA's recurrent kernel takes no slot ids). On CPU (or without FLA)
+the pure-torch recurrence over padded sequences runs (``gated_delta_prefill``); the tests check
+it against transformers' own torch functions. The conv is torch on both (shifted
+multiply-adds, see below).
 
 Shapes: q, k ``[.., Hk, K]``, v ``[.., HV, V]``, g (log-decay) and beta ``[.., HV]`` fp32;
 state ``[slots, HV, K, V]`` fp32; conv state ``[slots, C, kernel - 1]``.
@@ -18,11 +20,23 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from asyncrl.engine.models.decoder import _CudaCompiled
+
 
 # ---- the short causal convolution -------------------------------------------------------------
+# A depthwise conv of width W (4) is W shifted multiply-adds: done so here rather than with
+# ``F.conv1d(groups=C)``, whose CUDA depthwise path is an order of magnitude slower than a naive
+# kernel (pytorch/pytorch#75747; transformers warns about the same fallback without
+# ``causal-conv1d``): at a 16k-token prefill of Qwen3.5-0.8B (C = 6144) it dominated the step.
+# Products and sums are in fp32 (fp64 stays fp64), as a conv kernel accumulates.
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def causal_conv_varlen(x: torch.Tensor, lens: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor,
                        init: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv + SiLU over padded sequences, continuing from their conv states.
@@ -32,20 +46,36 @@ def causal_conv_varlen(x: torch.Tensor, lens: torch.Tensor, conv_state: torch.Te
     the state is then set to the last W - 1 inputs up to ``lens[b]``. Returns ``[B, L, C]``."""
     B, L, C = x.shape
     W = weight.shape[1]
-    prev = conv_state[slots].to(x.dtype) * init[:, None, None].to(x.dtype)  # [B, C, W-1]
-    ext = torch.cat([prev, x.transpose(1, 2)], dim=-1)  # [B, C, W-1+L]
-    out = F.silu(F.conv1d(ext.to(weight.dtype), weight.unsqueeze(1), groups=C))  # [B, C, L]
-    tail = lens[:, None] + torch.arange(W - 1, device=x.device)[None, :]  # ext index of the last W-1 inputs
-    conv_state.index_copy_(0, slots, ext.gather(2, tail[:, None, :].expand(B, C, W - 1)).to(conv_state.dtype))
-    return out.transpose(1, 2).to(x.dtype)
+    acc = _acc_dtype(x)
+    prev = conv_state[slots].transpose(1, 2).to(acc) * init[:, None, None].to(acc)  # [B, W-1, C]
+    ext = torch.cat([prev, x.to(acc)], dim=1)  # [B, W-1+L, C]: ext[:, W-1+i] = x[:, i]
+    w = weight.to(acc).t()  # [W, C]
+    out = ext[:, :L] * w[0]
+    for j in range(1, W):
+        out.addcmul_(ext[:, j:j + L], w[j])
+    tail = lens[:, None] + torch.arange(W - 1, device=x.device)[None, :]  # ext rows of the last W-1 inputs
+    last = ext.gather(1, tail[:, :, None].expand(B, W - 1, C))  # [B, W-1, C]
+    conv_state.index_copy_(0, slots, last.transpose(1, 2).to(conv_state.dtype))
+    return F.silu(out).to(x.dtype)
+
+
+def _conv_window(rows: torch.Tensor, x: torch.Tensor, weight: torch.Tensor):
+    """rows ``[B, C, W-1]`` (the slots' conv states), x ``[B, C]`` -> (the shifted states
+    ``[B, C, W-1]`` in rows' dtype, conv + SiLU ``[B, C]`` in x's dtype)."""
+    acc = _acc_dtype(x)
+    window = torch.cat([rows.to(acc), x[:, :, None].to(acc)], dim=-1)  # [B, C, W]
+    return window[:, :, 1:].to(rows.dtype), F.silu((window * weight.to(acc)).sum(-1)).to(x.dtype)
+
+
+conv_window = _CudaCompiled(_conv_window)  # one fused kernel on CUDA (decode runs it every GDN layer)
 
 
 def causal_conv_step(x: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor,
                      weight: torch.Tensor) -> torch.Tensor:
     """One token per sequence: x ``[B, C]`` -> conv + SiLU ``[B, C]``; the states shift by one."""
-    window = torch.cat([conv_state[slots].to(x.dtype), x[:, :, None]], dim=-1)  # [B, C, W]
-    conv_state.index_copy_(0, slots, window[:, :, 1:].to(conv_state.dtype))
-    return F.silu((window.to(weight.dtype) * weight).sum(-1)).to(x.dtype)
+    rows, out = conv_window(conv_state[slots], x, weight)
+    conv_state.index_copy_(0, slots, rows)
+    return out
 
 
 # ---- the gated delta rule ---------------------------------------------------------------------
@@ -77,12 +107,10 @@ def delta_rule_recurrent(q, k, v, g, beta, state):
 
 
 def gated_delta_prefill(q, k, v, g, beta, valid, ssm_state, slots, init) -> torch.Tensor:
-    """Padded sequences ``[B, L, ..]`` (``valid [B, L]``): outputs ``[B, L, HV, V]`` fp32; each
-    sequence starts from ``ssm_state[slots[b]]`` (zeros where not ``init``) and its final state
-    (at its last valid token) is written back."""
+    """Torch path (CPU, or CUDA without FLA). Padded sequences ``[B, L, ..]`` (``valid [B, L]``):
+    outputs ``[B, L, HV, V]`` fp32; each sequence starts from ``ssm_state[slots[b]]`` (zeros where
+    not ``init``) and its final state (at its last valid token) is written back."""
     HV = v.shape[-2]
-    if q.is_cuda and _fla() is not None:
-        return _prefill_fla(q, k, v, g, beta, valid, ssm_state, slots, init)
     qe, ke = _expand_heads(q, k, HV)
     m = valid.to(torch.float32)
     g, beta = g * m[..., None], beta * m[..., None]  # padding: no decay, no write
@@ -106,6 +134,9 @@ def gated_delta_decode(q, k, v, g, beta, ssm_state, slots) -> torch.Tensor:
 
 
 # ---- flash-linear-attention (GPU prefill) ---------------------------------------------------------
+FLA_CHUNK = 64  # the chunk size of FLA's chunk_gated_delta_rule (its default): fla_chunk_indices is built for it
+
+
 @functools.lru_cache(maxsize=1)
 def _fla():
     """FLA's ``chunk_gated_delta_rule``, or None when the package is absent (CPU installs)."""
@@ -116,18 +147,29 @@ def _fla():
     return chunk_gated_delta_rule
 
 
-def _prefill_fla(q, k, v, g, beta, valid, ssm_state, slots, init) -> torch.Tensor:
-    """FLA's chunked kernel on the packed valid tokens (B = 1 + ``cu_seqlens``: no state
-    crosses sequences), initial states from the slots, final states written back."""
-    B, L = valid.shape
-    lens = valid.sum(1)
-    cu = F.pad(lens.cumsum(0), (1, 0))
-    flat = valid.reshape(-1)
-    pack = lambda t: t.reshape(B * L, *t.shape[2:])[flat][None]  # noqa: E731
+def fla_available() -> bool:
+    return _fla() is not None
+
+
+def fla_chunk_indices(lens: np.ndarray) -> np.ndarray:
+    """``[NT, 2]`` int64 (sequence, chunk within it) of every ``FLA_CHUNK``-token chunk of packed
+    sequences of lengths ``lens [B]`` (>= 1): FLA's ``prepare_chunk_indices``, built on the host so
+    the kernel needs no device->host read of ``cu_seqlens`` (one per layer otherwise)."""
+    counts = -(-np.asarray(lens, dtype=np.int64) // FLA_CHUNK)
+    seq = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.stack([seq, np.arange(len(seq), dtype=np.int64) - first], axis=1)
+
+
+def gated_delta_prefill_packed(q, k, v, g, beta, cu_seqlens, chunk_indices, ssm_state, slots, init) -> torch.Tensor:
+    """FLA's chunked kernel over packed tokens: q, k ``[T, Hk, K]``, v ``[T, HV, V]``, g, beta
+    ``[T, HV]`` of B sequences (``cu_seqlens [B + 1]`` int64; ``chunk_indices`` from
+    ``fla_chunk_indices``; no state crosses sequences) -> o ``[T, HV, V]`` in v's dtype. Initial
+    states come from the slots (zeros where not ``init``), final states are written back. All
+    inputs are device tensors: no host sync."""
     start = ssm_state[slots] * init[:, None, None, None].to(ssm_state.dtype)
-    o, final = _fla()(pack(q), pack(k), pack(v), pack(g), pack(beta).to(q.dtype), scale=q.shape[-1] ** -0.5,
-                      initial_state=start, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    o, final = _fla()(q[None], k[None], v[None], g[None], beta[None].to(q.dtype), scale=q.shape[-1] ** -0.5,
+                      initial_state=start, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
-    out = o.new_zeros(B * L, *o.shape[2:])
-    out[flat] = o[0]
-    return out.reshape(B, L, *o.shape[2:]).float()
+    return o[0]

@@ -34,7 +34,7 @@ def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.de
     if isinstance(path, torch.nn.Module):
         hf = path
         base = hf.get_base_model() if is_peft_module(hf) else hf  # a PEFT model: its base (adapters: engine/lora.py)
-        config = ModelConfig.from_dict(base.config.to_dict(), architecture=type(base).__name__)
+        config = ModelConfig.from_module(base)
         tensors = base_tensors(hf.state_dict().items())
         dtype = dtype or next(hf.parameters()).dtype
     else:

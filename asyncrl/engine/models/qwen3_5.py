@@ -27,17 +27,57 @@ from torch import nn
 
 from asyncrl.engine.attention import AttentionMetadata, paged_attention
 from asyncrl.engine.models.config import ModelConfig
-from asyncrl.engine.models.decoder import MLP, CausalLM, DecoderModel, RotaryEmbedding
+from asyncrl.engine.models.decoder import MLP, CausalLM, DecoderModel, RotaryEmbedding, _CudaCompiled
 from asyncrl.engine.models.gated_delta import causal_conv_step, causal_conv_varlen, gated_delta_decode, \
-    gated_delta_prefill
+    gated_delta_prefill, gated_delta_prefill_packed
 from asyncrl.engine.models.moe import SparseMoeBlock, expert_units, load_expert_tensor, moe_block, num_experts
 
 
+# The elementwise glue below (norms, gates, partial RoPE) goes through ``torch.compile`` on CUDA,
+# as the dense decoder's does (``decoder._CudaCompiled``): a few fused kernels per layer instead of
+# ~10 each, which shortens the decode CUDA graph and its GPU time; eager on CPU.
 def zero_centred_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``norm(x) * (1 + w)`` in fp32, cast back (``Qwen3_5RMSNorm``)."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * (1.0 + weight.float())).to(x.dtype)
+
+
+def _add_zero_centred_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(norm(x + residual), x + residual)."""
+    residual = x + residual
+    return zero_centred_rms_norm(residual, weight, eps), residual
+
+
+def _gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``w * norm(o) * silu(z)`` (``Qwen3_5RMSNormGated``: the norm cast to o's dtype before the
+    weight, the gate in fp32)."""
+    dtype = o.dtype
+    of = o.float()
+    of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * of.to(dtype) * F.silu(z.float())).to(dtype)
+
+
+def _gdn_gates(b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor):
+    """(beta = sigmoid(b) in the model dtype then fp32, as transformers; log-decay
+    g = -exp(A_log) softplus(a + dt_bias) in fp32), both ``[.., HV]``."""
+    beta = torch.sigmoid(b).float()
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return beta, g
+
+
+def _qk_norm_rope(q, k, positions, cos_table, sin_table, q_w, k_w, eps: float):
+    """Per-head zero-centred q/k norms, then RoPE on the first ``cos_table.shape[-1]`` dims."""
+    cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
+    q, k = zero_centred_rms_norm(q, q_w, eps), zero_centred_rms_norm(k, k_w, eps)
+    return _rotate_partial(q, cos, sin).contiguous(), _rotate_partial(k, cos, sin).contiguous()
+
+
+zc_norm = _CudaCompiled(zero_centred_rms_norm)
+add_zc_norm = _CudaCompiled(_add_zero_centred_rms_norm)
+gated_norm = _CudaCompiled(_gated_rms_norm)
+gdn_gates = _CudaCompiled(_gdn_gates)
+qk_norm_rope = _CudaCompiled(_qk_norm_rope)
 
 
 class ZeroCentredRMSNorm(nn.Module):
@@ -49,9 +89,8 @@ class ZeroCentredRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """``norm(x)``; with ``residual``: ``(norm(x + residual), x + residual)``."""
         if residual is None:
-            return zero_centred_rms_norm(x, self.weight, self.eps)
-        residual = x + residual
-        return zero_centred_rms_norm(residual, self.weight, self.eps), residual
+            return zc_norm(x, self.weight, self.eps)
+        return add_zc_norm(x, residual, self.weight, self.eps)
 
 
 class GatedRMSNorm(nn.Module):
@@ -64,10 +103,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        dtype = o.dtype
-        of = o.float()
-        of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * of.to(dtype) * F.silu(z.float())).to(dtype)
+        return gated_norm(o, z, self.weight, self.eps)
 
 
 def _rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -101,11 +137,9 @@ class GatedAttention(nn.Module):
         T = x.shape[0]
         qg, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, gate = qg.reshape(T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # per head [q | gate]
-        q = self.q_norm(q)
-        k = self.k_norm(k.reshape(T, self.num_kv_heads, self.head_dim))
-        cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
-        q, k = _rotate_partial(q, cos, sin), _rotate_partial(k, cos, sin)
-        o = paged_attention(q.contiguous(), k.contiguous(), v.reshape(T, self.num_kv_heads, self.head_dim),
+        q, k = qk_norm_rope(q, k.reshape(T, self.num_kv_heads, self.head_dim), positions, rope.cos, rope.sin,
+                            self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        o = paged_attention(q, k, v.reshape(T, self.num_kv_heads, self.head_dim),
                             self.k_cache, self.v_cache, meta, self.scale)
         o = o.reshape(T, self.q_size) * torch.sigmoid(gate.reshape(T, self.q_size))
         return self.o_proj(o)
@@ -137,8 +171,7 @@ class GatedDeltaNet(nn.Module):
     def _split(self, x: torch.Tensor):
         """in_proj -> (qkv [.., C], z [.., Vd], beta [.., HV] fp32, g [.., HV] fp32 log-decay)."""
         qkv, z, b, a = self.in_proj(x).split([self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads], -1)
-        beta = torch.sigmoid(b).float()  # in the model dtype first, as transformers
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        beta, g = gdn_gates(b, a, self.A_log, self.dt_bias)
         return qkv, z, beta, g
 
     def _heads(self, qkv: torch.Tensor):
@@ -157,14 +190,20 @@ class GatedDeltaNet(nn.Module):
             qkv = causal_conv_step(qkv, self.conv_state, slots, weight)
             q, k, v = self._heads(qkv)
             o = gated_delta_decode(q, k, v, g, beta, self.ssm_state, slots)
-        else:  # gathered: sequences padded to [B, Lq]; prefill (or CPU decode)
+        else:  # gathered: the conv over sequences padded to [B, Lq]; prefill (or CPU decode)
             lens, init, slots = meta.state_lens, meta.state_init, meta.state_slots
             qkv_b = causal_conv_varlen(qkv[meta.q_index], lens, self.conv_state, slots, init, weight)
-            q, k, v = self._heads(qkv_b)
-            B, Lq = meta.q_index.shape
-            valid = torch.arange(Lq, device=x.device)[None, :] < lens[:, None]
-            o = gated_delta_prefill(q, k, v, g[meta.q_index], beta[meta.q_index], valid, self.ssm_state, slots, init)
-            o = o.reshape(B * Lq, self.num_v_heads, self.head_v_dim)[meta.q_out_index]
+            if meta.state_cu_seqlens is not None:  # GPU: FLA's varlen kernel on the packed tokens
+                q, k, v = self._heads(qkv_b.flatten(0, 1)[meta.q_out_index])
+                o = gated_delta_prefill_packed(q, k, v, g, beta, meta.state_cu_seqlens, meta.state_chunk_indices,
+                                               self.ssm_state, slots, init)
+            else:  # torch recurrence over the padded layout
+                q, k, v = self._heads(qkv_b)
+                B, Lq = meta.q_index.shape
+                valid = torch.arange(Lq, device=x.device)[None, :] < lens[:, None]
+                o = gated_delta_prefill(q, k, v, g[meta.q_index], beta[meta.q_index], valid, self.ssm_state, slots,
+                                        init)
+                o = o.reshape(B * Lq, self.num_v_heads, self.head_v_dim)[meta.q_out_index]
         o = self.norm(o.to(x.dtype), z.reshape(T, self.num_v_heads, self.head_v_dim))
         return self.out_proj(o.reshape(T, self.value_dim))
 

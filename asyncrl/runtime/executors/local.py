@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+from asyncrl.errors import AsyncRLError
 from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
 
 
@@ -37,6 +38,8 @@ class LocalExecutor:
         self.rewards.submit(self._guard(task))
 
     def check(self) -> None:
+        if isinstance(self.error, AsyncRLError):  # already names its cause (e.g. the rollout process died)
+            raise self.error
         if self.error is not None:
             raise RuntimeError(f"the rollout side failed: {self.error!r}") from self.error
 

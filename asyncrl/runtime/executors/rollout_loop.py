@@ -32,6 +32,7 @@ class PendingGroup:
     output: Optional[RequestOutput] = None
     scores: dict[int, tuple[float, float]] = field(default_factory=dict)  # completion index -> (score, correct)
     settled: bool = False
+    round_index: int = 0
 
 
 class InFlight:
@@ -85,7 +86,7 @@ class InFlight:
         comps = [out.completions[i] for i in keep]
         self.buffer.put(ScoredGroup(group.example, RequestOutput(out.prompt_token_ids, out.prompt, comps),
                                     [group.scores[i][0] for i in keep], [group.scores[i][1] for i in keep],
-                                    group.gid, group.version))
+                                    group.gid, group.version, round_index=group.round_index))
         self.staleness.accept()
 
 
@@ -122,7 +123,8 @@ class RolloutLoop:
         if not ids:
             return
         deadline = t1 + self.timeout if self.timeout else float("inf")
-        groups = [PendingGroup(gid, ex, self.backend.version, deadline) for gid, ex in zip(ids, examples)]
+        groups = [PendingGroup(gid, ex, self.backend.version, deadline, round_index=round_index)
+                  for gid, ex in zip(ids, examples)]
         for g in groups:
             self.inflight.add(g)
         outputs = self._generate(examples, round_index)
@@ -133,6 +135,11 @@ class RolloutLoop:
             parts = [[i] for i in range(len(out.completions))] if self.per_completion else [range(len(out.completions))]
             for indices in parts:
                 self.submit_score(self._scorer(g, list(indices)))
+
+    def resume_rounds(self, next_round: int) -> None:
+        """Number the next rollout round ``next_round`` (a resumed run: the seeds continue)."""
+        with self._lock:
+            self._rounds = itertools.count(next_round)
 
     def _generate(self, examples: list[Example], round_index: int) -> list[RequestOutput]:
         """Round r samples with seed·1_000_003 + r: with max_staleness=0, round r is step r of the

@@ -96,9 +96,11 @@ def attach_weights(module: torch.nn.Module, views: dict[str, torch.Tensor], devi
 
 @dataclass
 class ChannelAddress:
-    """What the child needs to join: the store's port and the collective backend."""
+    """What the child needs to join: the store's port, the collective backend and how long
+    a collective may wait for the other rank (``runtime.hang_timeout_s``)."""
     port: int
     backend: str  # "nccl" | "gloo"
+    timeout_s: float = TIMEOUT.total_seconds()
 
 
 def channel_backend(trainer_device: torch.device, rollout_device: torch.device) -> str:
@@ -113,10 +115,14 @@ def channel_backend(trainer_device: torch.device, rollout_device: torch.device) 
                      "use runtime.weight_transport=shared")
 
 
-def host_store(backend: str) -> tuple[dist.TCPStore, ChannelAddress]:
-    """The trainer's side of the rendezvous: a store on a free port (rank 0 is its master)."""
+def host_store(backend: str, timeout_s: float | None = None) -> tuple[dist.TCPStore, ChannelAddress]:
+    """The trainer's side of the rendezvous: a store on a free port (rank 0 is its master);
+    ``timeout_s`` bounds every collective of the channel on both ranks."""
     store = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-    return store, ChannelAddress(store.port, backend)
+    address = ChannelAddress(store.port, backend)
+    if timeout_s is not None:
+        address.timeout_s = timeout_s
+    return store, address
 
 
 class WeightChannel:
@@ -125,13 +131,18 @@ class WeightChannel:
     announces each sync over the pipe first, so the child enters the same collective)."""
 
     def __init__(self, store: dist.Store, address: ChannelAddress, rank: int):
+        """A broadcast waiting longer than ``address.timeout_s`` for the other rank fails
+        instead of hanging the run (a dead or wedged rollout process)."""
         self.rank, self.backend = rank, address.backend
+        timeout = datetime.timedelta(seconds=address.timeout_s)
         self._stamp_tensor: torch.Tensor | None = None
         self.bytes_moved = 0  # weight bytes this rank put into broadcasts (sent or received), stamps excluded
         if address.backend == "nccl":
-            self.group = dist.ProcessGroupNCCL(store, rank, 2)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(store, rank, 2, options)
         else:
-            self.group = dist.ProcessGroupGloo(store, rank, 2, TIMEOUT)
+            self.group = dist.ProcessGroupGloo(store, rank, 2, timeout)
 
     @classmethod
     def join(cls, address: ChannelAddress) -> "WeightChannel":

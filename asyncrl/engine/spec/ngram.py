@@ -1,0 +1,73 @@
+"""n-gram / prompt-lookup drafting: no extra model, no weights to sync, no drift.
+
+For each sequence, the last ``n`` tokens (n from ``prompt_lookup_max`` down to
+``prompt_lookup_min``) are searched for earlier in the sequence (prompt and completion);
+the tokens that followed the most recent earlier match are proposed (up to the row's
+budget). With ``group_lookup`` the request's sibling samples (the GRPO group, same prompt)
+are searched next: their completions are the "earlier rollouts of the same prompt" that
+history-based drafters (DAS, arXiv 2511.13841) exploit. Drafts are deterministic, so the
+verifier's one-hot rule applies.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from asyncrl.engine.sequence import Sequence
+
+
+def _find(hay: np.ndarray, needle: np.ndarray, before: int) -> int:
+    """Start of the last occurrence of ``needle`` in ``hay[:before]`` (whole), or -1."""
+    n = len(needle)
+    if before < n:
+        return -1
+    windows = np.lib.stride_tricks.sliding_window_view(hay[:before], n)
+    hits = np.flatnonzero((windows == needle).all(axis=1))
+    return int(hits[-1]) if len(hits) else -1
+
+
+def lookup(tokens: np.ndarray, k: int, n_max: int, n_min: int, others: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+    """Up to ``k`` draft tokens continuing ``tokens`` ``[L]`` int64: for the longest suffix of
+    length ``n_max..n_min`` found earlier in ``tokens`` (then in each of ``others``), the
+    tokens that followed it. Empty when nothing matches."""
+    L = len(tokens)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        suffix = tokens[L - n:]
+        # in the sequence itself: a match must end before the suffix starts to propose anything
+        i = _find(tokens, suffix, L - 1)
+        if i >= 0:
+            return tokens[i + n: i + n + k]
+        for other in others:
+            i = _find(other, suffix, len(other) - 1)
+            if i >= 0:
+                return other[i + n: i + n + k]
+    return tokens[:0]
+
+
+class NgramProposer:
+    """``propose(batch, budgets)`` -> (draft ids ``[B, K]`` int64, counts ``[B]`` int64, None),
+    host numpy; row i proposes at most ``budgets[i]`` tokens."""
+
+    def __init__(self, k: int, n_max: int, n_min: int, group_lookup: bool = True):
+        self.k, self.n_max, self.n_min, self.group_lookup = k, n_max, n_min, group_lookup
+
+    def propose(self, batch, budgets: list[int]) -> tuple[np.ndarray, np.ndarray, Optional[object]]:
+        seqs: list[Sequence] = batch.seqs
+        ids = np.zeros((len(seqs), self.k), dtype=np.int64)
+        counts = np.zeros(len(seqs), dtype=np.int64)
+        for i, (seq, budget) in enumerate(zip(seqs, budgets)):
+            if budget <= 0:
+                continue
+            toks = np.asarray(seq.token_ids, dtype=np.int64)
+            others = ()
+            if self.group_lookup and len(seq.group) > 1:
+                others = tuple(np.asarray(s.token_ids, dtype=np.int64) for s in seq.group
+                               if s is not seq and s.num_completion_tokens > 0)
+            draft = lookup(toks, budget, self.n_max, self.n_min, others)
+            ids[i, :len(draft)] = draft
+            counts[i] = len(draft)
+        return ids, counts, None
+
+    def verified(self, batch, out) -> None:
+        """Nothing to update: the drafts come from the token history alone."""

@@ -1,0 +1,29 @@
+"""The check after every optimizer step that the weights are still finite.
+
+A NaN/Inf gradient is caught before the step (the step is skipped); this catches what gets
+past that: a finite but absurd update (an infinite learning rate, an overflow inside the
+optimizer). Stopping at the step that poisoned the weights, with the parameter named, keeps
+every checkpoint written so far healthy (checkpoint.py also refuses to write NaN weights).
+"""
+from __future__ import annotations
+
+import torch
+
+from asyncrl.errors import NonFiniteError
+
+
+@torch.no_grad()
+def check_parameters_finite(model: torch.nn.Module, where: str) -> None:
+    """Raise :class:`NonFiniteError` naming the first non-finite parameter of ``model``.
+
+    One fused norm per parameter tensor and one device sync per call (a NaN or Inf anywhere
+    makes its tensor's norm non-finite); the per-parameter scan runs only on failure."""
+    params = [p for p in model.parameters()]
+    norms = torch._foreach_norm([p.detach() for p in params])
+    if bool(torch.stack([n.float() for n in norms]).isfinite().all()):
+        return
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param).all()):
+            bad = int((~torch.isfinite(param)).sum())
+            raise NonFiniteError(f"parameter {name} holds {bad} NaN/Inf values after {where}; the weights are "
+                                 "poisoned and were not saved")

@@ -1,0 +1,124 @@
+"""Speculative decoding speed (issue 23): tokens/s with speculation on vs off, same run.
+
+Rows (0.6B shape on a GPU, random weights built from Qwen3-0.6B's config):
+  long tail:  batch 8 x 2,048 new tokens, greedy, a repetitive prompt (a pattern repeated);
+              off / n-gram drafting / a draft model (the target's first 2 layers with its
+              embeddings and head: a small model of the same tokenizer)
+  workload a: batch 256, prompt 256, response 256, sampled; off / n-gram (adaptive: speculation
+              stays off above ``disable_by_batch_size``, so this measures its cost when idle)
+
+Random weights make acceptance rates unlike a trained model's (a random model's greedy text is
+repetitive); each row prints its acceptance rate and tokens per target pass beside the speed.
+
+    python bench/spec_decode.py --json bench/results/spec_decode_h200.json      # ~1.5 min, one H200
+    python bench/spec_decode.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16   # CPU smoke
+"""
+import argparse
+import gc
+import json
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from asyncrl.engine import LLM
+from asyncrl.engine.bench import SHAPES, build_random_hf
+from asyncrl.types import SamplingParams
+
+
+def draft_from_target(target, layers: int):
+    """A small model of the same tokenizer: the target's first ``layers`` layers, embeddings,
+    final norm and head (a truncated copy, as layer-skip self-speculation drafts)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = type(target.config)(**{**target.config.to_dict(), "num_hidden_layers": layers})
+    with torch.device(target.device):
+        draft = AutoModelForCausalLM.from_config(cfg, dtype=target.dtype)
+    missing, _ = draft.load_state_dict(target.state_dict(), strict=False)
+    assert not missing, missing
+    return draft.eval()
+
+
+def timed(llm, prompts, params, device) -> dict:
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))  # warm-up
+    m0 = dict(llm.metrics)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    m = llm.metrics
+    row = dict(tokens=tokens, seconds=round(dt, 3), tokens_per_s=round(tokens / dt, 1))
+    if "spec_steps" in m:
+        drafted = m["spec_draft_tokens"] - m0["spec_draft_tokens"]
+        accepted = m["spec_accepted_tokens"] - m0["spec_accepted_tokens"]
+        row.update(spec_steps=m["spec_steps"] - m0["spec_steps"],
+                   acceptance_rate=round(accepted / drafted, 4) if drafted else 0.0)
+    return row, [c.token_ids for o in outs for c in o.outputs]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--tail-batch", type=int, default=8)
+    ap.add_argument("--tail-tokens", type=int, default=2048)
+    ap.add_argument("--a-batch", type=int, default=256)
+    ap.add_argument("--a-len", type=int, default=256, help="prompt and response length of workload a")
+    ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    dev = args.device
+    dtype = torch.bfloat16 if dev.startswith("cuda") else torch.float32
+    max_len = max(args.tail_tokens + 64, 2 * args.a_len) + 64
+    hf = build_random_hf(args.shape, dtype, dev, max_len)
+    vocab = hf.config.vocab_size
+    pattern = torch.randint(1, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
+    tail_prompts = [(pattern * 8)[i:] + [i + 1] for i in range(args.tail_batch)]
+    tail_params = SamplingParams(temperature=0, max_tokens=args.tail_tokens, ignore_eos=True)
+    g = torch.Generator().manual_seed(1)
+    a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=g).tolist()
+    a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, seed=0)
+    engine_kw = dict(dtype=dtype, device=dev, max_model_len=max_len, block_size=64 if dev.startswith("cuda") else 16)
+    specs = {"off": None,
+             "ngram": {"method": "ngram", "num_speculative_tokens": args.k},
+             "draft_model": {"method": "draft_model", "model": draft_from_target(hf, args.draft_layers),
+                             "num_speculative_tokens": args.k}}
+    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   device=torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu", torch=torch.__version__,
+                   shape=args.shape, k=args.k, tail=f"{args.tail_batch} x {args.tail_tokens} greedy",
+                   a=f"{args.a_batch} x {args.a_len}+{args.a_len} sampled", rows={})
+    reference = None
+    for name, spec in specs.items():
+        t0 = time.perf_counter()
+        llm = LLM(hf, speculative_config=spec, **engine_kw)
+        row = dict(startup_s=round(time.perf_counter() - t0, 1))
+        row["tail"], tokens = timed(llm, tail_prompts, tail_params, dev)
+        reference = reference or tokens
+        row["tail"]["same_tokens_as_off"] = tokens == reference
+        if name != "draft_model":
+            row["a"], _ = timed(llm, a_prompts, a_params, dev)
+        results["rows"][name] = row
+        print(name, json.dumps(row), flush=True)
+        llm.close()
+        del llm
+        gc.collect()
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+    off = results["rows"]["off"]
+    results["speedup_tail"] = {n: round(r["tail"]["tokens_per_s"] / off["tail"]["tokens_per_s"], 3)
+                               for n, r in results["rows"].items() if n != "off"}
+    results["speedup_a_ngram"] = round(results["rows"]["ngram"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
+    print(json.dumps({k: results[k] for k in ("speedup_tail", "speedup_a_ngram")}), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
