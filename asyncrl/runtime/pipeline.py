@@ -27,7 +27,9 @@ from asyncrl.runtime.resume import (CountingStream, ResumePoint, RunCheckpoints,
                                     find_resume_checkpoint, refuse_to_overwrite, restore_attributes, truncate_logs)
 from asyncrl.runtime.run_dir import discard_if_unused, release_run_dir, start_run
 from asyncrl.runtime.sync_controller import build_sync_controller
+from asyncrl.runtime.weight_sync import rollout_weights
 from asyncrl.training.checkpoint import HFPolicyState, latest_checkpoint, write_atomic_text
+from asyncrl.training.lora import apply_lora, save_merged
 from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
 from asyncrl.workflows.build import wrap_backend
@@ -91,7 +93,10 @@ def _train(cfg, source, preemption: Preemption) -> dict:
 
 def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: float) -> dict:
     model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
-    backend = wrap_backend(cfg, build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout)),
+    if cfg.actor.lora.enabled:  # adapters on the loaded policy: only they train, and only they sync
+        model = apply_lora(model, cfg.actor.lora)
+    backend = wrap_backend(cfg, build_backend(cfg.rollout.backend, model, tokenizer,
+                                              **engine_options(cfg.rollout, cfg.actor.lora)),
                            tokenizer)  # a workflow runs whole episodes on it (asyncrl.workflows)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
     def evaluate(samples: Optional[dict] = None) -> dict:
@@ -101,7 +106,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
         start. A no-op copy for HF generate sharing the trainer's tensors. ``samples`` receives
         a few (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
-        backend.update_weights(model.named_parameters(), backend.version)
+        backend.update_weights(rollout_weights(model, backend), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         record = samples if samples is not None else {}
         greedy, sampled = {}, {}
@@ -123,8 +128,12 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     prompts = CountingStream(source.train_stream(), resume.prompts if resume is not None else 0)
     controller = build_controller(cfg, model, backend, tokenizer, source, encode, prompts, run_dir)
     actor = controller.actor
+    # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
+    extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
+        if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
     checkpoints = RunCheckpoints(cfg, run_dir, controller,
-                                 HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler), source)
+                                 HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler, extra=extra),
+                                 source)
     health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
     fleet = FleetProfile()  # rollout replicas, if any (rollout.engines / tensor_parallel_size)

@@ -22,10 +22,12 @@ from asyncrl.metrics.timer import StageTimer
 from asyncrl.training.model import resolve_device
 from asyncrl.runtime.dynamic_sampling import ScoredGroups, collect_varied_groups
 from asyncrl.runtime.validate import GREEDY_BASELINE_ESTIMATORS, validate_config
+from asyncrl.runtime.weight_sync import rollout_weights
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic, build_value_model
 from asyncrl.training.logprob_gap import logprob_gap_metrics
+from asyncrl.training.lora import AdapterDisabledReference, is_lora
 from asyncrl.training.reference import Reference
 from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
 from asyncrl.workflows.metrics import workflow_metrics
@@ -38,7 +40,9 @@ def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic
     term or in the reward) needs it; the critic when ``critic.enable``."""
     algo = cfg.algorithm
     actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
-    reference = (Reference(model, cfg.rollout.temperature, cfg.actor.micro_batch_size, cfg.actor.logprob_chunk_tokens)
+    reference_class = AdapterDisabledReference if is_lora(model) else Reference  # LoRA: the base, no copy
+    reference = (reference_class(model, cfg.rollout.temperature, cfg.actor.micro_batch_size,
+                                 cfg.actor.logprob_chunk_tokens)
                  if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
     critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size,
                      algo.loss_scale_factor, cfg.actor.master_dtype) if cfg.critic.enable else None)
@@ -201,7 +205,7 @@ class SyncController:
 
     def sync_weights(self) -> None:
         """Colocated: the backend shares the actor's tensors, so only the version moves."""
-        self.backend.update_weights(self.actor.model.named_parameters(), self.actor.version)
+        self.backend.update_weights(rollout_weights(self.actor.model, self.backend), self.actor.version)
 
     # resume (resume.py) -------------------------------------------------------------------
 

@@ -63,8 +63,10 @@ class Actor:
     def __init__(self, model, actor_cfg, algo_cfg, temperature: float):
         self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
         self.loss_cfg = policy_loss_config(algo_cfg)
+        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen);
         # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
-        self.optimizer = trainer_adamw(model.parameters(), actor_cfg.master_dtype, lr=actor_cfg.lr,
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = trainer_adamw(self.trainable, actor_cfg.master_dtype, lr=actor_cfg.lr,
                                        betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay)
         warmup = actor_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -154,6 +156,7 @@ class Actor:
             metrics = self._micro_loss(micro, global_tokens, global_seqs, device)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value * len(idx) / mini.batch_size
+        # the optimizer's tensors (the float32 masters when there are; with LoRA only the adapters')
         grad_norm = torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
         # a NaN/Inf gradient would poison the weights, and a micro-batch without backward (its
         # loss was not finite) would leave a biased partial gradient: skip the step and count it
