@@ -12,6 +12,7 @@ import sys
 from asyncrl.config import ConfigError, config_to_yaml, load_config
 from asyncrl.data.datasets import DatasetError
 from asyncrl.data.templates import TemplateError
+from asyncrl.distributed.group import check_local_ranks
 from asyncrl.runtime.validate import validate_config
 
 DEFAULT_RECIPE = "quickstart"
@@ -77,6 +78,26 @@ def _run_bench(argv: list[str]) -> int:
     return BENCHMARKS[argv[0]](argv[1:])
 
 
+def _launch_ranks(cfg, argv: list[str]) -> int:
+    """``trainer.gpus=N``: N local processes, or N Ray actors with ``runtime.executor=ray``."""
+    ray = cfg.runtime.executor == "ray"
+    try:
+        check_local_ranks(cfg.trainer, cfg.trainer.gpus, local=not ray)
+    except ConfigError as err:
+        print(f"asyncrl: config error: {err}", file=sys.stderr)
+        return 2
+    if ray:
+        import torch
+
+        from asyncrl.distributed.ray_launch import launch_ray
+
+        gpus = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+        return launch_ray(cfg.trainer.gpus, main, argv, gpus=gpus, num_cpus=cfg.runtime.ray_num_cpus)
+    from asyncrl.distributed.launch import launch_local
+
+    return launch_local(cfg.trainer.gpus, main, argv)
+
+
 def config_groups_help() -> str:
     """The config's sections, one line each (the first sentence of its docstring), for ``--help``."""
     import dataclasses
@@ -133,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"asyncrl: config error: {err}", file=sys.stderr)
         return 2
+    if ns.command == "train" and cfg.trainer.gpus > 1:
+        from asyncrl.distributed.launch import under_launcher
+
+        if not under_launcher():  # trainer.gpus=N: start the N ranks (each runs this same command)
+            return _launch_ranks(cfg, argv)
     return _run_command(ns.command, cfg, entry_point)
 
 

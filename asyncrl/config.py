@@ -233,6 +233,8 @@ class RolloutConfig:
     top_p: float = field_spec(1.0, gt=0, le=1)
     top_k: int = field_spec(-1, ge=-1)
     max_tokens: int = field_spec(6, ge=1, help="max new tokens per response")
+    weight_sync_bucket_mb: int = field_spec(512, ge=1, help="fsdp2: weights reach the rollout backend gathered "
+                                                          "in buckets of about this size (peak extra memory)")
     gpu_memory_utilization: float = field_spec(
         0.85, gt=0, le=1, help="engine on a GPU: fill the card up to this fraction of its memory (everything on it "
                                "counts, the trainer too, as in vLLM); lower it when the trainer shares the GPU")
@@ -449,6 +451,12 @@ class ActorConfig:
     peak_tflops: Optional[float] = field_spec(None, gt=0, help="the device's peak for actor/mfu (null: known "
                                                                "GPUs' dense bf16 peak; none on CPU)")
     lora: LoraConfig = field(default_factory=LoraConfig)
+    gradient_checkpointing: bool = field_spec(False, help="recompute each decoder layer's activations in backward "
+                                                          "(HF activation checkpointing): less memory, ~1/3 more compute")
+    offload: str = field_spec("none", choices=("none", "optimizer", "full"),
+                              help="optimizer: Adam moments in host memory, streamed to the device per step; "
+                                   "full (trainer.strategy=fsdp2): parameters, gradients and optimizer on the host "
+                                   "(FSDP2 CPUOffloadPolicy; the reference's parameters too)")
 
 
 @dataclass
@@ -464,6 +472,16 @@ class TrainerConfig:
     keep_checkpoints: int = field_spec(2, ge=1)
     torch_threads: int = field_spec(2, ge=1)
     device: str = field_spec("auto", choices=("auto", "cpu", "cuda"))
+    strategy: str = field_spec("auto", choices=("auto", "single", "fsdp2"),
+                               help="single: one process; fsdp2: FSDP2-sharded data parallelism over the launched "
+                                    "ranks (docs/distributed.md); auto: fsdp2 when more than one rank runs")
+    gpus: int = field_spec(1, ge=1, help="ranks `asyncrl train` launches on this machine (one per GPU; CPU "
+                                         "processes over gloo with trainer.device=cpu); under torchrun or Ray the "
+                                         "launcher sets the world instead")
+    dist_backend: str = field_spec("auto", choices=("auto", "nccl", "gloo"),
+                                   help="auto: nccl between GPUs, gloo between CPU ranks")
+    dist_timeout_s: float = field_spec(600.0, gt=0, help="a collective waiting longer fails the rank (a dead or hung "
+                                                         "peer); the launcher then names the rank that failed first")
     resume: str = field_spec("never", help="auto: continue from the latest complete checkpoint of logging.run_dir "
                                            "(or of the newest run with this name); never: start at step 1 (a run "
                                            "dir holding a run is refused); or the path of a checkpoint / run dir")

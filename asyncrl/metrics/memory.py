@@ -77,6 +77,8 @@ class MemoryTracker:
         self.exact = True
         self.step_peak: dict[str, int] = {}
         self.run_peak: dict[str, int] = defaultdict(int)
+        self.step_reserved: dict[str, int] = {}  # CUDA only: the caching allocator's reserved bytes
+        self.run_reserved: dict[str, int] = defaultdict(int)
 
     @property
     def kind(self) -> str:
@@ -85,6 +87,7 @@ class MemoryTracker:
 
     def start_step(self) -> None:
         self.step_peak = {}
+        self.step_reserved = {}
 
     @contextmanager
     def stage(self, name: str):
@@ -99,6 +102,12 @@ class MemoryTracker:
             peak = max(self._peak(), start)
             self.step_peak[name] = max(self.step_peak.get(name, 0), peak)
             self.run_peak[name] = max(self.run_peak[name], peak)
+            if self.cuda:
+                import torch
+
+                reserved = torch.cuda.max_memory_reserved(self.device)
+                self.step_reserved[name] = max(self.step_reserved.get(name, 0), reserved)
+                self.run_reserved[name] = max(self.run_reserved[name], reserved)
 
     def step_metrics(self) -> dict[str, float]:
         """``memory/<stage>_peak_mib`` per stage seen this step, and ``memory/peak_mib``."""
@@ -109,9 +118,13 @@ class MemoryTracker:
         return metrics
 
     def summary(self) -> dict:
-        """JSON-ready ``{"kind", "exact", "peak_mib": {stage: MiB}}`` for summary.json."""
-        return {"kind": self.kind, "exact": self.exact,
-                "peak_mib": {name: peak / MIB for name, peak in self.run_peak.items()}}
+        """JSON-ready ``{"kind", "exact", "peak_mib": {stage: MiB}}`` for summary.json (on CUDA
+        also ``reserved_peak_mib``: the allocator's reserved bytes, what the card must hold)."""
+        summary = {"kind": self.kind, "exact": self.exact,
+                   "peak_mib": {name: peak / MIB for name, peak in self.run_peak.items()}}
+        if self.cuda:
+            summary["reserved_peak_mib"] = {name: peak / MIB for name, peak in self.run_reserved.items()}
+        return summary
 
     def _reset(self) -> int:
         """Reset the peak counter; returns the bytes in use now."""

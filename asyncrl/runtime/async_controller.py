@@ -23,7 +23,8 @@ from asyncrl.runtime.buffer import RolloutBuffer, ScoredGroup
 from asyncrl.runtime.dynamic_sampling import ScoredGroups
 from asyncrl.runtime.executors.rollout_loop import InFlight, RolloutLoop
 from asyncrl.runtime.staleness import StalenessManager, staleness_metrics
-from asyncrl.runtime.sync_controller import SyncController, build_roles
+from asyncrl.runtime.roles import build_roles
+from asyncrl.runtime.sync_controller import SyncController
 from asyncrl.runtime.validate import validate_config
 from asyncrl.runtime.waits import Deadline
 from asyncrl.runtime.weight_sync import (GenerationGate, LogprobProbe, WeightSync, clone_for_rollout, probe_tolerance,

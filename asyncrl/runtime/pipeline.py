@@ -4,12 +4,15 @@ This composes the pieces; each piece lives in its own module.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 from typing import Optional
 
 from asyncrl.data.sources import build_prompt_source
+from asyncrl.distributed.group import SINGLE, DataParallel, init_distributed, shutdown
+from asyncrl.distributed import lockstep
 from asyncrl.eval.accuracy import heldout_accuracy
 from asyncrl.metrics.console import StepProgress, console, summary_table
 from asyncrl.metrics.fleet import FleetProfile
@@ -17,15 +20,22 @@ from asyncrl.config_schema import to_dict
 from asyncrl.metrics.health import HealthMonitor
 from asyncrl.metrics.profile import StageProfile, headline, profile_table
 from asyncrl.metrics.sinks import MetricSinks
-from asyncrl.rollout.registry import build_backend, engine_options
+from asyncrl.config_schema import ConfigError
+from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
 from asyncrl.errors import NonFiniteError, Preempted
+from asyncrl.runtime.weight_sync import clone_for_rollout
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.failures import write_traceback
+from asyncrl.runtime.follower import follow_training
 from asyncrl.runtime.guards import SkippedSteps
 from asyncrl.runtime.preemption import Preemption
+from asyncrl.runtime.rank_log import open_rank_log
+from asyncrl.runtime.rank_memory import RankMemory, rank_memory_metrics
 from asyncrl.runtime.resume import (CountingStream, ResumePoint, RunCheckpoints, attributes, config_for_resume,
                                     find_resume_checkpoint, refuse_to_overwrite, restore_attributes, truncate_logs)
 from asyncrl.runtime.run_dir import discard_if_unused, release_run_dir, start_run
+from asyncrl.runtime.sharded_checkpoint import ShardedCheckpointer, ShardedPolicyState
+from asyncrl.runtime.roles import DTYPES
 from asyncrl.runtime.sync_controller import build_sync_controller
 from asyncrl.runtime.weight_sync import rollout_weights
 from asyncrl.training.checkpoint import HFPolicyState, latest_checkpoint, write_atomic_text
@@ -58,17 +68,51 @@ def run_training(cfg, source=None) -> dict:
     API built it from Python objects) is built first, so bad data or reward names fail
     before any model loads; its pool is closed at the end. ``trainer.resume`` continues a run
     from a checkpoint (resume.py); SIGTERM/SIGINT stop it after the step in flight with a
-    checkpoint (preemption.py).
+    checkpoint (preemption.py). With several ranks (trainer.strategy=fsdp2), rank 0 runs the
+    job and the other ranks serve its sharded calls (runtime/follower.py); they return an
+    empty summary.
     """
-    source = source if source is not None else build_prompt_source(cfg)
-    with Preemption() as preemption:  # covers the reward pool's shutdown too
+    dp = start_ranks(cfg)
+    try:
+        if not dp.is_main:
+            return follow_training(cfg, dp)
         try:
-            return _train(cfg, source, preemption)
+            source = source if source is not None else build_prompt_source(cfg)
+            with Preemption() as preemption:  # covers the reward pool's shutdown too
+                try:
+                    return _train(cfg, source, preemption, dp)
+                finally:
+                    source.close()
         finally:
-            source.close()
+            lockstep.finish(dp)  # releases the followers, also when rank 0 failed
+    finally:
+        shutdown(dp)
 
 
-def _train(cfg, source, preemption: Preemption) -> dict:
+def start_ranks(cfg) -> DataParallel:
+    """This process's place in the trainer (distributed/group.py); the multi-rank job runs in
+    lockstep (rank 0 drives). Sharding runs the sync runtime only."""
+    dp = init_distributed(cfg.trainer)
+    if dp.sharded and cfg.runtime.mode != "sync":
+        shutdown(dp)
+        raise ConfigError(f"trainer.strategy=fsdp2 (world size {dp.world_size}) runs runtime.mode=sync; "
+                          f"runtime.mode={cfg.runtime.mode} with a sharded trainer is not implemented yet")
+    return dataclasses.replace(dp, lockstep=True) if dp.world_size > 1 else dp
+
+
+def rollout_backend(cfg, model, tokenizer, dp: DataParallel):
+    """The rollout backend of ``model`` (rank 0 only). Sharded: the trainer's tensors become
+    shards, so the backend gets its own full copy on rank 0's device (the engine always copies)."""
+    if not dp.sharded:
+        return build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout, cfg.actor.lora))
+    if resolve_backend_name(cfg.rollout.backend, model) == "engine":
+        return build_backend("engine", model, tokenizer, device=str(dp.device), **engine_options(cfg.rollout))
+    from asyncrl.rollout.hf import HFGenerateBackend
+
+    return HFGenerateBackend(clone_for_rollout(model).to(dp.device), tokenizer)
+
+
+def _train(cfg, source, preemption: Preemption, dp: DataParallel = SINGLE) -> dict:
     """Resolve the run directory (a resume continues its checkpoint's), lock it, and run;
     a failure leaves its traceback in error.log, or no directory at all before step 1."""
     wall_start = time.perf_counter()
@@ -81,7 +125,14 @@ def _train(cfg, source, preemption: Preemption) -> dict:
     if resume is None and cfg.trainer.resume != "never":
         truncate_logs(run_dir, 0)  # a stopped attempt that never checkpointed: start over cleanly
     try:
-        return _run(cfg, source, device, run_dir, resume, preemption, wall_start)
+        if resume is not None and dp.sharded and cfg.critic.enable:
+            raise ConfigError("trainer.resume with trainer.strategy=fsdp2 and critic.enable=true is not implemented: "
+                              "the sharded checkpoint holds the actor only (resume without the critic, or in one "
+                              "process)")
+        if dp.world_size > 1:
+            lockstep.announce(dp, "session", "open_run", str(run_dir))
+            open_rank_log(run_dir, dp.rank)
+        return _run(cfg, source, device, run_dir, resume, preemption, wall_start, dp)
     except BaseException as err:
         discarded = discard_if_unused(run_dir)  # failed before anything worth keeping
         if not isinstance(err, Preempted):
@@ -91,22 +142,29 @@ def _train(cfg, source, preemption: Preemption) -> dict:
         release_run_dir(run_dir)
 
 
-def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: float) -> dict:
-    model, tokenizer, model_info = prepare_policy(cfg, source.task, device)
+def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: float,
+         dp: DataParallel = SINGLE) -> dict:
+    # sharded: the full policy stays in host memory until its shards are cut (it may not fit one GPU)
+    model, tokenizer, model_info = prepare_policy(cfg, source.task, "cpu" if dp.sharded else device)
     if cfg.actor.lora.enabled:  # adapters on the loaded policy: only they train, and only they sync
         model = apply_lora(model, cfg.actor.lora)
-    backend = wrap_backend(cfg, build_backend(cfg.rollout.backend, model, tokenizer,
-                                              **engine_options(cfg.rollout, cfg.actor.lora)),
+    backend = wrap_backend(cfg, rollout_backend(cfg, model, tokenizer, dp),
                            tokenizer)  # a workflow runs whole episodes on it (asyncrl.workflows)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
+    prompts = CountingStream(source.train_stream(), resume.prompts if resume is not None else 0)
+    lockstep.announce(dp, "session", "build", model_info["model_path"])  # the followers shard with rank 0 below
+    controller = build_controller(cfg, model, backend, tokenizer, source, encode, prompts, run_dir, dp)
+    rank_memory = RankMemory(dp, controller.memory)
     def evaluate(samples: Optional[dict] = None) -> dict:
         """Held-out accuracy: greedy, and mean@k sampled at the rollout temperature, of the
         trainer's current weights. The sync controller pushes them into ``backend`` after each
         update; the async one generates with a backend of its own, so ``backend`` (an engine
         holds its own copy) is refreshed here first — else async runs would evaluate the warm
-        start. A no-op copy for HF generate sharing the trainer's tensors. ``samples`` receives
-        a few (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
-        backend.update_weights(rollout_weights(model, backend), backend.version)
+        start. A no-op copy for HF generate sharing the trainer's tensors. (Sharded runs are
+        sync: the backend already holds the current weights.) ``samples`` receives a few
+        (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
+        if not dp.sharded:
+            backend.update_weights(rollout_weights(model, backend), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         record = samples if samples is not None else {}
         greedy, sampled = {}, {}
@@ -122,18 +180,22 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         return result
 
     before_samples: dict = {}
-    before = resume.run["before"] if resume is not None else evaluate(before_samples)  # the run's pre-RL eval
+    try:
+        before = resume.run["before"] if resume is not None else evaluate(before_samples)  # the run's pre-RL eval
+    except BaseException:
+        getattr(controller, "close", lambda: None)()  # no rollout process left behind
+        raise
     sft_accuracy = before["accuracy"]
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
-    prompts = CountingStream(source.train_stream(), resume.prompts if resume is not None else 0)
-    controller = build_controller(cfg, model, backend, tokenizer, source, encode, prompts, run_dir)
     actor = controller.actor
-    # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
-    extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
-        if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
-    checkpoints = RunCheckpoints(cfg, run_dir, controller,
-                                 HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler, extra=extra),
-                                 source)
+    if actor.dp.sharded:  # every rank writes and loads its shards (sharded_checkpoint.py)
+        policy_state = ShardedPolicyState(ShardedCheckpointer(actor, tokenizer, DTYPES[cfg.model.dtype]))
+    else:
+        # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
+        extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
+            if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
+        policy_state = HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler, extra=extra)
+    checkpoints = RunCheckpoints(cfg, run_dir, controller, policy_state, source)
     health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()
     fleet = FleetProfile()  # rollout replicas, if any (rollout.engines / tensor_parallel_size)
@@ -178,6 +240,8 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
                     break
                 step_start = time.perf_counter()
                 metrics = {**_run_step(controller, step, checkpoints), **source.step_metrics()}
+                if dp.world_size > 1:
+                    metrics.update(rank_memory_metrics(rank_memory.gather_step()))
                 step_wall += time.perf_counter() - step_start  # measured apart from the stage timer
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     samples: dict = {}
@@ -233,6 +297,8 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         "reward_failed_fraction": sum(failed) / len(failed) if failed else None,
         "profile": profile.summary(), **({"fleet": fleet.summary()} if fleet.active else {}),
         "memory": controller.memory.summary(), "health": health.summary(),
+        **({"memory_per_rank": rank_memory.gather_run()} if dp.world_size > 1 else {}),
+        **({"world_size": dp.world_size} if dp.sharded else {}),
         **{k: v for k, v in model_info.items()},
     }
     write_atomic_text(run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -288,7 +354,8 @@ def _checkpoint_after_failure(err: Exception, checkpoints, steps_done: int, run_
     console.print(f"checkpoint of step {steps_done} written after the failure: {path} (trainer.resume=auto)")
 
 
-def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=None, run_dir=None):
+def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=None, run_dir=None,
+                     dp: DataParallel = SINGLE):
     """``runtime.mode``: sync shares ``backend`` (the trainer's model); async builds a rollout
     backend with its own copy of the weights and runs it concurrently (async_controller.py);
     a rollout fleet's replica logs go to ``run_dir/rollout``.
@@ -297,7 +364,7 @@ def build_controller(cfg, model, backend, tokenizer, source, encode, prompts=Non
     if cfg.runtime.mode == "async":
         log_dir = run_dir / "rollout" if run_dir is not None else None
         return build_async_controller(cfg, model, tokenizer, source.reward, prompts, encode=encode, log_dir=log_dir)
-    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, prompts, encode=encode)
+    return build_sync_controller(cfg, model, backend, tokenizer, source.reward, prompts, encode=encode, dp=dp)
 
 
 def _write_samples(sinks: MetricSinks, step: int, samples: dict) -> None:

@@ -22,39 +22,25 @@ from asyncrl.metrics.timer import StageTimer
 from asyncrl.training.model import resolve_device
 from asyncrl.runtime.dynamic_sampling import ScoredGroups, collect_varied_groups
 from asyncrl.runtime.validate import GREEDY_BASELINE_ESTIMATORS, validate_config
-from asyncrl.runtime.weight_sync import rollout_weights
-from asyncrl.training.actor import Actor
+from asyncrl.distributed.group import SINGLE, DataParallel
+from asyncrl.runtime.publisher import WeightPublisher
+from asyncrl.runtime.roles import DTYPES, build_roles
 from asyncrl.training.batch import build_train_batch
-from asyncrl.training.critic import Critic, build_value_model
+from asyncrl.training.critic import Critic
 from asyncrl.training.logprob_gap import logprob_gap_metrics
-from asyncrl.training.lora import AdapterDisabledReference, is_lora
-from asyncrl.training.reference import Reference
 from asyncrl.types import Example, RequestOutput, SamplingParams, TrainBatch
 from asyncrl.workflows.metrics import workflow_metrics
 
 ROUND_SEED_STRIDE = 100_003  # round r of a step samples with seed + r·stride (round 0: today's seed)
 
 
-def build_roles(cfg, model) -> tuple[Actor, Optional[Reference], Optional[Critic]]:
-    """The trainer's roles for ``cfg``: the actor always; the frozen reference when a KL (loss
-    term or in the reward) needs it; the critic when ``critic.enable``."""
-    algo = cfg.algorithm
-    actor = Actor(model, cfg.actor, algo, cfg.rollout.temperature)
-    reference_class = AdapterDisabledReference if is_lora(model) else Reference  # LoRA: the base, no copy
-    reference = (reference_class(model, cfg.rollout.temperature, cfg.actor.micro_batch_size,
-                                 cfg.actor.logprob_chunk_tokens)
-                 if algo.kl_coef > 0 or algo.use_kl_in_reward else None)
-    critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, cfg.actor.micro_batch_size,
-                     algo.loss_scale_factor, cfg.actor.master_dtype) if cfg.critic.enable else None)
-    return actor, reference, critic
-
-
 def build_sync_controller(cfg, model, backend, tokenizer, reward_fn, prompt_stream,
-                          encode=None) -> "SyncController":
-    """The controller and its roles for ``cfg``: the actor always; the frozen reference when a
-    KL (loss term or in the reward) needs it; the critic when ``critic.enable``."""
+                          encode=None, dp: DataParallel = SINGLE) -> "SyncController":
+    """The controller and its roles for ``cfg`` (runtime/roles.py), sharded over ``dp`` under
+    fsdp2 (then every rank builds its roles at the same time, and only rank 0 runs the
+    controller: lockstep.py)."""
     validate_config(cfg)
-    actor, reference, critic = build_roles(cfg, model)
+    actor, reference, critic = build_roles(cfg, model, dp)
     return SyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,
                           encode=encode)
 
@@ -81,6 +67,7 @@ class SyncController:
         self.greedy_params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
         ctrl = self.algo.kl_ctrl
         self.kl_ctrl = build_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
+        self.publisher = WeightPublisher(actor, backend, cfg.rollout.weight_sync_bucket_mb, DTYPES[cfg.model.dtype])
 
     def step(self, step: int) -> dict[str, float]:
         """Run one step; returns its metrics (see docs/metrics.md)."""
@@ -204,8 +191,9 @@ class SyncController:
         batch.advantages, batch.returns = out.advantages, out.returns
 
     def sync_weights(self) -> None:
-        """Colocated: the backend shares the actor's tensors, so only the version moves."""
-        self.backend.update_weights(rollout_weights(self.actor.model, self.backend), self.actor.version)
+        """The backend gets the updated weights (HF generate shares the actor's tensors, so only
+        the version moves; the engine copies; sharded: gathered, publisher.py)."""
+        self.publisher.push(self.actor.version)
 
     # resume (resume.py) -------------------------------------------------------------------
 
@@ -217,7 +205,7 @@ class SyncController:
         """What an exact resume needs besides the actor's weights and optimizer."""
         return {"version": self.actor.version, "kl_ctrl": dict(vars(self.kl_ctrl)),
                 "stage_totals": dict(self.timer.total_seconds), "prompts": self.data_position(),
-                "critic": self.critic.state_dict() if self.critic is not None else None}
+                "critic": self.critic.state_dict() if self.critic is not None and not self.critic.dp.sharded else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` (the actor's weights already loaded) and hand the

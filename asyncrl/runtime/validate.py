@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from asyncrl.algorithms import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 from asyncrl.config_schema import ConfigError, closest_key
+from asyncrl.distributed.group import env_world_size
 
 # What an advantage estimator reads besides scores (the controller fills these).
 VALUE_ESTIMATORS = frozenset({"gae"})               # critic values [B, L]
@@ -110,8 +111,16 @@ RULES: list[Rule] = [
                "runtime.rollout_process=false and runtime.executor=local"),
     (lambda c: c.task.name == "calculator" and not c.workflow.enabled and not c.data.enabled,
      lambda c: "task.name=calculator is a tool-use task: set workflow.fn=calculator (recipes/calculator_tool.yaml)"),
-    (lambda c: c.runtime.executor == "ray" and not _async(c),
-     lambda c: "runtime.executor=ray runs the async rollout side in Ray actors: set runtime.mode=async"),
+    # -- the sharded trainer (docs/distributed.md) --
+    (lambda c: _sharded(c) and _async(c),
+     lambda c: "trainer.strategy=fsdp2 / trainer.gpus > 1 (the sharded trainer) runs runtime.mode=sync; the async "
+               "runtime with a sharded trainer is not implemented yet: set runtime.mode=sync, or trainer.gpus=1"),
+    (lambda c: c.actor.offload == "full" and not _sharded(c) and env_world_size() == 1,
+     lambda c: "actor.offload=full keeps FSDP2's shards in host memory: it needs trainer.strategy=fsdp2 (any "
+               "number of ranks, 1 included); with one process use actor.offload=optimizer"),
+    (lambda c: c.runtime.executor == "ray" and not _async(c) and c.trainer.gpus == 1,
+     lambda c: "runtime.executor=ray runs the async rollout side in Ray actors (set runtime.mode=async), or the "
+               "trainer's ranks as Ray actors (set trainer.gpus=N)"),
     # -- the rollout fleet (docs/fleet.md) --
     (lambda c: _fleet(c) and not _async(c),
      lambda c: f"rollout.engines={c.rollout.engines} x rollout.tensor_parallel_size={c.rollout.tensor_parallel_size} "
@@ -131,6 +140,10 @@ RULES: list[Rule] = [
 
 def _async(c) -> bool:
     return c.runtime.mode == "async"
+
+
+def _sharded(c) -> bool:
+    return c.trainer.strategy == "fsdp2" or c.trainer.gpus > 1
 
 
 def _rollout_process(c) -> bool:

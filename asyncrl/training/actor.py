@@ -3,21 +3,29 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Optional
 
 import torch
 
-from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, kl_penalty,
-                                rollout_is_weights)
+from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, global_counts,
+                                kl_penalty, rollout_is_weights)
+from asyncrl.distributed.batches import map_rows, micro_batches
+from asyncrl.distributed.grad_norm import clip_grad_norm
+from asyncrl.distributed.group import SINGLE, DataParallel
+from asyncrl.distributed.lockstep import replicated
 from asyncrl.training.compile import compile_stats
-from asyncrl.training.forward_plan import prepare_model
+from asyncrl.training.forward import PolicyLogprobs
+from asyncrl.training.forward_plan import ForwardPlan, prepare_model
 from asyncrl.training.logprob_gap import LogprobGap
-from asyncrl.training.logprobs import response_logprobs
-from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
-from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.training.mfu import peak_flops, update_flops
-from asyncrl.training.micro_batches import balanced_micro_batches
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
+from asyncrl.training.optim import build_optimizer
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.training.routing_replay import RoutingReplay, find_routers
 from asyncrl.types import TrainBatch
+
+# metrics that are each micro-batch's share of the mini-batch loss: they add up to it
+LOSS_SHARES = ("actor/pg_loss", "actor/kl_loss")
 
 
 def policy_loss_config(algo) -> PolicyLossConfig:
@@ -57,17 +65,33 @@ class Actor:
 
     Invariant: one ``update`` call performs ``ppo_epochs * mini_batches`` optimizer
     steps, and within each, micro-batch losses are aggregated with the mini-batch's
-    global token / sequence counts, so they sum to exactly the full mini-batch loss.
+    global token / sequence counts, so they sum to exactly the full mini-batch loss, over
+    micro-batches and over data-parallel ranks alike (``dp``: each rank holds the whole
+    batch, computes its share of whole groups, FSDP2 sums the gradients).
+
+    ``model`` is the HF policy; ``forward`` the module the trainer calls (the FSDP2 root when
+    sharded, see forward.py), by default a plain :class:`PolicyLogprobs` around ``model``;
+    ``plan`` its forward plan when the role builder prepared it before sharding (roles.py).
     """
 
-    def __init__(self, model, actor_cfg, algo_cfg, temperature: float):
+    def __init__(self, model, actor_cfg, algo_cfg, temperature: float, *,
+                 forward: Optional[torch.nn.Module] = None, dp: DataParallel = SINGLE,
+                 plan: Optional[ForwardPlan] = None, compute_dtype: Optional[torch.dtype] = None):
         self.model, self.cfg, self.algo, self.temperature = model, actor_cfg, algo_cfg, temperature
+        self.forward_module = forward if forward is not None else PolicyLogprobs(model)
+        self.dp = dp
+        param = next(model.parameters())
+        self.device = dp.device if dp.sharded else param.device
+        self.compute_dtype = compute_dtype or param.dtype
         self.loss_cfg = policy_loss_config(algo_cfg)
-        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen);
-        # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
+        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = trainer_adamw(self.trainable, actor_cfg.master_dtype, lr=actor_cfg.lr,
-                                       betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay)
+        if dp.sharded:  # FSDP2 keeps the fp32 master shards itself (roles.master_dtype)
+            self.optimizer = build_optimizer(self.forward_module.parameters(), actor_cfg)
+        else:  # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
+            self.optimizer = trainer_adamw(self.trainable, actor_cfg.master_dtype, lr=actor_cfg.lr,
+                                           betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay,
+                                           host_moments=actor_cfg.offload == "optimizer")
         warmup = actor_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
@@ -76,7 +100,8 @@ class Actor:
         # MoE: hooks on the routers (replay the rollout's experts, or only count the mismatch)
         self.routing = RoutingReplay(model, replay=actor_cfg.routing_replay) if find_routers(model) else None
         # kernels, layout, compile of the forward (forward_plan.py); the reference's copy inherits it
-        self.plan = prepare_model(model, actor_cfg.kernels, actor_cfg.packing, actor_cfg.compile)
+        self.plan = plan if plan is not None else prepare_model(model, actor_cfg.kernels, actor_cfg.packing,
+                                                                actor_cfg.compile)
 
     @property
     def on_policy_shortcut(self) -> bool:
@@ -89,33 +114,28 @@ class Actor:
         """Entropy is needed for the bonus; otherwise it is computed only as a metric, if asked."""
         return self.algo.entropy_coeff > 0 or self.algo.calculate_entropy
 
+    @replicated("actor")
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """[B, L] log-probs of the batch's responses under the current weights."""
-        self.model.eval()
-        out = torch.zeros_like(batch.response_mask)
-        for idx in self._micro_indices(batch):
-            out[idx] = self._forward(batch.select(idx), with_entropy=False)[0].to(out.device)
-        return out * batch.response_mask  # the batch's device
+        """[B, L] log-probs of the batch's responses under the current weights (every rank
+        computes its share and receives the whole)."""
+        self.forward_module.eval()
+        logprobs = map_rows(batch, self.dp, self.cfg.micro_batch_size,
+                            lambda micro: self._forward(micro, with_entropy=False)[0])
+        return logprobs.to(batch.response_mask.device) * batch.response_mask  # the batch's device
 
     def _forward(self, batch: TrainBatch, with_entropy: bool):
-        device = next(self.model.parameters()).device
-        args = (self.model, batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length,
+        args = (batch.input_ids.to(self.device), batch.attention_mask.to(self.device), batch.prompt_length,
                 self.temperature, self.cfg.logprob_chunk_tokens)
-        kwargs = dict(with_entropy=with_entropy)
         if self.routing is None or batch.routed_experts is None:
-            return response_logprobs(*args, **kwargs)
+            return self.forward_module(*args, with_entropy=with_entropy)
         with self.routing.use(batch.routed_experts, batch.routing_mask):  # routes align with the padded layout
-            return response_logprobs(*args, share_prompts=False, pack_bin_tokens=0, **kwargs)
+            return self.forward_module(*args, with_entropy=with_entropy, share_prompts=False, pack_bin_tokens=0)
 
-    def _micro_indices(self, batch: TrainBatch) -> list[torch.Tensor]:
-        """Row indices per micro-batch: groups kept whole, balanced by tokens (micro_batches.py)."""
-        return balanced_micro_batches(batch.attention_mask, batch.prompt_length, batch.group_ids,
-                                      self.cfg.micro_batch_size)
-
+    @replicated("actor")
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs over mini-batches; returns averaged metrics of the step."""
-        self.model.train()
+        self.forward_module.train()
         self._gap = LogprobGap()  # filled only by the on-policy shortcut's pre-update forward
         history: list[dict[str, float]] = []
         start = time.perf_counter()
@@ -123,7 +143,7 @@ class Actor:
             for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches):
                 history.append(self._optimizer_step(batch.select(mini)))
         self.version += 1
-        metrics = {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap.metrics()}
+        metrics = {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, **self._gap_metrics()}
         mismatch = self.routing.mismatch_rate() if self.routing is not None else None
         if mismatch is not None:
             metrics["actor/routing_mismatch"] = mismatch
@@ -133,46 +153,60 @@ class Actor:
         """actor/tflops (model FLOPs of the update per second, mfu.py) and actor/mfu (over the
         device's peak, where known). The update ends in host reads of its metrics, so the GPU
         has finished by the time the clock stops."""
-        flops = self.cfg.ppo_epochs * update_flops(self.model, batch.attention_mask.sum(-1))
-        param = next(self.model.parameters())
+        # per device: the batch's FLOPs are spread over the data-parallel ranks
+        flops = self.cfg.ppo_epochs * update_flops(self.model, batch.attention_mask.sum(-1)) / self.dp.world_size
         out = {"actor/tflops": flops / max(seconds, 1e-9) / 1e12}
         if self.plan.body == "compiled":
             out.update(compile_stats())
-        peak = peak_flops(param.device, param.dtype, self.cfg.peak_tflops)
+        peak = peak_flops(self.device, self.compute_dtype, self.cfg.peak_tflops)
         if peak:
             out["actor/mfu"] = flops / max(seconds, 1e-9) / peak
         return out
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
-        device = next(self.model.parameters()).device
-        mask = mini.response_mask.to(device)
-        global_tokens = float(mask.sum())
-        global_seqs = float((mask.sum(-1) > 0).sum())
+        # every rank holds the whole mini-batch (the scored batch is broadcast), so M and S,
+        # the global counts of every loss aggregation, need no collective
+        global_tokens, global_seqs = global_counts(mini.response_mask)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        micro_list = self._micro_indices(mini)
-        for idx in micro_list:
-            micro = mini.select(idx)
-            metrics = self._micro_loss(micro, global_tokens, global_seqs, device)
+        for micro, rows in micro_batches(mini, self.dp, self.cfg.micro_batch_size):
+            metrics = self._micro_loss(micro, global_tokens, global_seqs)
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value * len(idx) / mini.batch_size
-        # the optimizer's tensors (the float32 masters when there are; with LoRA only the adapters')
-        grad_norm = torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
+                weight = 1.0 if key in LOSS_SHARES else rows / mini.batch_size
+                sums[key] = sums.get(key, 0.0) + value * weight
+        sums = self.dp.sum_metrics(sums)
+        grad_norm = self._clip_gradients()
         # a NaN/Inf gradient would poison the weights, and a micro-batch without backward (its
-        # loss was not finite) would leave a biased partial gradient: skip the step and count it
-        if torch.isfinite(grad_norm) and not sums.get("actor/nonfinite_loss"):
+        # loss was not finite) would leave a biased partial gradient: skip the step and count it.
+        # The norm and the summed metrics are global: every rank takes the same branch
+        if math.isfinite(grad_norm) and not sums.get("actor/nonfinite_loss"):
             self.optimizer.step()
-            check_parameters_finite(self.model, "the actor's optimizer step")
+            if not self.dp.sharded:  # sharded: the global norm above is the check
+                check_parameters_finite(self.model, "the actor's optimizer step")
             sums["actor/skipped_step"] = 0.0
         else:
             self.optimizer.zero_grad(set_to_none=True)
             sums["actor/skipped_step"] = 1.0
         self.scheduler.step()
-        sums["actor/grad_norm"] = float(grad_norm)
+        sums["actor/grad_norm"] = grad_norm
         sums["actor/lr"] = self.scheduler.get_last_lr()[0]
         return sums
 
-    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device) -> dict[str, float]:
+    def _clip_gradients(self) -> float:
+        if self.dp.sharded:
+            return float(clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp))
+        return float(torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip))
+
+    def _gap_metrics(self) -> dict[str, float]:
+        """The logprob gap over every rank's tokens."""
+        if self.dp.world_size > 1:
+            parts = self.dp.gather_objects((self._gap.total, self._gap.tokens, self._gap.max))
+            self._gap.total, self._gap.tokens = sum(p[0] for p in parts), sum(p[1] for p in parts)
+            self._gap.max = max(p[2] for p in parts)
+        return self._gap.metrics()
+
+    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device=None) -> dict[str, float]:
+        device = device or self.device
         logprobs, entropy = self._forward(micro, with_entropy=self.computes_entropy)
         mask = micro.response_mask.to(device)
         if micro.old_logprobs is not None:
@@ -197,8 +231,9 @@ class Actor:
             metrics["actor/kl_loss"] = kl.detach().item()
         if self.algo.entropy_coeff > 0:
             loss = loss - self.algo.entropy_coeff * agg_loss(entropy, mask, **agg)
-        if not math.isfinite(loss.detach().item()):
-            metrics["actor/nonfinite_loss"] = 1.0
+        finite = math.isfinite(loss.detach().item())
+        if self.dp.any(not finite):  # every rank skips together: FSDP2's backward is a collective
+            metrics["actor/nonfinite_loss"] = 0.0 if finite else 1.0
             return metrics  # no backward: the NaN must not reach the weights
         loss.backward()
         metrics["actor/pg_loss"] = out.loss.detach().item()

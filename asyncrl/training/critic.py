@@ -18,31 +18,57 @@ from typing import Optional
 import torch
 from transformers import AutoModelForTokenClassification
 
-from asyncrl.algorithms import compute_value_loss, masked_mean, masked_var
-from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
-from asyncrl.training.param_check import check_parameters_finite
+from asyncrl.algorithms import compute_value_loss, global_counts, masked_mean, masked_var
+from asyncrl.distributed.batches import map_rows, micro_batches
+from asyncrl.distributed.grad_norm import clip_grad_norm
+from asyncrl.distributed.group import SINGLE, DataParallel
+from asyncrl.distributed.lockstep import replicated
 from asyncrl.training.forward_plan import plan_of, prepare_like
 from asyncrl.training.logprobs import response_states
+from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
+from asyncrl.training.optim import build_optimizer
+from asyncrl.training.param_check import check_parameters_finite
 from asyncrl.types import TrainBatch
 
 
-def build_value_model(policy) -> torch.nn.Module:
-    """Policy architecture + scalar head; backbone weights copied from ``policy``."""
+def build_value_model(policy, device=None, dtype=None) -> torch.nn.Module:
+    """Policy architecture + scalar head; backbone weights copied from ``policy``; the policy's
+    forward plan for ``device`` / ``dtype`` (default: where the policy is, forward_plan.py)."""
     config = copy.deepcopy(policy.config)
     config.num_labels, config.classifier_dropout = 1, 0.0
-    critic = AutoModelForTokenClassification.from_config(config)
+    param = next(policy.parameters())
+    with torch.device("meta" if param.is_meta else "cpu"):  # a meta policy (FSDP2 follower rank): a meta critic
+        critic = AutoModelForTokenClassification.from_config(config)
     backbone = getattr(critic, critic.base_model_prefix)
     backbone.load_state_dict(policy.get_decoder().state_dict())
     torch.nn.init.zeros_(critic.score.weight)
     if critic.score.bias is not None:
         torch.nn.init.zeros_(critic.score.bias)
-    param = next(policy.parameters())
     critic = critic.to(device=param.device, dtype=param.dtype)
-    prepare_like(critic, plan_of(policy))  # the policy's kernels, layout and compile choices
+    prepare_like(critic, plan_of(policy), device, dtype)  # the policy's kernels, layout and compile choices
     return critic
 
 
-def response_values(model, batch: TrainBatch) -> torch.Tensor:
+class CriticValues(torch.nn.Module):
+    """The critic's values as one module call: ``forward`` runs the backbone in the log-probs'
+    layout and the scalar head. The trainer calls this wrapper (the FSDP2 root when sharded:
+    its forward gathers the parameters no layer owns, the head's among them; forward.py says
+    why the HF model's own forward is not the one called)."""
+
+    def __init__(self, critic: torch.nn.Module):
+        super().__init__()
+        self.critic = critic
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int) -> torch.Tensor:
+        states, _, token_index = response_states(self.critic, input_ids, attention_mask, prompt_length)
+        values = self.critic.score(states)[:, 0].float()
+        rows, length = input_ids.shape[0], input_ids.shape[1] - prompt_length
+        if token_index is None:
+            return values.view(rows, length)
+        return values.new_zeros(rows * length).index_copy(0, token_index, values).view(rows, length)
+
+
+def response_values(values_module: CriticValues, batch: TrainBatch, device) -> torch.Tensor:
     """V[i, t] ``[b, L]``: the value of the state *before* response token t.
 
     Same alignment as the log-probs: the hidden state at position P + t − 1 predicts
@@ -50,14 +76,7 @@ def response_values(model, batch: TrainBatch) -> torch.Tensor:
     in the log-probs' layout (each prompt once per group; logprobs.response_states); positions
     past a row's response hold 0 in the packed layouts: callers mask them.
     """
-    device = next(model.parameters()).device
-    ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-    states, _, token_index = response_states(model, ids, attn, batch.prompt_length)
-    values = model.score(states)[:, 0].float()
-    rows, length = ids.shape[0], ids.shape[1] - batch.prompt_length
-    if token_index is None:
-        return values.view(rows, length)
-    return values.new_zeros(rows * length).index_copy(0, token_index, values).view(rows, length)
+    return values_module(batch.input_ids.to(device), batch.attention_mask.to(device), batch.prompt_length)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -78,20 +97,30 @@ class Critic:
     """
 
     def __init__(self, model, critic_cfg, loss_agg_mode: str, micro_batch_size: int,
-                 loss_scale_factor: Optional[float] = None, master_dtype: str = "float32"):
+                 loss_scale_factor: Optional[float] = None, master_dtype: str = "float32", *,
+                 forward: Optional[CriticValues] = None, dp: DataParallel = SINGLE):
         """``loss_scale_factor``: L_norm of ``seq-mean-token-sum-norm``, the actor's
         ``algorithm.loss_scale_factor`` (verl's critic inherits it too); ``master_dtype``: the
-        actor's ``actor.master_dtype`` (mixed_precision.py)."""
+        actor's ``actor.master_dtype`` (mixed_precision.py). Sharded (``dp.sharded``, ``forward``
+        the FSDP2-wrapped values): FSDP2 keeps the master shards itself (runtime/roles.py), so the
+        optimizer is the plain one over the shards."""
         self.model, self.cfg, self.loss_agg_mode, self.micro_batch_size = model, critic_cfg, loss_agg_mode, micro_batch_size
         self.loss_scale_factor = loss_scale_factor
-        self.optimizer = trainer_adamw(model.parameters(), master_dtype, lr=critic_cfg.lr,
-                                       weight_decay=critic_cfg.weight_decay)
+        self.forward_module = forward if forward is not None else CriticValues(model)
+        self.dp = dp
+        self.device = dp.device if dp.sharded else next(model.parameters()).device
+        if dp.sharded:
+            self.optimizer = build_optimizer(self.forward_module.parameters(), critic_cfg)
+        else:
+            self.optimizer = trainer_adamw(model.parameters(), master_dtype, lr=critic_cfg.lr,
+                                           weight_decay=critic_cfg.weight_decay)
         warmup = critic_cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
 
     def state_dict(self) -> dict:
-        """Weights, optimizer (with master weights) and scheduler: what a resume restores."""
+        """Weights, optimizer (with master weights) and scheduler: what a one-process resume
+        restores (sharded runs save through distributed/checkpoint.py instead)."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict()}
 
@@ -100,19 +129,21 @@ class Critic:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
+    @replicated("critic")
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L] values under the current critic, zero on masked tokens."""
-        self.model.eval()
-        parts = [response_values(self.model, batch.select(idx))
-                 for idx in torch.arange(batch.batch_size).split(self.micro_batch_size)]
-        return torch.cat(parts).cpu() * batch.response_mask
+        self.forward_module.eval()
+        values = map_rows(batch, self.dp, self.micro_batch_size,
+                          lambda micro: response_values(self.forward_module, micro, self.device))
+        return values.cpu() * batch.response_mask
 
+    @replicated("critic")
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """Fit V to ``batch.returns`` with the clipped loss around ``batch.values`` (V_old)."""
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic update needs batch.values (old) and batch.returns (GAE targets)")
-        self.model.train()
+        self.forward_module.train()
         history = [self._optimizer_step(batch.select(mini))
                    for _ in range(self.cfg.ppo_epochs)
                    for mini in torch.arange(batch.batch_size).chunk(self.cfg.mini_batches)]
@@ -124,13 +155,11 @@ class Critic:
         return metrics
 
     def _optimizer_step(self, mini: TrainBatch) -> dict[str, float]:
-        mask = mini.response_mask
-        global_tokens, global_seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        global_tokens, global_seqs = global_counts(mini.response_mask)  # every rank holds the whole mini-batch
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for idx in torch.arange(mini.batch_size).split(self.micro_batch_size):
-            micro = mini.select(idx)
-            values = response_values(self.model, micro)
+        for micro, rows in micro_batches(mini, self.dp, self.micro_batch_size):
+            values = response_values(self.forward_module, micro, self.device)
             device = values.device
             loss, stats = compute_value_loss(
                 values, micro.values.to(device), micro.returns.to(device), micro.response_mask.to(device),
@@ -140,14 +169,19 @@ class Critic:
             # micro losses sum to the mini-batch loss; per-micro stats are averaged by rows
             sums["critic/vf_loss"] = sums.get("critic/vf_loss", 0.0) + loss.detach().item()
             for key, value in stats.items():
-                sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * len(idx) / mini.batch_size
-        grad_norm = torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
-        if math.isfinite(float(grad_norm)):
+                sums[f"critic/{key}"] = sums.get(f"critic/{key}", 0.0) + value * rows / mini.batch_size
+        sums = self.dp.sum_metrics(sums)
+        if self.dp.sharded:
+            grad_norm = float(clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp))
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip))
+        if math.isfinite(grad_norm):  # the norm is global: every rank takes the same branch
             self.optimizer.step()
-            check_parameters_finite(self.model, "the critic's optimizer step")
+            if not self.dp.sharded:
+                check_parameters_finite(self.model, "the critic's optimizer step")
         else:  # a NaN/Inf gradient would poison the weights: skip the step
             self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        sums["critic/grad_norm"] = float(grad_norm)
+        sums["critic/grad_norm"] = grad_norm
         sums["critic/lr"] = self.scheduler.get_last_lr()[0]
         return sums

@@ -79,15 +79,19 @@ def _resolve_layout(choice: str, model, device, dtype, notes: list[str]) -> str:
     return "tree"
 
 
-def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_blocks: bool = False) -> ForwardPlan:
+def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_blocks: bool = False,
+                  device=None, dtype=None) -> ForwardPlan:
     """Resolves ``actor.kernels`` / ``actor.packing`` / ``actor.compile`` for ``model`` (on its
-    device already), applies them, attaches and returns the plan. ValueError (one line, naming
-    the cause) for an explicit choice that cannot run here."""
+    device already, or the ``device`` / compute ``dtype`` it will run in: the sharded trainer
+    prepares the model before its shards are cut and moved), applies them, attaches and returns
+    the plan. ValueError (one line, naming the cause) for an explicit choice that cannot run here."""
     param = next(model.parameters())
+    device = torch.device(device) if device is not None else param.device
+    dtype = dtype or param.dtype
     notes: list[str] = []
-    resolved = kernel_lib.resolve_kernels(kernels, model, notes)
-    layout = _resolve_layout(packing, model, param.device, param.dtype, notes)
-    head = "triton" if kernels != "eager" and param.is_cuda and kernel_lib.triton_available() else "torch"
+    resolved = kernel_lib.resolve_kernels(kernels, model, notes, device)
+    layout = _resolve_layout(packing, model, device, dtype, notes)
+    head = "triton" if kernels != "eager" and device.type == "cuda" and kernel_lib.triton_available() else "torch"
     if compile_blocks:
         from asyncrl.training.compile import compile_decoder_blocks
         compile_decoder_blocks(model)
@@ -105,8 +109,8 @@ def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_b
     return plan
 
 
-def prepare_like(model, plan: ForwardPlan) -> ForwardPlan:
+def prepare_like(model, plan: ForwardPlan, device=None, dtype=None) -> ForwardPlan:
     """Applies to ``model`` (the critic, built from the policy's config) the choices that
     produced ``plan`` (the policy's)."""
     kernels = "liger" if plan.body == "liger" else ("eager" if plan.head == "torch" and plan.body == "eager" else "auto")
-    return prepare_model(model, kernels, plan.layout, plan.body == "compiled")
+    return prepare_model(model, kernels, plan.layout, plan.body == "compiled", device, dtype)

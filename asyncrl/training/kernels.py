@@ -51,18 +51,20 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def liger_unsupported_reason(model) -> str | None:
-    """Why Liger's kernels cannot run on ``model`` (None: they can)."""
+def liger_unsupported_reason(model, device=None) -> str | None:
+    """Why Liger's kernels cannot run on ``model`` (None: they can); ``device``: where it will run
+    (default: where its parameters are; the sharded trainer prepares a model before moving it)."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     model_type = getattr(model.config, "model_type", None)
     if model_type not in LIGER_ARCHITECTURES:
         return f"model_type {model_type!r} is not one of {sorted(LIGER_ARCHITECTURES)}"
     if getattr(model.config, "hidden_act", "silu") not in ("silu", "swish"):
         return f"hidden_act {model.config.hidden_act!r} is not SiLU"
-    if next(model.parameters()).device.type != "cuda":
+    if device.type != "cuda":
         return "the model is not on a CUDA device (Liger's kernels are Triton GPU kernels)"
     if not liger_available():
         return "liger-kernel is not installed (pip install liger-kernel)"
-    return probe_liger(next(model.parameters()).device)
+    return probe_liger(device)
 
 
 def probe_liger(device) -> str | None:
@@ -93,19 +95,20 @@ def probe_liger(device) -> str | None:
     return None
 
 
-def resolve_kernels(choice: str, model, notes: list | None = None) -> str:
+def resolve_kernels(choice: str, model, notes: list | None = None, device=None) -> str:
     """``actor.kernels`` -> "liger" or "eager". auto: Liger where it runs, else HF's modules (on a
     GPU the reason goes to ``notes``); liger: Liger or a ValueError naming the reason."""
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"actor.kernels must be one of {KERNEL_CHOICES}, got {choice!r}")
     if choice == "eager":
         return "eager"
-    reason = liger_unsupported_reason(model)
+    reason = liger_unsupported_reason(model, device)
     if reason is None:
         return "liger"
     if choice == "liger":
         raise ValueError(f"actor.kernels=liger: {reason}; use actor.kernels=auto or eager")
-    if notes is not None and next(model.parameters()).is_cuda:
+    on_gpu = (torch.device(device) if device is not None else next(model.parameters()).device).type == "cuda"
+    if notes is not None and on_gpu:
         notes.append(f"Liger off: {reason}")
     return "eager"
 

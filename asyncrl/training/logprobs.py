@@ -107,10 +107,18 @@ def _packed_states(model, base, packed: PackedRows) -> torch.Tensor:
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed.state_index)
 
 
+def _cache_survives(base) -> bool:
+    """False in a training forward under HF activation checkpointing, which drops the KV cache
+    (transformers sets ``cache=None`` there): the prompt's cache cannot be shared then."""
+    if not (base.training and torch.is_grad_enabled()):
+        return True
+    return not any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
+
+
 def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_prompts: bool) -> torch.Tensor:
     """[B, L, H] state predicting each response position (padding included)."""
     prompts, inverse = torch.unique(input_ids[:, :prompt_length], dim=0, return_inverse=True)
-    if share_prompts and prompts.shape[0] < input_ids.shape[0]:
+    if share_prompts and prompts.shape[0] < input_ids.shape[0] and _cache_survives(base):
         return _shared_prefix_states(base, input_ids, attention_mask, prompt_length, inverse)
     hidden = base(input_ids=input_ids, attention_mask=attention_mask,
                   position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state

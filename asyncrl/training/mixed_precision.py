@@ -76,15 +76,21 @@ class MasterWeights:
 
 
 def trainer_adamw(params: Iterable[torch.nn.Parameter], master_dtype: str, lr: float, betas=(0.9, 0.999),
-                  weight_decay: float = 0.0) -> torch.optim.AdamW:
+                  weight_decay: float = 0.0, host_moments: bool = False) -> torch.optim.AdamW:
     """AdamW for a trained role: over float32 masters when a parameter's dtype differs from
-    ``master_dtype`` (see module doc), else over the parameters themselves."""
+    ``master_dtype`` (see module doc), else over the parameters themselves. ``host_moments``
+    (``actor.offload=optimizer`` in one process): the moments live in host memory (host_adamw.py)."""
     params = [p for p in params if p.requires_grad]
     dtype = getattr(torch, master_dtype)
+    if host_moments:
+        from asyncrl.training.host_adamw import HostAdamW
+        make = lambda ps: HostAdamW(ps, lr=lr, betas=tuple(betas), weight_decay=weight_decay)  # noqa: E731
+    else:
+        make = lambda ps: adamw(ps, lr=lr, betas=betas, weight_decay=weight_decay)  # noqa: E731
     if all(p.dtype == dtype for p in params):
-        return adamw(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        return make(params)
     master = MasterWeights(params, dtype)
-    optimizer = adamw(master.masters, lr=lr, betas=betas, weight_decay=weight_decay)
+    optimizer = make(master.masters)
     master.attach(optimizer)
     optimizer.master_weights = master  # for tests and the trained-parameter helper
     return optimizer

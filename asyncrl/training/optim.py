@@ -26,3 +26,18 @@ def adamw(params: Iterable[torch.Tensor], lr: float, betas=(0.9, 0.999), weight_
     params = list(params)
     fused = supports_fused(params) or None  # None: torch's own default (foreach on CUDA, loop on CPU)
     return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=fused)
+
+
+OFFLOAD_MODES = ("none", "optimizer", "full")
+
+
+def build_optimizer(params: Iterable[torch.Tensor], actor_cfg) -> torch.optim.Optimizer:
+    """The AdamW of a trained role: its moments in host memory with ``offload=optimizer``
+    (host_adamw.py), else :func:`adamw` (``full`` offload keeps the whole optimizer on the
+    CPU through FSDP2, so it is a plain AdamW there too)."""
+    betas = getattr(actor_cfg, "betas", (0.9, 0.999))  # the critic's config has no betas: torch's defaults
+    if getattr(actor_cfg, "offload", "none") == "optimizer":
+        from asyncrl.training.host_adamw import HostAdamW
+
+        return HostAdamW(params, lr=actor_cfg.lr, betas=betas, weight_decay=actor_cfg.weight_decay)
+    return adamw(params, lr=actor_cfg.lr, betas=betas, weight_decay=actor_cfg.weight_decay)

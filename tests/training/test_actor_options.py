@@ -45,7 +45,7 @@ def _grads(actor, batch) -> list[torch.Tensor]:
     actor.model.train()
     actor.optimizer.zero_grad(set_to_none=True)
     mask = batch.response_mask
-    metrics = actor._micro_loss(batch, float(mask.sum()), float((mask.sum(-1) > 0).sum()), torch.device("cpu"))
+    metrics = actor._micro_loss(batch, float(mask.sum()), float((mask.sum(-1) > 0).sum()))
     return [p.grad.clone() for p in actor.model.parameters() if p.grad is not None], metrics
 
 

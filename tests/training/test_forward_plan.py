@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+import asyncrl.distributed.batches as batches_module
 from asyncrl.algorithms.aggregation import LOSS_AGG_MODES
 from asyncrl.config import load_config
 from asyncrl.training import logprobs as lp_module
@@ -40,7 +41,8 @@ def _update(model, tok, mode: str, fast: bool, monkeypatch) -> tuple[dict, list[
         if fast:
             patch.setattr(lp_module, "SMALL_LOGITS_BYTES", -1)  # the fused head even for a tiny vocabulary
         else:
-            patch.setattr(Actor, "_micro_indices", lambda self, b: list(torch.arange(b.batch_size).split(3)))
+            patch.setattr(batches_module, "balanced_micro_batches",  # micro-batches of 3 rows, not balanced
+                          lambda mask, *_: list(torch.arange(mask.shape[0]).split(3)))
         metrics = actor.update(_batch(tok))
     return metrics, [p.grad.clone() for p in actor.model.parameters()]
 
