@@ -271,15 +271,27 @@ def attach_adapter(model: nn.Module, source, adapter_dir: Optional[str], merge: 
     return slots
 
 
+def _refuse_adapters(named_tensors: Iterable[tuple[str, torch.Tensor]], merged: bool):
+    """The tensors under base names, one at a time; an adapter tensor raises, naming why."""
+    for name, tensor in named_tensors:
+        if parse_lora_name(name) is not None:
+            why = ("serves its adapter merged (merge_lora=True): send the merged weights W + s·B·A"
+                   if merged else "was built without a LoRA adapter (build it from a PEFT model or with lora=DIR)")
+            raise ValueError(f"LoRA tensor {name!r} sent to an engine that {why}")
+        yield base_name(name), tensor
+
+
 def load_update(model: nn.Module, slots: Optional[EngineLoRA], named_tensors: Iterable[tuple[str, torch.Tensor]],
                 merged: bool) -> None:
     """A weight update: base tensors (HF or PEFT names) into the weights, adapter tensors into
-    the slots. An adapter for an engine without slots is refused, naming why."""
+    the slots. An adapter for an engine without slots is refused, naming why.
+
+    Without slots the tensors are loaded as they stream (not collected first): the sharded
+    trainer's push yields views of a reused bucket, valid only until the next one arrives."""
+    if slots is None:
+        model.load_weights(_refuse_adapters(named_tensors, merged))
+        return
     base, adapters = split_update(named_tensors)
-    if adapters and slots is None:
-        why = ("serves its adapter merged (merge_lora=True): send the merged weights W + s·B·A"
-               if merged else "was built without a LoRA adapter (build it from a PEFT model or with lora=DIR)")
-        raise ValueError(f"LoRA tensor {adapters[0][0]!r} sent to an engine that {why}")
     if base:
         model.load_weights(base)
     if adapters:

@@ -21,6 +21,7 @@ from asyncrl.training.actor import Actor
 from asyncrl.training.critic import Critic, CriticValues, build_value_model
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import prepare_model
+from asyncrl.config_schema import ConfigError
 from asyncrl.training.lora import AdapterDisabledReference, is_lora
 from asyncrl.training.reference import Reference, frozen_copy
 
@@ -63,7 +64,7 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
                          cfg.actor.master_dtype) if cfg.critic.enable else None)
         return actor, reference, critic
     if is_lora(model):  # not built yet: FSDP2 units over a PEFT wrapper, adapter-only sync of shards
-        raise ValueError("actor.lora with the sharded trainer (trainer.strategy=fsdp2) is not supported yet: "
+        raise ConfigError("actor.lora with the sharded trainer (trainer.strategy=fsdp2) is not supported yet: "
                          "train LoRA in one process (trainer.gpus=1) or the full model with fsdp2")
     compute, master = DTYPES[cfg.model.dtype], master_dtype(cfg)
     offload = cfg.actor.offload == "full"

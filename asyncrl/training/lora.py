@@ -20,6 +20,7 @@ from typing import Iterator
 import torch
 
 from asyncrl.config_schema import ConfigError
+from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.reference import Reference
 from asyncrl.types import TrainBatch
 
@@ -106,8 +107,8 @@ class AdapterDisabledReference(Reference):
     optimizer holds only adapter parameters)."""
 
     def __init__(self, model, temperature: float, micro_batch_size: int, chunk_tokens: int):
-        self.model = model  # shared with the actor, not copied
-        self.temperature, self.micro_batch_size, self.chunk_tokens = temperature, micro_batch_size, chunk_tokens
+        super().__init__(model, temperature, micro_batch_size, chunk_tokens,
+                         forward=PolicyLogprobs(model))  # the actor's own module, not a frozen copy
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
