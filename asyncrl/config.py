@@ -393,6 +393,34 @@ class DPOConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA (Hu et al. 2021) through PEFT: the actor trains low-rank adapters W + (α/r)·B·A on
+    ``target_modules`` while the base weights stay frozen; the reference is the base with the
+    adapters disabled, and a weight sync moves only A and B (docs/lora.md)."""
+
+    rank: int = field_spec(0, ge=0, help="adapter rank r (0: LoRA off, the whole model trains)")
+    alpha: float = field_spec(16.0, gt=0, help="the adapter's output is scaled by alpha / rank")
+    dropout: float = field_spec(0.0, ge=0, lt=1, help="dropout on the adapter's input while training")
+    target_modules: list[str] = field_spec(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        help="module names that get adapters (PEFT's target_modules; ['all-linear'] works too)")
+    merged_rollout: bool = field_spec(False, help="engine: serve W + (α/r)·B·A merged into the weights (plain "
+                                                  "GEMMs; a sync then moves the adapted layers' full weights) "
+                                                  "instead of adding x·A·B on the fly (a sync moves A and B only)")
+    save_merged: bool = field_spec(False, help="checkpoints also hold the merged model (merged/, an HF checkpoint) "
+                                               "beside the adapter in PEFT's format")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def validate(self) -> None:
+        if self.enabled and not self.target_modules:
+            raise ConfigError("actor.lora.target_modules is empty: name the modules that get adapters "
+                              "(e.g. [q_proj, v_proj]) or set actor.lora.rank=0")
+
+
+@dataclass
 class ActorConfig:
     """The policy update: optimizer, PPO epochs, mini- and micro-batches."""
 
@@ -422,6 +450,7 @@ class ActorConfig:
                                            "metrics); Inductor then fuses what Liger's block kernels would")
     peak_tflops: Optional[float] = field_spec(None, gt=0, help="the device's peak for actor/mfu (null: known "
                                                                "GPUs' dense bf16 peak; none on CPU)")
+    lora: LoraConfig = field(default_factory=LoraConfig)
     gradient_checkpointing: bool = field_spec(False, help="recompute each decoder layer's activations in backward "
                                                           "(HF activation checkpointing): less memory, ~1/3 more compute")
     offload: str = field_spec("none", choices=("none", "optimizer", "full"),

@@ -24,5 +24,6 @@ class EngineConfig:
     seed: int = 0                     # seeds requests that give none
     tensor_parallel_size: int = 1     # ranks the model is split over (processes; GPUs from the engine's device on)
     return_routed_experts: bool = False  # MoE: return each completion's expert ids (routing replay)
+    merge_lora: bool = False          # a LoRA adapter: merged into the weights at load, not applied on the fly
     # speculative decoding (spec/): vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4}
     speculative_config: Any = None

@@ -26,6 +26,7 @@ import torch
 
 from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.lora import attach_adapter, is_peft_module, load_update
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.models import load_model
 from asyncrl.engine.models.loader import build_model, fill_weights, model_source
@@ -72,26 +73,34 @@ def _on_engine_device(method):
 
 class LLM:
     def __init__(self, model, *, dtype: Optional[torch.dtype] = None, device: Optional[str] = None,
-                 tokenizer=None, version: int = 0, **engine_kwargs):
+                 tokenizer=None, version: int = 0, lora: Optional[str] = None, **engine_kwargs):
         """``model``: an HF checkpoint dir (config.json + safetensors [+ tokenizer]), a Hugging
         Face Hub id (``Qwen/Qwen3-0.6B``: downloaded into the HF cache once, as vLLM does), or an
-        in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``).
-        ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, ...)."""
+        in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``); a PEFT
+        LoRA model serves its base with the adapter applied on the fly (engine/lora.py).
+        ``lora``: a PEFT adapter directory to serve on top of ``model``.
+        ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, merge_lora, ...)."""
         if isinstance(model, str) and is_hub_id(model):
             model = str(model_snapshot(model))
         self.config = EngineConfig(**engine_kwargs)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._device = torch.device(device)
         with self._on_device():
-            self._build(model, dtype, device, tokenizer, version)
+            self._build(model, dtype, device, tokenizer, version, lora)
 
-    def _build(self, model, dtype, device, tokenizer, version) -> None:
+    def _build(self, model, dtype, device, tokenizer, version, lora) -> None:
         self.followers = None  # tensor parallelism: the other ranks (parallel/workers.py)
         self._check_speculative_tensor_parallel()
         if self.config.tensor_parallel_size == 1:
             self.model = load_model(model, dtype=dtype, device=device)
         else:
+            if lora is not None or is_peft_module(model):
+                raise TensorParallelError("LoRA adapters are served at tensor_parallel_size=1 only "
+                                          f"(got {self.config.tensor_parallel_size}); use replicas (rollout.engines)")
             self.model = self._build_tensor_parallel(model, dtype, torch.device(device))
+        # before the runner captures CUDA graphs: they read the adapter slots' storages
+        self.lora = attach_adapter(self.model, model, lora, self.config.merge_lora)
+        self.merged_lora = self.config.merge_lora and (lora is not None or is_peft_module(model))
         mc = self.model.config
         self.max_model_len = self._max_model_len(mc)
         self.tokenizer = tokenizer if tokenizer is not None or not isinstance(model, str) else _maybe_tokenizer(model)
@@ -309,7 +318,8 @@ class LLM:
     @_on_engine_device
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                        kv: str = "keep") -> None:
-        """Load HF-named tensors in place (between steps) and set the policy version.
+        """Load HF-named tensors in place (between steps) and set the policy version. PEFT
+        adapter tensors (``...lora_A...``, ``...lora_B...``) go to the adapter's slots.
 
         ``kv``: what in-flight sequences do with the K/V computed under the old weights.
         "keep" continues on it (vLLM ``pause(mode="keep")``, PipelineRL); "recompute" drops it
@@ -321,7 +331,7 @@ class LLM:
             self._drain()  # tokens in flight came from the old weights: read them first (old version)
             if self.followers is not None:  # every rank takes the full tensors and keeps its slice
                 named_tensors = self.followers.broadcast_weights(named_tensors)
-            self.model.load_weights(named_tensors)
+            load_update(self.model, self.lora, named_tensors, self.merged_lora)  # LoRA names: the adapter slots
             self.version = version
             self.block_manager.set_namespace(version)
             if kv == "recompute":

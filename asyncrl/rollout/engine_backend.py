@@ -30,6 +30,11 @@ class EngineBackend:
         self.kv_on_update = kv_on_update
 
     @property
+    def merged_lora(self) -> bool:
+        """Serves a LoRA adapter merged into its weights: pushes send merged weights, not A and B."""
+        return self.llm.merged_lora
+
+    @property
     def version(self) -> int:
         return self.llm.version
 

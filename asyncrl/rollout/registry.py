@@ -47,14 +47,18 @@ def _openai(model, tokenizer, openai=None, **_engine_options) -> RolloutBackend:
     return build_openai_backend(openai)  # the server holds its own weights; pushed by update_weights
 
 
-def engine_options(rollout_cfg) -> dict:
+def engine_options(rollout_cfg, lora_cfg=None) -> dict:
     """``EngineConfig`` fields set from the ``rollout`` config section (the server's settings
-    for ``openai``)."""
+    for ``openai``; with ``actor.lora``: serve the adapter merged into the weights, or apply it
+    on the fly)."""
     if rollout_cfg.backend == "openai":
         return {"openai": rollout_cfg.openai}
-    return {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
-            "return_routed_experts": rollout_cfg.return_routed_experts,
-            "speculative_config": rollout_cfg.speculative.engine_dict()}
+    options = {"gpu_memory_utilization": rollout_cfg.gpu_memory_utilization,
+               "return_routed_experts": rollout_cfg.return_routed_experts,
+               "speculative_config": rollout_cfg.speculative.engine_dict()}
+    if lora_cfg is not None and lora_cfg.enabled:
+        options["merge_lora"] = lora_cfg.merged_rollout
+    return options
 
 
 BACKENDS = {"hf": _hf, "engine": _engine, "openai": _openai}

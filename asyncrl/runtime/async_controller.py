@@ -27,7 +27,8 @@ from asyncrl.runtime.roles import build_roles
 from asyncrl.runtime.sync_controller import SyncController
 from asyncrl.runtime.validate import validate_config
 from asyncrl.runtime.waits import Deadline
-from asyncrl.runtime.weight_sync import GenerationGate, LogprobProbe, WeightSync, clone_for_rollout, probe_tolerance
+from asyncrl.runtime.weight_sync import (GenerationGate, LogprobProbe, WeightSync, clone_for_rollout, probe_tolerance,
+                                         rollout_weights)
 from asyncrl.training.batch import build_train_batch
 from asyncrl.training.critic import Critic
 from asyncrl.types import Example
@@ -58,7 +59,7 @@ def _single_turn_backend(cfg, model, tokenizer, log_dir=None):
         from asyncrl.runtime.executors.process import ProcessRolloutBackend
 
         return ProcessRolloutBackend(model, tokenizer, name, kv_on_update=kv, dtype=getattr(torch, cfg.model.dtype),
-                                     engine_options=engine_options(cfg.rollout), device=cfg.runtime.rollout_device,
+                                     engine_options=engine_options(cfg.rollout, cfg.actor.lora), device=cfg.runtime.rollout_device,
                                      transport=cfg.runtime.weight_transport, max_restarts=cfg.runtime.max_restarts,
                                      hang_timeout_s=cfg.runtime.hang_timeout_s, on_restart=_announce_restart)
     if name == "engine":
@@ -66,10 +67,10 @@ def _single_turn_backend(cfg, model, tokenizer, log_dir=None):
 
         device = str(next(model.parameters()).device)
         return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device, kv_on_update=kv,
-                             **engine_options(cfg.rollout))
+                             **engine_options(cfg.rollout, cfg.actor.lora))
     from asyncrl.rollout.hf import HFGenerateBackend
 
-    return HFGenerateBackend(clone_for_rollout(model), tokenizer)
+    return HFGenerateBackend(clone_for_rollout(model, share_frozen=True), tokenizer)  # LoRA: the base is shared
 
 
 def _start_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
@@ -110,7 +111,7 @@ class AsyncController(SyncController):
     def __init__(self, cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream,
                  critic: Optional[Critic] = None, encode: Optional[Callable[[Example], list[int]]] = None):
         super().__init__(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic, encode)
-        if any(p.data_ptr() == q.data_ptr() for p in _params(backend) for q in actor.model.parameters()):
+        if any(p.data_ptr() == q.data_ptr() for p in _params(backend) for q in actor.trainable):
             raise ValueError("async mode needs a rollout model separate from the trainer's (clone_for_rollout)")
         rt, batch = cfg.runtime, cfg.trainer.prompts_per_step
         self.rt, self.batch_groups = rt, batch
@@ -235,8 +236,9 @@ class AsyncController(SyncController):
         self.loop.resume_rounds(self._next_round)
 
     def sync_weights(self) -> None:
-        """The rollout backend holds its own copy: copy the trainer's weights into it."""
-        self.backend.update_weights(self.actor.model.named_parameters(), self.actor.version)
+        """The rollout backend holds its own copy: copy the trainer's weights into it (LoRA: the
+        adapters, or the merged layers for an engine serving the merged model; as a push does)."""
+        self.backend.update_weights(rollout_weights(self.actor.model, self.backend), self.actor.version)
 
     def _rollout_tokens_per_s(self, tokens: int, rollout_seconds: float) -> float:
         """Tokens / generate seconds of the calls that ended in this window; a window in which

@@ -37,7 +37,9 @@ from asyncrl.runtime.run_dir import discard_if_unused, release_run_dir, start_ru
 from asyncrl.runtime.sharded_checkpoint import ShardedCheckpointer, ShardedPolicyState
 from asyncrl.runtime.roles import DTYPES
 from asyncrl.runtime.sync_controller import build_sync_controller
+from asyncrl.runtime.weight_sync import rollout_weights
 from asyncrl.training.checkpoint import HFPolicyState, latest_checkpoint, write_atomic_text
+from asyncrl.training.lora import apply_lora, save_merged
 from asyncrl.training.model import load_policy, resolve_model_path
 from asyncrl.training.warm_start import tiny_checkpoint
 from asyncrl.workflows.build import wrap_backend
@@ -102,7 +104,7 @@ def rollout_backend(cfg, model, tokenizer, dp: DataParallel):
     """The rollout backend of ``model`` (rank 0 only). Sharded: the trainer's tensors become
     shards, so the backend gets its own full copy on rank 0's device (the engine always copies)."""
     if not dp.sharded:
-        return build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout))
+        return build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout, cfg.actor.lora))
     if resolve_backend_name(cfg.rollout.backend, model) == "engine":
         return build_backend("engine", model, tokenizer, device=str(dp.device), **engine_options(cfg.rollout))
     from asyncrl.rollout.hf import HFGenerateBackend
@@ -144,6 +146,8 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
          dp: DataParallel = SINGLE) -> dict:
     # sharded: the full policy stays in host memory until its shards are cut (it may not fit one GPU)
     model, tokenizer, model_info = prepare_policy(cfg, source.task, "cpu" if dp.sharded else device)
+    if cfg.actor.lora.enabled:  # adapters on the loaded policy: only they train, and only they sync
+        model = apply_lora(model, cfg.actor.lora)
     backend = wrap_backend(cfg, rollout_backend(cfg, model, tokenizer, dp),
                            tokenizer)  # a workflow runs whole episodes on it (asyncrl.workflows)
     encode, heldout = source.prompt_encoder(tokenizer), source.heldout_examples()
@@ -160,7 +164,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         sync: the backend already holds the current weights.) ``samples`` receives a few
         (prompt, response, reward) per kind ("greedy", "sampled") for the report."""
         if not dp.sharded:
-            backend.update_weights(model.named_parameters(), backend.version)
+            backend.update_weights(rollout_weights(model, backend), backend.version)
         common = (backend, tokenizer, source.heldout_reward, heldout, cfg.rollout.max_tokens)
         record = samples if samples is not None else {}
         greedy, sampled = {}, {}
@@ -187,7 +191,10 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     if actor.dp.sharded:  # every rank writes and loads its shards (sharded_checkpoint.py)
         policy_state = ShardedPolicyState(ShardedCheckpointer(actor, tokenizer, DTYPES[cfg.model.dtype]))
     else:
-        policy_state = HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler)
+        # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
+        extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \
+            if cfg.actor.lora.enabled and cfg.actor.lora.save_merged else None
+        policy_state = HFPolicyState(actor.model, tokenizer, actor.optimizer, actor.scheduler, extra=extra)
     checkpoints = RunCheckpoints(cfg, run_dir, controller, policy_state, source)
     health = HealthMonitor(cfg.health, events_path=run_dir / "health_events.jsonl", mode=cfg.runtime.mode)
     profile = StageProfile()

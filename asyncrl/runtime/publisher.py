@@ -14,6 +14,7 @@ import torch
 from asyncrl.distributed.group import SINGLE
 from asyncrl.distributed.lockstep import replicated
 from asyncrl.distributed.weights import drain, full_tensors
+from asyncrl.runtime.weight_sync import rollout_weights
 
 MIB = 1 << 20
 
@@ -32,7 +33,7 @@ class WeightPublisher:
     def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors of the actor (collective under FSDP2: iterate on every rank)."""
         if not self.dp.sharded:
-            return self.actor.model.named_parameters()
+            return rollout_weights(self.actor.model, self.backend)  # LoRA: the adapters (or merged layers)
         return full_tensors(self.actor.forward_module, self.bucket_bytes, prefix="policy.", dtype=self.dtype)
 
     @replicated("weights")

@@ -21,6 +21,8 @@ from asyncrl.training.actor import Actor
 from asyncrl.training.critic import Critic, CriticValues, build_value_model
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import prepare_model
+from asyncrl.config_schema import ConfigError
+from asyncrl.training.lora import AdapterDisabledReference, is_lora
 from asyncrl.training.reference import Reference, frozen_copy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,11 +57,15 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
         enable_activation_checkpointing(model)
     if not dp.sharded:
         actor = Actor(model, cfg.actor, algo, temperature)
-        reference = (Reference(model, temperature, micro, cfg.actor.logprob_chunk_tokens)
+        reference_class = AdapterDisabledReference if is_lora(model) else Reference  # LoRA: the base, no copy
+        reference = (reference_class(model, temperature, micro, cfg.actor.logprob_chunk_tokens)
                      if needs_reference(algo) else None)
         critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, micro, algo.loss_scale_factor,
                          cfg.actor.master_dtype) if cfg.critic.enable else None)
         return actor, reference, critic
+    if is_lora(model):  # not built yet: FSDP2 units over a PEFT wrapper, adapter-only sync of shards
+        raise ConfigError("actor.lora with the sharded trainer (trainer.strategy=fsdp2) is not supported yet: "
+                         "train LoRA in one process (trainer.gpus=1) or the full model with fsdp2")
     compute, master = DTYPES[cfg.model.dtype], master_dtype(cfg)
     offload = cfg.actor.offload == "full"
     # the forward plan for the device and dtype the shards will compute in (forward_plan.py); the

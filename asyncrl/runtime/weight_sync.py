@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import torch
 
 from asyncrl.errors import HangError
+from asyncrl.training.lora import is_lora, merged_tensors, sync_tensors
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.types import SamplingParams
 
@@ -30,15 +31,28 @@ class WeightSyncError(RuntimeError):
     """The rollout backend does not run the weights it was sent."""
 
 
-def clone_for_rollout(model: torch.nn.Module) -> torch.nn.Module:
-    """A separate copy of the policy for generation (never shares storage with the trainer's).
+def clone_for_rollout(model: torch.nn.Module, share_frozen: bool = False) -> torch.nn.Module:
+    """A separate copy of the policy for generation.
 
-    Invariant: no parameter of the clone has the data_ptr of a trainer parameter, so an
-    optimizer step cannot change the weights a running ``generate`` reads."""
-    clone = copy.deepcopy(model).eval()
+    Invariant: no clone parameter has the data_ptr of a *trainable* trainer parameter, so an
+    optimizer step cannot change the weights a running ``generate`` reads. ``share_frozen``:
+    parameters that do not require grad (a LoRA model's base, which no step writes) are the
+    trainer's own, not copies."""
+    memo = {id(p): p for p in model.parameters() if not p.requires_grad} if share_frozen else {}
+    clone = copy.deepcopy(model, memo).eval()
     for p in clone.parameters():
         p.requires_grad_(False)
     return clone
+
+
+def rollout_weights(model: torch.nn.Module, backend) -> list[tuple[str, torch.Tensor]]:
+    """The named tensors a push hands ``backend``: every parameter (full fine-tuning), the LoRA
+    adapters (a backend that applies them itself: the engine's LoRA slots, a PEFT clone, the
+    rollout process), or the adapted layers' merged weights W + (α/r)·B·A for an engine that
+    serves the merged model (``backend.merged_lora``)."""
+    if is_lora(model) and getattr(backend, "merged_lora", False):
+        return merged_tensors(model)
+    return sync_tensors(model)
 
 
 class GenerationGate:
@@ -180,18 +194,20 @@ class WeightSync:
         if self.deferred:
             metrics = self.wait()  # the previous load and probe read the tensors this push overwrites
             started = time.perf_counter()
-            loaded = self.backend.start_update(model.named_parameters(), version)
+            tensors = rollout_weights(model, self.backend)
+            loaded = self.backend.start_update(tensors, version)
             self._pending = self._pool.submit(self._load_then_probe, loaded, version, started)
-            return metrics
+            return {**metrics, "weight_sync/bytes": _nbytes(tensors)}
+        tensors = rollout_weights(model, self.backend)
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
-            self.backend.update_weights(model.named_parameters(), version)
+            self.backend.update_weights(tensors, version)
             metrics = self._probe(model, version)
         else:
             with self.gate.writing():  # wait for running generate calls, keep new ones out
-                self.backend.update_weights(model.named_parameters(), version)
+                self.backend.update_weights(tensors, version)
                 metrics = self._probe(model, version)
         self.on_loaded(version)
-        return metrics
+        return {**metrics, "weight_sync/bytes": _nbytes(tensors)}
 
     def wait(self) -> dict[str, float]:
         """The metrics of the deferred load + probe in flight ({} if none); raises its error."""
@@ -235,6 +251,11 @@ class WeightSync:
         if self.probe is None:
             return {}
         return _probe_metrics(self.probe.check(self.backend, model, version))
+
+
+def _nbytes(named_tensors) -> float:
+    """Bytes of the tensors a push handed the backend (LoRA: A and B; else the whole model)."""
+    return float(sum(t.numel() * t.element_size() for _, t in named_tensors))
 
 
 def _probe_metrics(result: ProbeResult) -> dict[str, float]:

@@ -84,10 +84,12 @@ class Actor:
         self.device = dp.device if dp.sharded else param.device
         self.compute_dtype = compute_dtype or param.dtype
         self.loss_cfg = policy_loss_config(algo_cfg)
+        # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen)
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
         if dp.sharded:  # FSDP2 keeps the fp32 master shards itself (roles.master_dtype)
             self.optimizer = build_optimizer(self.forward_module.parameters(), actor_cfg)
         else:  # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
-            self.optimizer = trainer_adamw(model.parameters(), actor_cfg.master_dtype, lr=actor_cfg.lr,
+            self.optimizer = trainer_adamw(self.trainable, actor_cfg.master_dtype, lr=actor_cfg.lr,
                                            betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay,
                                            host_moments=actor_cfg.offload == "optimizer")
         warmup = actor_cfg.warmup_steps

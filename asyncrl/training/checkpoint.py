@@ -188,9 +188,12 @@ def write_checkpoint(run_dir: Path, step: int, write: Callable[[Path], None], st
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, optimizer=None, scheduler=None,
-                    state: Optional[dict] = None, keep: int = 2) -> Path:
-    """:func:`write_checkpoint` of an :class:`HFPolicyState` (the single-process trainer's)."""
-    return write_checkpoint(run_dir, step, HFPolicyState(model, tokenizer, optimizer, scheduler).write, state, keep)
+                    state: Optional[dict] = None, keep: int = 2,
+                    extra: Optional[Callable[[Path], None]] = None) -> Path:
+    """:func:`write_checkpoint` of an :class:`HFPolicyState` (the single-process trainer's);
+    ``extra(dir)`` writes more files into it before it is published (a merged LoRA model)."""
+    return write_checkpoint(run_dir, step, HFPolicyState(model, tokenizer, optimizer, scheduler, extra).write,
+                            state, keep)
 
 
 def _write_manifest(directory: Path, step: int, state: dict) -> None:
@@ -277,23 +280,36 @@ class HFPolicyState:
     as is) + tokenizer + ``optimizer.pt`` (optimizer and scheduler ``state_dict``s; with master
     weights the optimizer's state holds them, see mixed_precision.py).
 
+    A LoRA policy (a PEFT model) saves its adapter only, in PEFT's format (adapter_config.json +
+    adapter_model.safetensors: ``PeftModel.from_pretrained(base, path)`` loads it), and its
+    optimizer state covers the adapters only; ``load`` puts the adapter back into the same
+    PEFT model (the base comes from ``model.path``, as in the run that saved it).
+    ``extra(directory)`` writes more files before the manifest (``merged/``: the merged model).
+
     ``write`` is a :func:`write_checkpoint` writer; ``load`` restores the same objects in place.
     A sharded trainer replaces this class (same two methods)."""
 
-    def __init__(self, model, tokenizer, optimizer=None, scheduler=None):
+    def __init__(self, model, tokenizer, optimizer=None, scheduler=None,
+                 extra: Optional[Callable[[Path], None]] = None):
         self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.extra = extra
 
     def write(self, directory: Path) -> None:
         check_finite(self.model)
-        self.model.save_pretrained(str(directory), safe_serialization=True)
+        self.model.save_pretrained(str(directory), safe_serialization=True)  # PEFT: the adapter only
         self.tokenizer.save_pretrained(str(directory))
+        if self.extra is not None:
+            self.extra(directory)
         if self.optimizer is not None:
             torch.save({"optimizer": self.optimizer.state_dict(),
                         "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None},
                        directory / OPTIMIZER_FILE)
 
     def load(self, directory: Path) -> None:
-        load_model_weights(self.model, directory)
+        if _is_peft(self.model):
+            load_adapter_weights(self.model, directory)
+        else:
+            load_model_weights(self.model, directory)
         file = Path(directory) / OPTIMIZER_FILE
         if self.optimizer is None:
             return
@@ -312,12 +328,55 @@ def check_finite(model: torch.nn.Module) -> None:
             raise CheckpointError(f"refusing to save a checkpoint: parameter {name} holds NaN/Inf values")
 
 
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # PEFT's names
+
+
+def _is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def load_adapter_weights(model, directory: Path) -> None:
+    """Copy a LoRA checkpoint's adapter (PEFT's ``adapter_model.safetensors``) into ``model``, a
+    PEFT model built with the same ``actor.lora`` settings, in place (a resume). Every adapter tensor must
+    be covered; the base weights are the model's own (frozen, never saved)."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    file = directory / ADAPTER_WEIGHTS
+    if not file.is_file():
+        raise CheckpointError(f"{directory}: no {ADAPTER_WEIGHTS}: not a LoRA checkpoint, and a LoRA run "
+                              "(actor.lora.rank > 0) resumes only a LoRA run's checkpoint (resume it with "
+                              "actor.lora.rank=0)")
+    try:
+        tensors = load_file(str(file))
+    except Exception as err:  # safetensors raises its own SafetensorError on a truncated header
+        raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from err
+    adapters = {n for n, p in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    try:
+        result = set_peft_model_state_dict(model, tensors)
+    except RuntimeError as err:  # shape mismatch: another rank or target modules
+        raise CheckpointError(f"{directory}: the adapter does not fit this model (same actor.lora settings?): "
+                              f"{str(err).splitlines()[0]}") from err
+    missing = sorted(adapters & set(result.missing_keys))
+    unexpected = list(result.unexpected_keys)
+    if missing or unexpected:
+        names = missing or unexpected
+        what = "no weights for" if missing else "tensors this model lacks:"
+        raise CheckpointError(f"{directory}: the adapter does not fit this model (same actor.lora settings?): {what} "
+                              f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}")
+
+
 def load_model_weights(model: torch.nn.Module, directory: Path) -> None:
     """Copy the safetensors weights of ``directory`` into ``model`` in place (exact: the same
     dtype is saved and loaded). Every parameter must be covered (a tied one through its twin)."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
+    if (directory / ADAPTER_CONFIG).is_file() and not any(directory.glob("model*.safetensors")):
+        raise CheckpointError(f"{directory}: a LoRA checkpoint (PEFT adapter only): resume it with the "
+                              "actor.lora settings (rank > 0, target modules) and the base model of the run that "
+                              "saved it")
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{directory}: no *.safetensors weights")

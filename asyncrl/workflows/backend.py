@@ -49,6 +49,11 @@ class WorkflowBackend:
         self.base.update_weights(named_tensors, version)
 
     @property
+    def merged_lora(self) -> bool:
+        """The wrapped backend's (a LoRA push sends it merged weights or A and B: weight_sync.rollout_weights)."""
+        return getattr(self.base, "merged_lora", False)
+
+    @property
     def metrics(self) -> dict:
         return getattr(self.base, "metrics", {})
 

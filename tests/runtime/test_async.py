@@ -160,7 +160,9 @@ def test_deferred_probe_checks_every_sync_one_push_late(cfg_of, stale):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    assert sync.push(model, 1) == {}  # the probe of version 1 runs in the background
+    first = sync.push(model, 1)  # the probe of version 1 runs in the background: no probe metrics yet
+    assert "weight_sync/probe_gap" not in first
+    assert first["weight_sync/bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
     if stale:
         with pytest.raises(WeightSyncError, match="did not take"):
             sync.push(model, 2)

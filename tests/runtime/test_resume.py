@@ -27,6 +27,9 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "logging.tensorboard=false", "logging.report=false", "trainer.eval_samples=0",
         "trainer.checkpoint_every=2", "trainer.eval_every=2"]
 ASYNC0 = ["runtime.mode=async", "runtime.max_staleness=0", "runtime.rollout_process=false"]
+# LoRA; the tiny warm start earns no reward in 4 steps (zero advantages): the entropy bonus moves B off zero
+LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.save_merged=true", "algorithm.kl_coef=0.01",
+        "algorithm.entropy_coeff=0.01"]
 TIMING = ("time/", "share/", "throughput/", "memory/", "profile/", "weight_sync/", "async/overlap",
           "async/rollout_seconds", "async/trainer_busy_seconds", "async/window_seconds", "async/running_groups",
           "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop",
@@ -57,13 +60,18 @@ def killed_at(monkeypatch, step: int) -> None:
     monkeypatch.setattr(pipeline, "_run_step", run_step)
 
 
-@pytest.mark.parametrize("mode", [[], ASYNC0], ids=["sync", "async-eta0"])
+@pytest.mark.parametrize("mode", [[], ASYNC0, LORA], ids=["sync", "async-eta0", "sync-lora"])
 def test_a_resumed_run_equals_the_uninterrupted_one(cfg_of, tmp_path, monkeypatch, mode):
     whole = run_training(cfg_of(*mode, f"logging.run_dir={tmp_path / 'whole'}"))
     killed_at(monkeypatch, 4)  # checkpoint at 2, rows 1-3 written
     with pytest.raises(Killed):
         run_training(cfg_of(*mode))
     assert [r["step"] for r in rows(tmp_path / "run")] == [1, 2, 3]
+    if mode is LORA:  # the adapter saved at step 2 is a trained one (B left zero: the resume would prove little)
+        from safetensors.torch import load_file
+
+        adapter = load_file(str(tmp_path / "run" / "checkpoints" / "step_000002" / "adapter_model.safetensors"))
+        assert max(t.abs().max().item() for n, t in adapter.items() if ".lora_B." in n) > 0
     monkeypatch.undo()
     resumed = run_training(cfg_of(*mode, "trainer.resume=auto"))
     assert resumed["steps"] == 4 and resumed["resumed_from_step"] == 2
@@ -160,3 +168,33 @@ def pipeline_config(overrides):
     from asyncrl.config import load_config
 
     return load_config("quickstart", overrides)
+
+
+def test_an_async_lora_run_with_the_rollout_process_resumes(cfg_of, tmp_path, monkeypatch):
+    """Async, the rollout process on the collective transport: the resumed weights reach the
+    new child as a push does (the adapters only; the child got the base at its start)."""
+    lora_async = [*LORA, "runtime.mode=async", "runtime.max_staleness=1", "runtime.rollout_process=true",
+                  "runtime.weight_transport=collective", "algorithm.decoupled=true",
+                  "algorithm.rollout_correction.level=token"]
+    killed_at(monkeypatch, 4)
+    with pytest.raises(Killed):
+        run_training(cfg_of(*lora_async))
+    monkeypatch.undo()
+    resumed = run_training(cfg_of(*lora_async, "trainer.resume=auto"))
+    assert resumed["steps"] == 4 and resumed["resumed_from_step"] == 2
+    got = rows(tmp_path / "run")
+    assert [r["step"] for r in got] == [1, 2, 3, 4]
+    assert all(r["weight_sync/probe_gap"] < 1e-3 for r in got[2:] if "weight_sync/probe_gap" in r)
+
+
+def test_a_lora_checkpoint_resumes_only_as_lora_and_a_full_one_only_as_full(cfg_of, tmp_path):
+    """A LoRA checkpoint holds the adapter only (PEFT's format): resuming it without
+    actor.lora is refused by name, and so is a full checkpoint resumed with actor.lora."""
+    from asyncrl.errors import CheckpointError
+
+    run_training(cfg_of(*LORA, "trainer.steps=2"))
+    with pytest.raises(CheckpointError, match="a LoRA checkpoint"):
+        run_training(cfg_of("trainer.steps=4", "trainer.resume=auto"))
+    run_training(cfg_of("trainer.steps=2", f"logging.run_dir={tmp_path / 'full'}"))
+    with pytest.raises(CheckpointError, match="not a LoRA checkpoint"):
+        run_training(cfg_of(*LORA, "trainer.steps=4", "trainer.resume=auto", f"logging.run_dir={tmp_path / 'full'}"))

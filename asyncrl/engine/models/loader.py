@@ -8,6 +8,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 from safetensors import safe_open
 
+from asyncrl.engine.lora import base_tensors, is_peft_module
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.models.registry import model_class
@@ -29,8 +30,9 @@ def model_source(path) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]],
     """(config, HF-named tensors, the source's dtype) of a checkpoint dir or an in-memory HF
     ``*ForCausalLM`` module (its config and state dict; e.g. the trainer's policy)."""
     if isinstance(path, torch.nn.Module):
-        config = ModelConfig.from_module(path)
-        return config, path.state_dict().items(), next(path.parameters()).dtype
+        base = path.get_base_model() if is_peft_module(path) else path  # a PEFT model: its base (adapters: engine/lora.py)
+        config = ModelConfig.from_module(base)
+        return config, base_tensors(path.state_dict().items()), next(path.parameters()).dtype
     config = ModelConfig.from_dir(path)
     return config, iter_safetensors(path), getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
 

@@ -19,7 +19,8 @@ engine) or between two ``generate`` calls (HF, gated in the trainer process).
 ``runtime.weight_transport=collective`` replaces the shared tensors by a broadcast
 (executors/weight_channel.py): the child gets the module without its weights, and every push
 (the first one at start) moves them by NCCL (two GPUs) or gloo (CPU) into a copy the child owns
-on its device; the pipe still carries the version and the ack.
+on its device; the pipe still carries the version and the ack. With a LoRA model a push
+broadcasts only the adapters (A and B); the full set goes once per child, at its start.
 
 Invariants:
   * the trainer writes the shared tensors only inside ``update_weights``, which returns after
@@ -29,7 +30,8 @@ Invariants:
     :class:`RolloutProcessDied` with its exit code; no wait outlasts ``hang_timeout_s``
     (:class:`~asyncrl.errors.HangError` names the call) — the trainer never hangs;
   * a child that died is restarted (up to ``max_restarts`` times) from the last pushed weights,
-    which the trainer's shared tensors (or send buffer) still hold, at the last announced
+    which the trainer's shared tensors (or send buffer; LoRA over the collective: the full
+    buffer, the frozen base plus the last pushed adapters) still hold, at the last announced
     version; the call that saw the death is re-sent to the new child, so a ``generate`` in
     flight returns normally (its groups keep their ids: none lost, none duplicated). Past the
     limit the death is raised. The same holds for each replica of a fleet (``RolloutProcess``,
@@ -55,6 +57,7 @@ from asyncrl.errors import AsyncRLError
 from asyncrl.runtime.executors.weight_channel import (ChannelAddress, FlatWeights, WeightChannel, attach_weights,
                                                       channel_backend, host_store, weightless_clone)
 from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S, Deadline
+from asyncrl.training.lora import is_lora, sync_tensors
 from asyncrl.types import RequestOutput, SamplingParams
 
 START_TIMEOUT_S = 300.0  # spawning imports torch and transformers; a busy machine is slow
@@ -73,30 +76,49 @@ class TrainerWeights:
     fleet of replicas: written once per push, whatever the number of children).
 
     ``shared``: one tensor per parameter in shared CPU memory (CPU trainer) or on the trainer's
-    GPU (CUDA IPC), which every child reads. ``collective``: a ``FlatWeights`` send buffer and
-    one broadcast group of ``world = 1 + members`` ranks: the trainer is rank 0, child k rank k
-    (k = 1..members); its collectives wait at most ``hang_timeout_s``.
+    GPU (CUDA IPC), which every child reads; a LoRA model's frozen base is the trainer's own
+    tensors (never written), only the adapters are copies. ``collective``: a ``FlatWeights``
+    send buffer and one broadcast group of ``world = 1 + members`` ranks: the trainer is rank 0,
+    child k rank k (k = 1..members); its collectives wait at most ``hang_timeout_s``. A child
+    starts from all the weights (``full``, broadcast by ``connect``); each push then broadcasts
+    what a sync moves (``flat``: everything, or a LoRA model's adapters A and B). ``full`` is
+    freed after ``connect`` when no child can be started again (``max_restarts == 0``, or a
+    group of several members).
+
+    ``bytes_moved``: weight bytes sent to the children so far, counted where they move: by the
+    broadcast channels (the initial full broadcasts and those of closed groups included) or as
+    the copies into the shared tensors.
 
     Invariant: ``views`` hold the weights of the last ``write`` (stamped ``announced``) until the
     next one; ``lock`` is held while they change, so a restarted child never starts from a
     half-written set."""
 
     def __init__(self, model: torch.nn.Module, transport: str, rollout_device: str, members: int = 1,
-                 version: int = 0, hang_timeout_s: Optional[float] = None):
+                 version: int = 0, hang_timeout_s: Optional[float] = None, max_restarts: Optional[int] = None):
+        """``max_restarts``: how many children may be started again (None: unknown, the full
+        buffer of a LoRA model on the collective transport is kept)."""
         trainer_device = next(model.parameters()).device
         self.members, self.world, self.hang_timeout_s = members, 1 + members, hang_timeout_s
+        self.max_restarts = max_restarts
         self.cuda_shared = trainer_device.type == "cuda" and transport == "shared"
         self.lock = threading.Lock()
         self.announced = version  # the version the views hold
         self.store = None
         self.address: Optional[ChannelAddress] = None
         self.channel: Optional[WeightChannel] = None
+        self.flat = self.full = None
+        self._shared_bytes = 0  # shared transport: weight bytes the pushes copied into the shared tensors
+        self._moved_by_closed_channels = 0  # collective transport: the channels of groups now closed
         if transport == "collective":
-            # the trainer's send buffer ([name] -> view); the children get the module without weights
+            # the trainer's send buffers ([name] -> view); the children get the module without weights
             self.backend = channel_backend(trainer_device, torch.device(rollout_device))
             self.rendezvous()
-            self.flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
-            self.flat.copy_from(model.named_parameters())
+            self.full = FlatWeights(FlatWeights.specs_of(model.named_parameters()), trainer_device)
+            self.full.copy_from(model.named_parameters())
+            self.flat = (FlatWeights(FlatWeights.specs_of(sync_tensors(model)), trainer_device) if is_lora(model)
+                         else self.full)
+            if self.flat is not self.full:
+                self.flat.copy_from((name, self.full.views[name]) for name in self.flat.views)
             self.views, self.child_model, self.child_views = self.flat.views, weightless_clone(model), None
         else:
             self.child_model = self._shared_reference(model)
@@ -105,10 +127,12 @@ class TrainerWeights:
     def _shared_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """A module whose parameters are shared with the children (``self.views``: [name] ->
         tensor, written by each push); a child builds its backend from it and keeps it as the
-        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC)."""
+        probe's reference. CPU: shared memory. CUDA: stays on the trainer's GPU (CUDA IPC).
+        A LoRA model's frozen base is the trainer's own tensors (never written): only the
+        adapters are copies."""
         from asyncrl.runtime.weight_sync import clone_for_rollout
 
-        reference = clone_for_rollout(model)
+        reference = clone_for_rollout(model, share_frozen=True)
         if not self.cuda_shared:
             reference = reference.cpu()
         self.views = {n: p.data if self.cuda_shared else p.data.share_memory_()
@@ -118,10 +142,22 @@ class TrainerWeights:
     def rendezvous(self) -> None:
         """Collective: a new store (and address) for a group of ``world`` ranks; the old group,
         if any, is closed (a restarted child joins a new group: a member cannot be replaced)."""
+        self._close_channel()
+        self.store, self.address = host_store(self.backend, self.world, self.hang_timeout_s)
+
+    def _close_channel(self) -> None:
         if self.channel is not None:
+            self._moved_by_closed_channels += self.channel.bytes_moved
             self.channel.close()
             self.channel = None
-        self.store, self.address = host_store(self.backend, self.world, self.hang_timeout_s)
+
+    @property
+    def bytes_moved(self) -> int:
+        """Weight bytes sent to the children so far (see the class doc). A LoRA push moves the
+        adapters only; a restarted child gets all the weights again (counted too)."""
+        if self.address is None:
+            return self._shared_bytes
+        return self._moved_by_closed_channels + (self.channel.bytes_moved if self.channel is not None else 0)
 
     @property
     def can_replace_member(self) -> bool:
@@ -130,12 +166,20 @@ class TrainerWeights:
 
     def connect(self, version: int) -> None:
         """Collective: form the group with the children (each announced it is joining) and send
-        them the initial weights, stamped ``version``. Shared: nothing to do."""
+        them all the weights (LoRA: the frozen base and the last written adapters), stamped
+        ``version``. Shared: nothing to do."""
         if self.address is None:
             return
+        if self.full is None:
+            raise RolloutProcessError("the full weight buffer was freed (no child can be started again): "
+                                      "cannot connect a new child")
         self.channel = WeightChannel(self.store, self.address, rank=0)
-        for work in self.channel.broadcast(self.flat, version):
+        if self.flat is not self.full:  # LoRA: the frozen base and the last written adapters
+            self.full.copy_from(self.flat.views.items())
+        for work in self.channel.broadcast(self.full, version):  # all the weights, once per child
             work.wait()
+        if self.flat is not self.full and (self.max_restarts == 0 or not self.can_replace_member):
+            self.full = None  # LoRA, no child can be started again: the frozen base never moves again
 
     @torch.no_grad()
     def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: Optional[int] = None) -> None:
@@ -144,6 +188,8 @@ class TrainerWeights:
         with self.lock:
             for name, tensor in named_tensors:
                 self.views[name].copy_(tensor.detach())
+                if self.address is None:  # collective: the channel counts what it sends
+                    self._shared_bytes += tensor.numel() * tensor.element_size()
             if self.cuda_shared:  # the children read them from their own streams: the copies must be done
                 torch.cuda.synchronize(next(iter(self.views.values())).device)
             if version is not None:
@@ -155,8 +201,7 @@ class TrainerWeights:
         return self.channel.broadcast(self.flat, version) if self.channel is not None else []
 
     def close(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
+        self._close_channel()
 
 
 class _Child:
@@ -453,13 +498,21 @@ class ProcessRolloutBackend(RolloutProcess):
         longest wait for any answer; ``on_restart(restarts, reason)`` is told of each restart."""
         device = device or str(next(model.parameters()).device)
         self.transport = transport
-        self.weights = TrainerWeights(model, transport, device, version=version, hang_timeout_s=hang_timeout_s)
+        self.weights = TrainerWeights(model, transport, device, version=version, hang_timeout_s=hang_timeout_s,
+                                      max_restarts=max_restarts)
         super().__init__(self.weights, tokenizer, backend_name, version, kv_on_update, dtype, engine_options, device,
                          max_restarts=max_restarts, hang_timeout_s=hang_timeout_s, on_restart=on_restart)
         self.shared = self.weights.views
         self.wait_joining(START_TIMEOUT_S)  # the child is alive and joining: join too
         self.weights.connect(version)
         self.wait_ready(START_TIMEOUT_S)
+
+    @property
+    def bytes_moved(self) -> int:
+        """Weight bytes sent to the child so far (``TrainerWeights.bytes_moved``): by the
+        broadcast channel (collective transport; each child's initial full broadcast included)
+        or as the copies into the shared tensors (shared transport)."""
+        return self.weights.bytes_moved
 
     # ---- the RolloutBackend protocol ------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -496,7 +549,8 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
 
     ``model``'s parameters are the shared tensors (or, with a channel ``address``, views into
     the buffers each broadcast fills; this process is ``rank`` of that group): it stays here as
-    the probe's reference (always the weights of the last push). Answers are (call id, ok,
+    the probe's reference (always the weights of the last push); ``shared`` (those tensors by
+    name) is not read here: a load hands the backend what a sync moves, from ``model``. Answers are (call id, ok,
     result | (error type name, traceback)); a failure to start is reported with call id None."""
     # Ctrl-C reaches the whole process group and a scheduler's SIGTERM may too: the trainer
     # decides when this process stops (it sends "stop", or its death closes the pipe)
@@ -525,9 +579,13 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
         if address is not None:
             send(-2, True, None)  # the trainer joins the group once it reads this
             channel = WeightChannel.join(address, rank)
-            flat = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
-            channel.receive(flat, version)
-            model, shared = attach_weights(model, flat.views, device), flat.views
+            full = FlatWeights(FlatWeights.specs_of(model.named_parameters()), device)
+            channel.receive(full, version)
+            # what each push broadcasts: everything, or a LoRA model's adapters (their own buffers)
+            flat = FlatWeights(FlatWeights.specs_of(sync_tensors(model)), device) if is_lora(model) else full
+            if flat is not full:
+                flat.copy_from((name, full.views[name]) for name in flat.views)
+            model = attach_weights(model, {**full.views, **flat.views}, device)
         backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device,
                                        engine_options)
         send(-1, True, _os_pid())
@@ -535,10 +593,15 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
         send(None, False, traceback.format_exc())
         raise SystemExit(1)
 
+    from asyncrl.runtime.weight_sync import rollout_weights
+
     def load(v: int) -> int:
         if channel is not None:
             channel.receive(flat, v)
-        backend.update_weights(shared.items(), v)
+        # the module's parameters are the received (or shared) tensors: all of them, the adapters
+        # (LoRA), or the merged weights computed here from the base and the adapters (an engine
+        # that merged)
+        backend.update_weights(rollout_weights(model, backend), v)
         return backend.version
     probes: dict = {}  # the trainer's probe objects by key (each keeps its last result for delta)
     calls = {"generate": backend.generate,

@@ -74,7 +74,8 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
     devices = fleet_devices(rollout_device, engines, tp)
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="asyncrl-rollout-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    weights = TrainerWeights(model, transport, devices[0], members=engines, hang_timeout_s=hang_timeout_s)
+    weights = TrainerWeights(model, transport, devices[0], members=engines, hang_timeout_s=hang_timeout_s,
+                             max_restarts=max_restarts)
     options = {**(engine_options or {}), **({"tensor_parallel_size": tp} if tp > 1 else {})}
     replicas: list[RolloutProcess] = []
     try:

@@ -138,6 +138,7 @@ class WeightChannel:
         self.rank, self.backend = rank, address.backend
         timeout = datetime.timedelta(seconds=address.timeout_s)
         self._stamp_tensor: torch.Tensor | None = None
+        self.bytes_moved = 0  # weight bytes this rank put into broadcasts (sent or received), stamps excluded
         if address.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -157,7 +158,9 @@ class WeightChannel:
         current stream (the copies into the buffers): the sender does not synchronize."""
         stamp = self._stamp(flat)
         stamp.fill_(version)  # a kernel on the current stream, not a host copy (which would wait)
-        return [self.group.broadcast(buffer, 0) for buffer in [*flat.ordered_buffers(), stamp]]
+        buffers = flat.ordered_buffers()
+        self.bytes_moved += sum(buffer.numel() * buffer.element_size() for buffer in buffers)
+        return [self.group.broadcast(buffer, 0) for buffer in [*buffers, stamp]]
 
     def receive(self, flat: FlatWeights, version: int) -> None:
         """A receiving rank: block until every buffer holds the broadcast bytes (visible to any stream);
