@@ -2,6 +2,8 @@
 MASTER_ADDR/PORT of rank 0's node), so the job's own ``init_process_group`` joins them into one
 gloo group. (A failing rank is named and the others killed: checked by hand, 2026-12-01, not in
 CI: each Ray launch starts fresh actor processes, ~30 s of a 2-core machine.)"""
+import signal
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -11,9 +13,12 @@ from asyncrl.distributed.ray_launch import launch_ray  # noqa: E402
 
 @pytest.fixture(scope="module")
 def local_ray():
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
     yield
     ray.shutdown()
+    for sig, handler in handlers.items():  # ray.init installs its own: later tests expect the defaults
+        signal.signal(sig, handler)
 
 
 def _entry():

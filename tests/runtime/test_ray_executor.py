@@ -1,3 +1,4 @@
+import signal
 """The Ray executor on a local Ray instance: the quickstart runs a few async steps with the
 rollout backend and the rewards in Ray actors (their own processes), bound kept."""
 import json
@@ -16,9 +17,12 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
 
 @pytest.fixture()
 def local_ray():
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+    for sig, handler in handlers.items():  # ray.init installs its own: later tests expect the defaults
+        signal.signal(sig, handler)
 
 
 @pytest.mark.ray
