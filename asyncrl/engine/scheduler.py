@@ -262,21 +262,12 @@ class Scheduler:
             if seq.status is SequenceStatus.FINISHED:
                 continue
             for tok, lp in zip(toks, lps):
-                seq.token_ids.append(tok)
-                seq.logprobs.append(lp)
-                seq.versions.append(version)
-                reason = self._finish_reason(seq, tok)
-                if reason:
-                    self._finish(seq, reason)
+                if self._commit_token(seq, tok, lp, version):
                     finished.append(seq)
                     break
             else:
                 seq.num_cached_tokens = len(seq.token_ids) - 1
-        if self.bm.enable_prefix_caching:
-            bsz = self.bm.block_size
-            for seq in batch.seqs:
-                if seq.status is not SequenceStatus.FINISHED and seq.num_cached_tokens // bsz > seq.num_hashed_blocks:
-                    self.bm.hash_full_blocks(seq)
+        self._hash_filled_blocks(batch.seqs)
         return finished
 
     def drop_kv(self) -> int:
@@ -298,6 +289,27 @@ class Scheduler:
         self.bm.deallocate(seq)
         self.waiting.appendleft(seq)
 
+    def _commit_token(self, seq: Sequence, tok: int, lp: float, version: int) -> bool:
+        """Append one sampled token with its log-prob and version; True when it finished ``seq``."""
+        seq.token_ids.append(tok)
+        seq.logprobs.append(lp)
+        seq.versions.append(version)
+        reason = self._finish_reason(seq, tok)
+        if reason:
+            self._finish(seq, reason)
+        return bool(reason)
+
+    def _hash_filled_blocks(self, seqs) -> None:
+        """Prefix caching: hash the blocks of live ``seqs`` that the step filled (only when a
+        block may have filled up)."""
+        if not self.bm.enable_prefix_caching:
+            return
+        bsz = self.bm.block_size
+        for seq in seqs:
+            if (seq.block_table and seq.status is not SequenceStatus.FINISHED
+                    and min(seq.num_cached_tokens, len(seq.token_ids)) // bsz > seq.num_hashed_blocks):
+                self.bm.hash_full_blocks(seq)
+
     # ---- postprocess ---------------------------------------------------------
     def postprocess(self, batch: ScheduledBatch, tokens: list[int], logprobs: list[float],
                     version: int) -> list[Sequence]:
@@ -310,19 +322,9 @@ class Scheduler:
             seq.num_pending -= 1
             if seq.status is done:
                 continue
-            seq.token_ids.append(tok)
-            seq.logprobs.append(lp)
-            seq.versions.append(version)
-            reason = self._finish_reason(seq, tok)
-            if reason:
-                self._finish(seq, reason)
+            if self._commit_token(seq, tok, lp, version):
                 finished.append(seq)
-        if self.bm.enable_prefix_caching:
-            bsz = self.bm.block_size
-            for seq in batch.seqs:  # only when a block may have filled up
-                if (seq.block_table and seq.status is not done
-                        and min(seq.num_cached_tokens, len(seq.token_ids)) // bsz > seq.num_hashed_blocks):
-                    self.bm.hash_full_blocks(seq)
+        self._hash_filled_blocks(batch.seqs)
         return finished
 
     def _finish_reason(self, seq: Sequence, tok: int) -> Optional[str]:
