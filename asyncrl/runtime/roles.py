@@ -23,6 +23,7 @@ from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import prepare_model
 from asyncrl.config_schema import ConfigError
 from asyncrl.training.lora import AdapterDisabledReference, is_lora
+from asyncrl.training.recompute import enable_activation_checkpointing
 from asyncrl.training.reference import Reference, frozen_copy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -33,15 +34,6 @@ def master_dtype(cfg) -> torch.dtype:
     ``actor.master_dtype`` asks for the compute dtype (pure bf16)."""
     name = getattr(cfg.actor, "master_dtype", None)
     return torch.float32 if name in (None, "auto", "float32") else DTYPES[name]
-
-
-def enable_activation_checkpointing(model) -> None:
-    """HF's per-layer activation checkpointing, non-reentrant (the form FSDP2 supports);
-    transformers renamed it ``activation_checkpointing_enable`` in 5.2x."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def needs_reference(algo) -> bool:

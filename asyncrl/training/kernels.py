@@ -200,6 +200,10 @@ def apply_liger(model) -> int:
     return swapped
 
 
+def liger_rope_active() -> bool:
+    return _LIGER_ROPE.get()
+
+
 @contextlib.contextmanager
 def liger_rope_enabled(enabled: bool = True):
     """Within: RoPE of CUDA tensors in patched architectures runs Liger's kernel."""

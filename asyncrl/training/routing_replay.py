@@ -22,9 +22,17 @@ rollout's: ``mismatch_rate`` = differing (token, layer) pairs / compared pairs (
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Optional
 
 import torch
+
+_HOOKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its RoutingReplay
+
+
+def replay_of(model) -> Optional["RoutingReplay"]:
+    """The RoutingReplay hooked on ``model`` (None: none)."""
+    return _HOOKED.get(model)
 
 
 def find_routers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -59,11 +67,32 @@ class RoutingReplay:
         self.mask: Optional[torch.Tensor] = None    # [N] bool
         self.differ = 0.0
         self.compared = 0.0
+        self.recomputing = False  # activation recomputation: replay, but count nothing twice
         self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+        self.model = model
+        _HOOKED[model] = self  # recompute.py finds it there: a recomputed layer replays too
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        if _HOOKED.get(self.model) is self:
+            del _HOOKED[self.model]
+
+    def state(self) -> tuple:
+        """The routes the coming forwards see (what :meth:`recomputed` puts back)."""
+        return self.routes, self.mask
+
+    @contextlib.contextmanager
+    def recomputed(self, state: tuple):
+        """Within: the routes of ``state`` (a checkpointed layer recomputed in backward, after
+        :meth:`use` has ended), without counting the mismatch a second time."""
+        saved = self.routes, self.mask, self.recomputing
+        self.routes, self.mask = state
+        self.recomputing = True
+        try:
+            yield
+        finally:
+            self.routes, self.mask, self.recomputing = saved
 
     @contextlib.contextmanager
     def use(self, routes: torch.Tensor, mask: torch.Tensor):
@@ -86,10 +115,11 @@ class RoutingReplay:
                                  "routing replay needs the padded [B, P + L] layout")
             recorded = self.routes[:, layer].to(device=ids.device, dtype=ids.dtype)
             mask = self.mask.to(ids.device)
-            with torch.no_grad():
-                differ = (ids.sort(-1).values != recorded.sort(-1).values).any(-1) & mask
-                self.differ += float(differ.sum())
-                self.compared += float(mask.sum())
+            if not self.recomputing:
+                with torch.no_grad():
+                    differ = (ids.sort(-1).values != recorded.sort(-1).values).any(-1) & mask
+                    self.differ += float(differ.sum())
+                    self.compared += float(mask.sum())
             if not self.replay:
                 return None
             new_ids = torch.where(mask[:, None], recorded, ids)

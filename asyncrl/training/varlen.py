@@ -233,16 +233,20 @@ def register() -> str:
 
 
 @contextlib.contextmanager
-def attention_implementation(model, name: str):
-    """``model.config._attn_implementation`` is ``name`` within (HF's attention modules read it at
-    every call); restored after, so other calls keep the model's own implementation."""
-    config = model.config
+def config_implementation(config, name: str):
     saved = config._attn_implementation
     config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = saved
+
+
+def attention_implementation(model, name: str):
+    """``model.config._attn_implementation`` is ``name`` within (HF's attention modules read it at
+    every call); restored after, so other calls keep the model's own implementation."""
+    return config_implementation(model.config, name)
+
 
 
 def varlen_supported(model) -> Optional[str]:

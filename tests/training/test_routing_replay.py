@@ -111,3 +111,34 @@ def test_replayed_weights_keep_router_gradients(rollout):
     finally:
         replay.remove()
         hf.zero_grad()
+
+
+def test_activation_checkpointing_recomputes_with_the_replayed_routes(rollout):
+    """A layer recomputed in backward (activation checkpointing) runs after ``use`` has ended: it
+    must replay the same routes (natively routed experts have the same shapes, so torch's
+    checkpoint check cannot see the difference: only the gradients would be wrong), and the
+    recomputation does not count the mismatch twice."""
+    import copy
+
+    from asyncrl.training.recompute import enable_activation_checkpointing
+
+    hf, batch = rollout
+    shifted = ((batch.routed_experts.long() + 1) % hf.config.num_experts).to(torch.int16)  # differ from native
+    grads, rates = [], []
+    for checkpointed in (False, True):
+        model = copy.deepcopy(hf).train()
+        if checkpointed:
+            enable_activation_checkpointing(model)
+        replay = RoutingReplay(model, replay=True)
+        try:
+            with replay.use(shifted, batch.routing_mask):
+                lp = _logprobs(model, batch)
+            (lp * batch.response_mask).sum().backward()
+            rates.append((replay.differ, replay.compared))
+        finally:
+            replay.remove()
+        grads.append([p.grad for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+    assert rates[0] == rates[1]

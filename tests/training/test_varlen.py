@@ -83,6 +83,25 @@ def test_varlen_equals_the_full_forward(tiny_policy, pad, monkeypatch):
         torch.testing.assert_close(a.double(), b.double(), atol=1e-5, rtol=1e-4)
 
 
+def test_activation_checkpointing_recomputes_through_the_varlen_attention(tiny_policy):
+    """The recomputation in backward runs after the forward restored the model's attention
+    implementation: it must still take the varlen path (it took SDPA over the packed tokens and
+    torch raised CheckpointError on the H200's FSDP2 step), and the gradients equal the
+    un-checkpointed ones."""
+    from asyncrl.training.recompute import enable_activation_checkpointing
+
+    model, tok = tiny_policy
+    ids, attn, mask, plen = _grpo_batch(tok)
+    prepare_model(model, "eager", "varlen")
+    model.train()
+    run = lambda: response_logprobs(model, ids, attn, plen, 0.8, with_entropy=True)  # noqa: E731
+    plain = _values_and_grads(model, run, mask)
+    enable_activation_checkpointing(model)
+    checkpointed = _values_and_grads(model, run, mask)
+    for a, b in zip(plain[2], checkpointed[2]):
+        torch.testing.assert_close(a, b)
+
+
 def test_attention_implementation_is_restored(tiny_policy):
     model, tok = tiny_policy
     ids, attn, _, plen = _grpo_batch(tok)
