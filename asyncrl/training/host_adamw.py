@@ -36,8 +36,9 @@ def _host_like(param: torch.Tensor) -> torch.Tensor:
     if torch.cuda.is_available():
         local = local.pin_memory()
     if isinstance(param, DTensor):
-        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                  shape=param.shape, stride=param.stride())
+        # not DTensor.from_local: it moves the shard to the mesh's device (every moment on the GPU,
+        # as the H200 run found); built as FSDP2's CPU offload builds its host parameter shards
+        return DTensor(local, param._spec, requires_grad=False)
     return local
 
 
