@@ -31,7 +31,10 @@ def draft_from_target(target, layers: int):
     final norm and head (a truncated copy, as layer-skip self-speculation drafts)."""
     from transformers import AutoModelForCausalLM
 
-    cfg = type(target.config)(**{**target.config.to_dict(), "num_hidden_layers": layers})
+    overrides = {"num_hidden_layers": layers}
+    if getattr(target.config, "layer_types", None):  # newer transformers check one type per layer
+        overrides["layer_types"] = target.config.layer_types[:layers]
+    cfg = type(target.config)(**{**target.config.to_dict(), **overrides})
     with torch.device(target.device):
         draft = AutoModelForCausalLM.from_config(cfg, dtype=target.dtype)
     missing, _ = draft.load_state_dict(target.state_dict(), strict=False)

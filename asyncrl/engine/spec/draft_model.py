@@ -130,12 +130,13 @@ class DraftModelProposer:
         blk = bt[np.arange(rows)[:, None], np.minimum(pos // bsz, bt.shape[1] - 1)].astype(np.int64)
         slots = blk * bsz + pos % bsz
         ids = np.zeros((rows, 2), dtype=np.int64)
-        ids[:B] = [s.token_ids[-2:] for s in seqs]
+        if B:  # (an empty list would not broadcast to [0, 2]: the graph capture's padding-only round)
+            ids[:B] = [s.token_ids[-2:] for s in seqs]
         temp = np.zeros(rows, dtype=np.float32)
         top_p = np.ones(rows, dtype=np.float32)
         top_k = np.full(rows, -1, dtype=np.int64)
         keys = np.zeros((rows, k), dtype=np.int64)
-        if self.probabilistic:
+        if self.probabilistic and B:
             temp[:B] = [s.params.temperature for s in seqs]
             top_p[:B] = [s.params.top_p for s in seqs]
             top_k[:B] = [s.params.top_k for s in seqs]
@@ -221,7 +222,9 @@ class DraftModelProposer:
         k = self.k
         metas = [AttentionMetadata(slot_mapping=view["slots"][:, :2].reshape(-1), block_tables=view["bt"],
                                    context_lens=ctx, paged_decode=True, query_len=2)]
-        metas += [AttentionMetadata(slot_mapping=view["slots"][:, 1 + j], block_tables=view["bt"],
+        # contiguous as in the eager round: a column of [rows, k + 1] has stride k + 1, and the
+        # cache-write kernel reads slot i at slot_mapping + i
+        metas += [AttentionMetadata(slot_mapping=view["slots"][:, 1 + j].contiguous(), block_tables=view["bt"],
                                     context_lens=ctx + j, paged_decode=True) for j in range(1, k)]
         drafts, probs = self._round(view, metas)
         view["drafts"].copy_(drafts)
