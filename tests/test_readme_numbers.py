@@ -3,8 +3,10 @@
 - The docs' blocks are exactly what bench/readme_numbers.py renders from
   bench/results/readme_numbers.json (the script is the only way to change them).
 - CI's own quickstart run (the session's ``quickstart_run``: seed 0, an empty warm-start cache,
-  as a newcomer runs it) lands within the tolerance the README states: 3 standard deviations
-  over the seeds measured, at least 3 binomial standard errors of the eval.
+  as a newcomer runs it) starts from the same warm start and gains within the tolerance the
+  README states: 3 standard deviations of the gain over the seeds measured, at least 3 binomial
+  standard errors of the eval; skipped only when the wall-clock cap cut RL below 80% of the
+  README's steps.
 """
 from __future__ import annotations
 
@@ -56,10 +58,11 @@ def test_a_newcomers_quickstart_reproduces_the_readme_numbers(quickstart_run):
         before = reference[f"sft_{key}"]
         assert abs(summary[f"sft_{key}"] - before) <= readme_numbers.tolerance([r[f"sft_{key}"] for r in sync],
                                                                               before, n[key]), key
-    if summary["steps"] != reference["steps"]:
+    if summary["steps"] < 0.8 * reference["steps"]:  # trainer.max_wall_seconds cut RL much shorter
         pytest.skip(f"this run made {summary['steps']} RL steps (trainer.max_wall_seconds on a busy machine), the README "
                     f"quotes {reference['steps']} steps")
     for key in ("accuracy", "sampled_accuracy"):
-        after = reference[f"final_{key}"]
-        tol = readme_numbers.tolerance([r[f"final_{key}"] for r in sync], after, n[key])
-        assert abs(summary[f"final_{key}"] - after) <= tol, (key, summary[f"final_{key}"], after, tol)
+        gains = [r[f"final_{key}"] - r[f"sft_{key}"] for r in sync]
+        tol = readme_numbers.tolerance(gains, reference[f"final_{key}"], n[key])
+        gain = summary[f"final_{key}"] - summary[f"sft_{key}"]
+        assert abs(gain - gains[0]) <= tol, (key, gain, gains[0], tol)
