@@ -315,6 +315,12 @@ class LLM:
                           finish_reason=s.finish_reason or "abort", versions=list(s.versions), routed_experts=routed)
 
     # ---- RL controls -------------------------------------------------------------
+    @property
+    def adapter_dtype(self) -> Optional[torch.dtype]:
+        """The dtype of the LoRA slots (the engine's weight dtype) when an adapter is served
+        unmerged, else None: a push of A and B in this dtype moves no byte the engine drops."""
+        return self.lora.dtype if self.lora is not None else None
+
     @_on_engine_device
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                        kv: str = "keep") -> None:

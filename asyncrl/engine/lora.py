@@ -222,6 +222,12 @@ class EngineLoRA:
     def num_tensors(self) -> int:
         return 2 * len(self.slots)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the slots hold A and B in (the base weights'): what a push should send."""
+        layer, _ = next(iter(self.slots.values()))
+        return layer.lora_a.dtype
+
 
 @torch.no_grad()
 def merge_adapter(model: nn.Module, shapes: dict[str, AdapterShape],

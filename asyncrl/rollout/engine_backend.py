@@ -35,6 +35,11 @@ class EngineBackend:
         return self.llm.merged_lora
 
     @property
+    def adapter_dtype(self) -> Optional[torch.dtype]:
+        """The dtype the engine holds an unmerged adapter in (None: no adapter slots)."""
+        return self.llm.adapter_dtype
+
+    @property
     def version(self) -> int:
         return self.llm.version
 

@@ -49,10 +49,19 @@ def rollout_weights(model: torch.nn.Module, backend) -> list[tuple[str, torch.Te
     """The named tensors a push hands ``backend``: every parameter (full fine-tuning), the LoRA
     adapters (a backend that applies them itself: the engine's LoRA slots, a PEFT clone, the
     rollout process), or the adapted layers' merged weights W + (α/r)·B·A for an engine that
-    serves the merged model (``backend.merged_lora``)."""
+    serves the merged model (``backend.merged_lora``).
+
+    Adapters go in the dtype the backend holds them in (``backend.adapter_dtype``: the engine's
+    slots, bf16 under a bf16 engine), cast here on the sender as a full sync sends the model's
+    own dtype: PEFT keeps A and B in fp32 under a bf16 base, and the engine would drop half of
+    those bytes on arrival. The merged weights are computed from the fp32 adapters (exact)."""
     if is_lora(model) and getattr(backend, "merged_lora", False):
         return merged_tensors(model)
-    return sync_tensors(model)
+    tensors = sync_tensors(model)
+    dtype = getattr(backend, "adapter_dtype", None) if is_lora(model) else None
+    if dtype is None:
+        return tensors
+    return [(name, t.detach().to(dtype)) for name, t in tensors]
 
 
 class GenerationGate:

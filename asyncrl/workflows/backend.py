@@ -54,6 +54,11 @@ class WorkflowBackend:
         return getattr(self.base, "merged_lora", False)
 
     @property
+    def adapter_dtype(self):
+        """The wrapped backend's (the dtype a LoRA push casts A and B to: weight_sync.rollout_weights)."""
+        return getattr(self.base, "adapter_dtype", None)
+
+    @property
     def metrics(self) -> dict:
         return getattr(self.base, "metrics", {})
 

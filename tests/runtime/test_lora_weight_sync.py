@@ -131,3 +131,49 @@ def test_an_async_lora_run_with_the_rollout_process(cfg_of, tmp_path):
         adapted = peft.PeftModel.from_pretrained(base, str(ckpt)).eval()
         merged = AutoModelForCausalLM.from_pretrained(str(ckpt / "merged")).eval()
         torch.testing.assert_close(adapted(ids).logits, merged(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_an_adapter_push_to_a_bf16_engine_sends_bf16_and_the_merged_path_stays_exact():
+    """PEFT keeps A and B in fp32 under a bf16 base: a push casts them to the engine's dtype on
+    the sender (half the bytes of fp32, and the engine's slots then hold what it got); an fp32
+    engine gets the trainer's own tensors (nothing cast); a merged engine gets W + s·B·A
+    computed from the fp32 adapters, exactly as before."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from asyncrl.rollout.engine_backend import EngineBackend
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=True,
+                      eos_token_id=3, bos_token_id=1, pad_token_id=0)
+    torch.manual_seed(0)
+    lora_cfg = load_config("quickstart", ["actor.lora.rank=4", "actor.lora.alpha=12"]).actor.lora  # scale 3: not a power of 2
+    policy = apply_lora(AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16), lora_cfg)
+    with torch.no_grad():
+        for _, p in adapter_tensors(policy):
+            p.copy_(0.05 * torch.randn_like(p))
+    adapters = dict(adapter_tensors(policy))
+    assert {p.dtype for p in adapters.values()} == {torch.float32}  # PEFT's choice, what the optimizer updates
+    engine = EngineBackend(policy, None, dtype=torch.bfloat16, device="cpu", num_kv_blocks=16, block_size=8)
+    pushed = rollout_weights(policy, engine)
+    assert {name for name, _ in pushed} == set(adapters)
+    assert {t.dtype for _, t in pushed} == {torch.bfloat16}
+    assert sum(t.numel() * t.element_size() for _, t in pushed) * 2 == sum(p.numel() * 4 for p in adapters.values())
+    for name, tensor in pushed:  # the values are the fp32 adapters rounded once
+        assert torch.equal(tensor, adapters[name].to(torch.bfloat16))
+    engine.update_weights(pushed, 1)
+    layer, shard = engine.llm.lora.slots["model.layers.0.self_attn.q_proj"]
+    a = adapters["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"]
+    assert torch.equal(layer.lora_a[:4], a.to(torch.bfloat16))  # the slot holds exactly what was pushed
+
+    fp32_policy = apply_lora(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32), lora_cfg)
+    fp32_engine = EngineBackend(fp32_policy, None, dtype=torch.float32, device="cpu", num_kv_blocks=16, block_size=8)
+    assert [(n, t.data_ptr()) for n, t in rollout_weights(fp32_policy, fp32_engine)] == \
+        [(n, p.data_ptr()) for n, p in adapter_tensors(fp32_policy)]  # the trainer's own storages, no copy
+
+    merged_engine = EngineBackend(policy, None, dtype=torch.bfloat16, device="cpu", num_kv_blocks=16, block_size=8,
+                                  merge_lora=True)
+    merged = dict(rollout_weights(policy, merged_engine))
+    base = policy.base_model.model.model.layers[1].mlp.down_proj
+    a, b = base.lora_A["default"].weight, base.lora_B["default"].weight
+    expected = (base.base_layer.weight.float() + 3.0 * (b.float() @ a.float())).to(torch.bfloat16)
+    assert torch.equal(merged["model.layers.1.mlp.down_proj.weight"], expected)
