@@ -2,6 +2,7 @@
 the recipe's own metrics present (critic, dynamic sampling, KL in the reward)."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ RECIPE_METRICS = {
             "time/critic_update"],
     "rloo": ["kl/reward_kl", "kl/reward_coef"],
     "reinforce_pp": ["kl/reward_kl", "kl/reward_coef"],
+    "quickstart_lora": [],  # rank-16 PEFT adapters at the measured LoRA lr (only they train and sync)
 }
 # A 5-step SFT model is almost never right, so "acc" would be constant in every group;
 # the length-shaped score varies, which keeps DAPO's dynamic sampling exercised.
@@ -39,3 +41,6 @@ def test_recipe_runs_end_to_end(recipe, cache_dir, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for key in ["reward/mean", "actor/pg_loss", "actor/grad_norm", *RECIPE_METRICS[recipe]]:
         assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in rows), key
+    if recipe.endswith("_lora"):  # adapters trained, saved in PEFT's format (no full weights)
+        saved = {p.name for p in Path(summary["checkpoint"]).iterdir()}
+        assert "adapter_config.json" in saved and "model.safetensors" not in saved, saved
