@@ -245,6 +245,9 @@ class RolloutConfig:
                                                          "(must divide the attention heads)")
     replica_start_timeout_s: float = field_spec(300.0, gt=0, help="fleet: a replica not ready by then is named "
                                                                   "with its log and the run stops")
+    ray_strategy: str = field_spec("PACK", choices=("PACK", "SPREAD", "STRICT_SPREAD"),
+                                   help="fleet + runtime.executor=ray: how the replicas' placement-group bundles "
+                                        "(one per replica, its TP GPUs on one node) spread over nodes")
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
     speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)

@@ -1,0 +1,322 @@
+"""Engine replicas as Ray actors (``runtime.executor=ray`` with ``rollout.engines`` > 1 or
+``rollout.tensor_parallel_size`` > 1): the second launcher of the fleet, beside the local
+processes of ``replicas.py``. The router, weight versions, probe, metrics and failover are
+``rollout/fleet.py``'s, the replica's side is ``replica_server.py``'s: only where a replica
+runs and how its calls and weights travel differ.
+
+    placement group (rollout.ray_strategy: PACK | SPREAD): engines x [{CPU: 1, GPU: tp}]
+        a bundle never spans nodes, so a replica's TP ranks share a node (STRICT_PACK within a
+        replica); PACK fills a node before the next, SPREAD puts replicas on different nodes
+    replica i: a ReplicaActor in bundle i; Ray shows it its bundle's GPUs only, so its engine
+        runs on cuda:0 and spawns its TP ranks on cuda:1..tp-1; its stdout/stderr go to
+        <log_dir>/replica<i>.log on its node
+    weights: each push is copied to CPU once and put in Ray's object store (``ray.put``); every
+        replica gets the same object, which Ray moves once per node (zero-copy between the
+        actors of one node), and copies it into its reference module, then its engine
+
+Why the object store and not the broadcast channel (``weight_channel.py``): the channel's store
+listens on 127.0.0.1 and its group cannot drop a member, while a multi-node cluster has no
+shared /dev/shm (no shared tensors either), and a replica actor that dies must leave the run
+going. The object store reaches every node and has no membership. The cost is one device-to-host
+copy per push and a host-to-device copy per replica.
+
+Everything that can be checked is checked before a model moves: the TP split, and replicas x
+TP against the Ray cluster's GPUs (in total, and TP GPUs on one node). A placement group that
+is not placed, or a replica that is not ready, within ``start_timeout_s`` is named (with the
+replica's node and log), and the actors are stopped.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from asyncrl.errors import HangError
+from asyncrl.rollout.fleet import Fleet
+from asyncrl.runtime.executors.process import RolloutProcessDied, RolloutProcessError
+from asyncrl.runtime.executors.replica_server import ReplicaServer, redirect_output
+from asyncrl.runtime.executors.replicas import FleetConfigError, check_fleet_splits, replica_engine_options
+from asyncrl.runtime.executors.weight_channel import attach_weights, weightless_clone
+from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S
+
+MAX_CONCURRENT_CALLS = 16  # generate calls of every rollout worker + a load, a probe and metrics at once
+
+
+def init_ray(num_cpus: Optional[int] = None, reserve_gpu: Optional[int] = None) -> None:
+    """Join the cluster at ``RAY_ADDRESS``, or start a local Ray with ``num_cpus``; a local Ray
+    is not shown GPU ``reserve_gpu`` (the trainer's, in this process), so no replica lands on it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+        return
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if reserve_gpu is not None and torch.cuda.is_available():
+        visible = saved.split(",") if saved else [str(i) for i in range(torch.cuda.device_count())]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(d for i, d in enumerate(visible) if i != reserve_gpu)
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+def replicas_on_gpu(cfg) -> bool:
+    """The replica actors take GPUs: ``runtime.rollout_device`` (cuda | cpu), else the trainer's device."""
+    device = cfg.runtime.rollout_device or cfg.trainer.device
+    return torch.cuda.is_available() if device == "auto" else torch.device(device).type == "cuda"
+
+
+def init_ray_for(cfg) -> None:
+    """:func:`init_ray` for a run: ``runtime.ray_num_cpus``; the trainer's GPU kept from Ray."""
+    device = cfg.trainer.device
+    on_gpu = torch.cuda.is_available() if device == "auto" else torch.device(device).type == "cuda"
+    trainer_gpu = (torch.device(device).index or 0) if on_gpu and device != "auto" else (0 if on_gpu else None)
+    init_ray(cfg.runtime.ray_num_cpus, reserve_gpu=trainer_gpu)
+
+
+def check_cluster_gpus(engines: int, tensor_parallel_size: int) -> None:
+    """Replicas x TP GPUs are in the Ray cluster, and TP of them on one node (named error)."""
+    import ray
+
+    need, tp = engines * tensor_parallel_size, tensor_parallel_size
+    total = int(ray.cluster_resources().get("GPU", 0))
+    if need > total:
+        raise FleetConfigError(
+            f"rollout.engines={engines} x rollout.tensor_parallel_size={tp} needs {need} GPU(s), but the Ray "
+            f"cluster has {total}: lower rollout.engines or rollout.tensor_parallel_size, or add nodes")
+    largest = max((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]), default=0)
+    if tp > largest:
+        raise FleetConfigError(f"rollout.tensor_parallel_size={tp} needs {tp} GPUs on one node (a replica's ranks "
+                               f"share a node), but the largest node of the Ray cluster has {largest}")
+
+
+class ObjectStoreWeights:
+    """The weights every replica actor loads: the last push, put once in Ray's object store.
+
+    Invariant: ``ref`` holds the weights of the last ``write`` (stamped ``announced``); each
+    replica's load gets that object. Also owns the fleet's placement group (removed by
+    ``close``, after the fleet closed its replicas)."""
+
+    def __init__(self, model: torch.nn.Module, placement_group):
+        import ray
+
+        self.placement_group, self.lock, self.announced = placement_group, threading.Lock(), 0
+        self.module = ray.put(weightless_clone(model))  # what a replica builds its reference from
+        self.bytes_moved = 0
+        self.ref = None
+        self.write(model.named_parameters(), 0)
+
+    @torch.no_grad()
+    def write(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: Optional[int] = None) -> None:
+        import ray
+
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in named_tensors}
+        with self.lock:
+            self.ref = ray.put(state)
+            self.bytes_moved += sum(t.numel() * t.element_size() for t in state.values())
+            if version is not None:
+                self.announced = version
+
+    def send(self, version: int) -> list:
+        """Nothing to start: each replica's load fetches ``ref``."""
+        return []
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        self.ref = None
+        remove_placement_group(self.placement_group)
+
+
+class ReplicaActor:
+    """The Ray actor of one replica: a :class:`ReplicaServer` (threaded: several generate calls,
+    a load between two engine steps, metrics at once)."""
+
+    def __init__(self, log_path: Optional[str]):
+        if log_path is not None:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            redirect_output(log_path)
+        self.server: Optional[ReplicaServer] = None
+
+    def where(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), os.getpid()
+
+    def start(self, module, state: dict, tokenizer, backend_name: str, version: int, kv_on_update: str, dtype,
+              engine_options: dict, on_gpu: bool) -> int:
+        """Build the backend on this actor's device (Ray shows it only its bundle's GPUs)."""
+        device = "cuda:0" if on_gpu else "cpu"
+        if on_gpu:
+            torch.cuda.set_device(0)
+        model = attach_weights(module, {name: t.to(device) for name, t in state.items()}, device)
+        self.server = ReplicaServer(model, tokenizer, backend_name, version, kv_on_update, dtype, device,
+                                    engine_options)
+        return os.getpid()
+
+    def generate(self, prompt_token_ids, params):
+        return self.server.generate(prompt_token_ids, params)
+
+    @torch.no_grad()
+    def load(self, state: dict, version: int) -> int:
+        params = dict(self.server.model.named_parameters())
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+        return self.server.load(version)
+
+    def probe(self, key, probe, version: int):
+        return self.server.probe(key, probe, version)
+
+    def metrics(self) -> dict:
+        return self.server.metrics()
+
+
+class RayReplica:
+    """The trainer's side of one replica actor: the replica interface ``Fleet`` calls (the same
+    as ``RolloutProcess``'s). A replica actor that died (``RayActorError``) stays dead: its calls
+    raise :class:`RolloutProcessDied` naming its node and log, and ``is_alive`` is False, so the
+    fleet removes it and generates its groups again elsewhere (Ray replicas are not restarted).
+    No wait outlasts ``hang_timeout_s`` (:class:`HangError`)."""
+
+    def __init__(self, actor, weights: ObjectStoreWeights, name: str, where: str, log_path: str, backend_name: str,
+                 version: int = 0, hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S):
+        self.actor, self.weights, self.name, self.where, self.log_path = actor, weights, name, where, log_path
+        self.version, self.hang_timeout_s = version, hang_timeout_s
+        self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
+        self.restarts, self.closing = 0, False
+        self._dead: Optional[BaseException] = None
+        self._probes_sent: set[int] = set()
+
+    def is_alive(self) -> bool:
+        return self._dead is None
+
+    def generate(self, prompt_token_ids, params):
+        return self._get(self.actor.generate.remote([list(p) for p in prompt_token_ids], params), "generate")
+
+    def notify_update(self, version: int) -> Callable[[], int]:
+        """Tell the actor to load the last written weights; ``loaded()`` waits for its ack."""
+        ref = self.actor.load.remote(self.weights.ref, version)
+
+        def loaded() -> int:
+            self.version = self._get(ref, f"load version {version}")
+            return self.version
+        return loaded
+
+    def run_probe(self, probe, version: int):
+        first = id(probe) not in self._probes_sent  # sent once, then only its key
+        self._probes_sent.add(id(probe))
+        return self._get(self.actor.probe.remote(id(probe), probe if first else None, version), "probe")
+
+    def engine_metrics(self) -> dict:
+        return self._get(self.actor.metrics.remote(), "metrics")
+
+    def close(self, timeout: float = 30.0) -> None:
+        import ray
+
+        self.closing = True
+        ray.kill(self.actor, no_restart=True)
+
+    def _get(self, ref, what: str):
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        if self._dead is not None:
+            raise RolloutProcessDied(f"{self.name} is gone ({self._dead_note()})")
+        try:
+            return ray.get(ref, timeout=self.hang_timeout_s)
+        except GetTimeoutError:
+            raise HangError(f"{self.name} did not answer '{what}' in {self.hang_timeout_s:g} s; it is alive "
+                            f"({self.where}); its log: {self.log_path} (runtime.hang_timeout_s)") from None
+        except RayActorError as err:
+            self._dead = self._dead or err
+            raise RolloutProcessDied(f"{self.name} died ({self._dead_note()})") from err
+
+    def _dead_note(self) -> str:
+        cause = str(self._dead).strip().splitlines()[0] if self._dead is not None else ""
+        return f"Ray actor on {self.where}: {cause}; its log: {self.log_path}"
+
+
+def start_ray_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines: int, tensor_parallel_size: int,
+                    on_gpu: bool, strategy: str = "PACK", kv_on_update: str = "keep",
+                    dtype: Optional[torch.dtype] = None, engine_options: Optional[dict] = None,
+                    log_dir: Optional[Path] = None, start_timeout_s: float = 300.0,
+                    on_lost: Optional[Callable[[str], None]] = None,
+                    hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S) -> Fleet:
+    """Place the replicas (see module doc), start every actor at once, wait until each is
+    ready; Ray must be initialized (:func:`init_ray`)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    check_fleet_splits(model, backend_name, tensor_parallel_size)
+    if on_gpu:
+        check_cluster_gpus(engines, tensor_parallel_size)
+    log_dir = Path(log_dir) if log_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"), "asyncrl-rollout")
+    bundle = {"CPU": 1, "GPU": tensor_parallel_size} if on_gpu else {"CPU": 1}
+    group = placement_group([bundle] * engines, strategy=strategy)
+    try:
+        ray.get(group.ready(), timeout=start_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(group)
+        raise FleetConfigError(f"the Ray cluster did not place {engines} replica(s) of {bundle} ({strategy}) within "
+                               f"{start_timeout_s:g}s; free now: {ray.available_resources()}") from None
+    weights = ObjectStoreWeights(model, group)
+    names = [f"rollout replica {i}" for i in range(engines)]
+    logs = [str(log_dir / f"replica{i}.log") for i in range(engines)]
+    actors = [ray.remote(ReplicaActor).options(
+        num_cpus=1, num_gpus=tensor_parallel_size if on_gpu else 0, max_concurrency=MAX_CONCURRENT_CALLS,
+        max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+    ).remote(logs[i]) for i in range(engines)]
+    starts = [actor.start.remote(weights.module, weights.ref, tokenizer, backend_name, 0, kv_on_update, dtype,
+                                 replica_engine_options(engine_options, tensor_parallel_size, backend_name, i), on_gpu)
+              for i, actor in enumerate(actors)]
+    where = [f"node {ip}" for ip in _bundle_nodes(group, engines)]
+    try:
+        _wait_ready(starts, names, where, logs, start_timeout_s)
+    except BaseException:
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+        weights.close()
+        raise
+    replicas = [RayReplica(actor, weights, names[i], where[i], logs[i], backend_name, hang_timeout_s=hang_timeout_s)
+                for i, actor in enumerate(actors)]
+    return Fleet(replicas, weights, on_lost=on_lost)
+
+
+def _bundle_nodes(group, engines: int) -> list[str]:
+    """The address of the node each bundle was placed on."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    nodes = placement_group_table(group).get("bundles_to_node_id", {})
+    address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    return [address.get(nodes.get(i), "?") for i in range(engines)]
+
+
+def _wait_ready(starts: list, names: list[str], where: list[str], logs: list[str], timeout: float) -> None:
+    """Each replica's start returned within ``timeout`` (all started together), else named."""
+    import time
+
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+
+    deadline = time.monotonic() + timeout
+    for start, name, node, log in zip(starts, names, where, logs):
+        try:
+            ray.get(start, timeout=max(deadline - time.monotonic(), 0.1))
+        except GetTimeoutError:
+            raise RolloutProcessError(f"{name} (Ray actor on {node}) did not become ready within {timeout:.0f}s; "
+                                      f"its log: {log} on {node}") from None
+        except RayError as err:
+            raise RolloutProcessError(f"{name} (Ray actor on {node}) failed to start; its log: {log} on {node}:\n"
+                                      f"{err}") from err
