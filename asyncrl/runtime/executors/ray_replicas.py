@@ -75,11 +75,24 @@ def replicas_on_gpu(cfg) -> bool:
 
 
 def init_ray_for(cfg) -> None:
-    """:func:`init_ray` for a run: ``runtime.ray_num_cpus``; the trainer's GPU kept from Ray."""
+    """:func:`init_ray` for a run: ``runtime.ray_num_cpus`` CPUs (null: this machine's cores,
+    but at least one per rollout actor plus one for the reward actors: Ray's CPUs are scheduling
+    units, and 2 replicas on a 2-core laptop should start); the trainer's GPU kept from Ray."""
     device = cfg.trainer.device
     on_gpu = torch.cuda.is_available() if device == "auto" else torch.device(device).type == "cuda"
     trainer_gpu = (torch.device(device).index or 0) if on_gpu and device != "auto" else (0 if on_gpu else None)
-    init_ray(cfg.runtime.ray_num_cpus, reserve_gpu=trainer_gpu)
+    actors = cfg.rollout.engines + 1
+    init_ray(cfg.runtime.ray_num_cpus or max(os.cpu_count() or 1, actors), reserve_gpu=trainer_gpu)
+
+
+def check_cluster_cpus(engines: int) -> None:
+    """One CPU per replica actor exists in the Ray cluster (named error, not a placement wait)."""
+    import ray
+
+    total = ray.cluster_resources().get("CPU", 0)
+    if engines > total:
+        raise FleetConfigError(f"rollout.engines={engines} replica actors need {engines} CPU(s) (one each), but the "
+                               f"Ray cluster has {total:g}: raise runtime.ray_num_cpus or lower rollout.engines")
 
 
 def check_cluster_gpus(engines: int, tensor_parallel_size: int) -> None:
@@ -280,6 +293,7 @@ def start_ray_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, eng
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     check_fleet_splits(model, backend_name, tensor_parallel_size)
+    check_cluster_cpus(engines)
     if on_gpu:
         check_cluster_gpus(engines, tensor_parallel_size)
     log_dir = Path(log_dir) if log_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"), "asyncrl-rollout")
