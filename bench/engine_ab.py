@@ -3,8 +3,8 @@ parallelism must leave the single-GPU engine exactly as fast as before).
 
     git -C /work/main archive <base-commit> asyncrl | (mkdir -p .ab_base && tar -x -C .ab_base)
     python bench/engine_ab.py --base .ab_base --json bench/results/tp1_ab_h200.json      # a, b, c: ~3-4 min
-    python bench/engine_ab.py --base .ab_base --workloads a,c --warmup-runs 0 \
-        --max-num-seqs 256 --json bench/results/tp1_ab_h200_quick.json                   # ~1.5 min
+    python bench/engine_ab.py --base .ab_base --workloads a,b,c --warmup-runs 0 \
+        --json bench/results/tp1_ab_h200.json                                               # ~2 min
 
 Each side runs ``bench/bench_rollout.py --warmup-runs W --no-hf`` (issue 4's workloads a, b, c;
 the harness of its own tree, unchanged by issue 16) in a fresh process whose PYTHONPATH is its

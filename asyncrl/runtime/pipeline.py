@@ -232,6 +232,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
                     "rl_seconds": totals["rl_seconds"] + time.perf_counter() - rl_start,
                     "wall_seconds": totals["wall_seconds"] + time.perf_counter() - wall_start}}
 
+    last_eval = None  # (step, policy version, result) of the latest periodic eval
     preemption.defer()  # from here a signal finishes the step in flight, then checkpoints
     try:
         with StepProgress(cfg.trainer.steps, cfg.logging.progress, completed=steps_done) as progress:
@@ -246,6 +247,7 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
                 if cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and heldout:
                     samples: dict = {}
                     result = evaluate(samples)
+                    last_eval = (step, actor.version, result)
                     metrics.update({f"eval/{k}": v for k, v in result.items()})
                     _write_samples(sinks, step, samples)
                     progress.print(f"step {step}: held-out accuracy {_fmt(result)} (before RL: {_fmt(before)})")
@@ -278,7 +280,12 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
         health.finish(console)  # episodes still open, once, with their counts
     rl_seconds = totals["rl_seconds"] + time.perf_counter() - rl_start
     after_samples: dict = {}
-    after = {} if preemption.requested else evaluate(after_samples)  # preempted: seconds left, not minutes
+    if preemption.requested:
+        after = {}  # seconds left, not minutes
+    elif last_eval is not None and last_eval[:2] == (steps_done, actor.version):
+        after = last_eval[2]  # the last step's periodic eval measured these weights (its samples are written)
+    else:
+        after = evaluate(after_samples)
     final_accuracy = after.get("accuracy")
     checkpoint = checkpoints.save(steps_done, run_state()) if steps_done else None
     getattr(backend, "close", lambda: None)()  # a workflow's engine thread

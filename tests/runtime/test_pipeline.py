@@ -35,6 +35,8 @@ def test_end_to_end_run_writes_everything(fast_cfg, tmp_path):
                 "share/actor_update"):
         assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in rows), key
     assert "eval/accuracy" in rows[1]
+    sampled_at = [json.loads(line)["step"] for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert sampled_at.count(4) == sampled_at.count(2) > 0  # the final eval is step 4's, not run twice
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     model = AutoModelForCausalLM.from_pretrained(summary["checkpoint"])
     assert model.config.model_type == "qwen3"
