@@ -55,6 +55,27 @@ def count_probes(fleet) -> Counter:
     return probed
 
 
+def run_losing_replica_1(ctrl, steps: int, kill_at: int, kill_on_next_call) -> tuple[dict, list, list]:
+    """Steps 1..``steps`` of an async run on a fleet of 2 replicas; replica 1 is killed when next
+    called from step ``kill_at`` on. After every step: 0 staleness violations, the probe run on
+    every live replica (gap < 1e-3), every live replica on the step's version. Returns (the last
+    step's metrics, ``kill_on_next_call``'s record, the steps of ``replica_lost`` events)."""
+    fleet, health, killed, lost_events = ctrl.backend, HealthMonitor(), [], []
+    probed = count_probes(fleet)
+    for step in range(1, steps + 1):
+        if step == kill_at:
+            assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
+            assert probed == {0: kill_at - 1, 1: kill_at - 1}  # every sync probed on every replica
+            killed = kill_on_next_call(fleet.replicas[1])
+        metrics = ctrl.step(step)
+        metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
+        assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
+        live = [0] if fleet.lost else [0, 1]
+        assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
+        lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
+    return metrics, killed, lost_events
+
+
 @pytest.mark.slow
 def test_two_replicas_serve_an_async_run_and_survive_losing_one(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -63,23 +84,12 @@ def test_two_replicas_serve_an_async_run_and_survive_losing_one(tmp_path, monkey
     task = build_task(cfg.task, cfg.seed)
     model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
     ctrl = build_async_controller(cfg, model, tok, length_reward, task.train_stream(0), log_dir=tmp_path / "logs")
-    fleet, trained, health, killed, lost_events = ctrl.backend, [], HealthMonitor(), [], []
+    fleet, trained = ctrl.backend, []
     take = ctrl.buffer.take
     ctrl.buffer.take = lambda n, check=None: [trained.append(g.admit_index) or g for g in take(n, check=check)]
-    probed = count_probes(fleet)
     try:
         assert isinstance(fleet, Fleet) and len({r.process.pid for r in fleet.replicas} | {os.getpid()}) == 3
-        for step in range(1, STEPS + 1):
-            if step == KILL_AT:
-                assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
-                assert probed == {0: KILL_AT - 1, 1: KILL_AT - 1}  # every sync probed on every replica
-                killed = kill_on_next_call(fleet.replicas[1])
-            metrics = ctrl.step(step)
-            metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
-            assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
-            live = [0] if fleet.lost else [0, 1]
-            assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
-            lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
+        metrics, killed, lost_events = run_losing_replica_1(ctrl, STEPS, KILL_AT, kill_on_next_call)
         assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
         assert len(lost_events) == 1 and lost_events[0] >= KILL_AT  # one health event, when it happened
         assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1

@@ -5,9 +5,9 @@ groups are generated again on the other, no group is lost or trained twice, and 
 ``replica_lost`` health event fires. Bad input: more replicas x TP than the Ray cluster's GPUs
 is refused before any model loads; a replica actor that never becomes ready is named, with its
 log, within the timeout."""
+import os
 import re
 import time
-from collections import Counter
 
 import pytest
 import torch
@@ -17,12 +17,12 @@ ray = pytest.importorskip("ray")
 from asyncrl import cli  # noqa: E402
 from asyncrl.config import load_config  # noqa: E402
 from asyncrl.data.tasks import build_task  # noqa: E402
-from asyncrl.metrics.health import HealthMonitor  # noqa: E402
 from asyncrl.rollout.fleet import Fleet  # noqa: E402
 from asyncrl.runtime.async_controller import build_async_controller  # noqa: E402
 from asyncrl.runtime.executors.process import RolloutProcessError  # noqa: E402
 from asyncrl.runtime.executors.ray_replicas import RayReplica, start_ray_fleet  # noqa: E402
 from asyncrl.runtime.pipeline import prepare_policy  # noqa: E402
+from tests.rollout.test_fleet import run_losing_replica_1  # noqa: E402
 
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.prompts_per_step=4",
@@ -46,41 +46,20 @@ def kill_on_next_call(replica: RayReplica) -> list:
     return killed
 
 
-def count_probes(fleet) -> Counter:
-    probed = Counter()
-    for i, replica in enumerate(fleet.replicas):
-        def run_probe(probe, version, i=i, run=replica.run_probe):
-            probed[i] += 1
-            return run(probe, version)
-        replica.run_probe = run_probe
-    return probed
-
-
 @pytest.mark.ray
 def test_two_ray_replicas_serve_an_async_run_and_survive_losing_one(local_ray, tmp_path):
     cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}"])
     task = build_task(cfg.task, cfg.seed)
     model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
     ctrl = build_async_controller(cfg, model, tok, task.reward, task.train_stream(0), log_dir=tmp_path / "logs")
-    fleet, trained, health, lost_events = ctrl.backend, [], HealthMonitor(), []
+    fleet, trained = ctrl.backend, []
     take = ctrl.buffer.take
     ctrl.buffer.take = lambda n, check=None: [trained.append(g.admit_index) or g for g in take(n, check=check)]
-    probed = count_probes(fleet)
     try:
         assert isinstance(fleet, Fleet) and all(isinstance(r, RayReplica) for r in fleet.replicas)
         pids = {ray.get(r.actor.where.remote())[1] for r in fleet.replicas}
-        assert len(pids) == 2 and not pids & {__import__("os").getpid()}  # two actor processes
-        for step in range(1, STEPS + 1):
-            if step == KILL_AT:
-                assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
-                assert probed == {0: KILL_AT - 1, 1: KILL_AT - 1}  # every sync probed on every replica
-                killed = kill_on_next_call(fleet.replicas[1])
-            metrics = ctrl.step(step)
-            metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
-            assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
-            live = [0] if fleet.lost else [0, 1]
-            assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
-            lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
+        assert len(pids) == 2 and not pids & {os.getpid()}  # two actor processes
+        metrics, killed, lost_events = run_losing_replica_1(ctrl, STEPS, KILL_AT, kill_on_next_call)
         assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
         assert len(lost_events) == 1 and lost_events[0] >= KILL_AT
         assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1
