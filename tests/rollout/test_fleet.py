@@ -55,17 +55,20 @@ def count_probes(fleet) -> Counter:
     return probed
 
 
-def run_losing_replica_1(ctrl, steps: int, kill_at: int, kill_on_next_call) -> tuple[dict, list, list]:
+def run_losing_replica_1(ctrl, steps: int, kill_at: int | tuple, kill_on_next_call) -> tuple[dict, list, list]:
     """Steps 1..``steps`` of an async run on a fleet of 2 replicas; replica 1 is killed when next
-    called from step ``kill_at`` on. After every step: 0 staleness violations, the probe run on
-    every live replica (gap < 1e-3), every live replica on the step's version. Returns (the last
-    step's metrics, ``kill_on_next_call``'s record, the steps of ``replica_lost`` events)."""
+    called from step ``kill_at`` on (each of them, if several). After every step: 0 staleness
+    violations, the probe run on every live replica (gap < 1e-3), every live replica on the
+    step's version. Returns (the last step's metrics, the last ``kill_on_next_call``'s record,
+    the steps of ``replica_lost`` events)."""
     fleet, health, killed, lost_events = ctrl.backend, HealthMonitor(), [], []
+    kills = (kill_at,) if isinstance(kill_at, int) else tuple(kill_at)
     probed = count_probes(fleet)
     for step in range(1, steps + 1):
-        if step == kill_at:
+        if step == kills[0]:
             assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
-            assert probed == {0: kill_at - 1, 1: kill_at - 1}  # every sync probed on every replica
+            assert probed == {0: step - 1, 1: step - 1}  # every sync probed on every replica
+        if step in kills:
             killed = kill_on_next_call(fleet.replicas[1])
         metrics = ctrl.step(step)
         metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed

@@ -1,8 +1,9 @@
 """A fleet of engine replicas as Ray actors (``runtime.executor=ray``, local Ray): two replicas
 serve one async run of the quickstart with 0 staleness violations and the same version on
-every replica after every sync (probed on each); one replica actor is killed mid-run: its
-groups are generated again on the other, no group is lost or trained twice, and the
-``replica_lost`` health event fires. Bad input: more replicas x TP than the Ray cluster's GPUs
+every replica after every sync (probed on each); one replica actor is killed mid-run twice:
+first it is replaced (``runtime.max_restarts=1``: a new actor from the last pushed weights),
+then it is lost: its groups are generated again on the other, no group is lost or trained
+twice, and the ``replica_lost`` health event fires. Bad input: more replicas x TP than the Ray cluster's GPUs
 is refused before any model loads; a replica actor that never becomes ready is named, with its
 log, within the timeout."""
 import os
@@ -30,7 +31,7 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "runtime.mode=async", "runtime.max_staleness=1", "algorithm.decoupled=true",
         "algorithm.rollout_correction.level=token", "runtime.executor=ray", "rollout.engines=2",
         "runtime.rollout_workers=2", "runtime.reward_workers=1"]
-STEPS, KILL_AT = 4, 3
+STEPS, KILLS = 4, (2, 3)  # the first kill is restarted (runtime.max_restarts=1), the second loses it
 
 
 def kill_on_next_call(replica: RayReplica) -> list:
@@ -48,7 +49,8 @@ def kill_on_next_call(replica: RayReplica) -> list:
 
 @pytest.mark.ray
 def test_two_ray_replicas_serve_an_async_run_and_survive_losing_one(local_ray, tmp_path):
-    cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}"])
+    cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}",
+                                            "runtime.max_restarts=1"])
     task = build_task(cfg.task, cfg.seed)
     model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
     ctrl = build_async_controller(cfg, model, tok, task.reward, task.train_stream(0), log_dir=tmp_path / "logs")
@@ -59,9 +61,12 @@ def test_two_ray_replicas_serve_an_async_run_and_survive_losing_one(local_ray, t
         assert isinstance(fleet, Fleet) and all(isinstance(r, RayReplica) for r in fleet.replicas)
         pids = {ray.get(r.actor.where.remote())[1] for r in fleet.replicas}
         assert len(pids) == 2 and not pids & {os.getpid()}  # two actor processes
-        metrics, killed, lost_events = run_losing_replica_1(ctrl, STEPS, KILL_AT, kill_on_next_call)
+        first_actor = fleet.replicas[1].actor
+        metrics, killed, lost_events = run_losing_replica_1(ctrl, STEPS, KILLS, kill_on_next_call)
+        assert fleet.replicas[1].restarts == 1 and fleet.replicas[1].actor is not first_actor
+        assert metrics["async/rollout_restarts"] == 1
         assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
-        assert len(lost_events) == 1 and lost_events[0] >= KILL_AT
+        assert len(lost_events) == 1 and lost_events[0] >= KILLS[1]
         assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1
         # no group lost, none trained twice: the trained ids are exactly the admission order
         assert trained == list(range(STEPS * 4)) and ctrl.staleness.released == 0

@@ -143,6 +143,7 @@ def ray_roles(cfg, model, tokenizer, reward_fn, log_dir=None):
 def _ray_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
     from asyncrl.metrics.console import console
     from asyncrl.rollout.registry import engine_options
+    from asyncrl.runtime.async_controller import _announce_restart
     from asyncrl.runtime.executors.ray_replicas import replicas_on_gpu, start_ray_fleet
 
     r = cfg.rollout
@@ -151,7 +152,8 @@ def _ray_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
                            kv_on_update=cfg.runtime.partial_rollout_kv, dtype=getattr(torch, cfg.model.dtype),
                            engine_options=engine_options(r), log_dir=log_dir, start_timeout_s=r.replica_start_timeout_s,
                            on_lost=lambda message: console.print(f"[bold yellow]fleet[/] {message}"),
-                           hang_timeout_s=cfg.runtime.hang_timeout_s)
+                           hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
+                           on_restart=_announce_restart)
 
 
 class RayExecutor(LocalExecutor):

@@ -38,7 +38,8 @@ from asyncrl.errors import HangError
 from asyncrl.rollout.fleet import Fleet
 from asyncrl.runtime.executors.process import RolloutProcessDied, RolloutProcessError
 from asyncrl.runtime.executors.replica_server import ReplicaServer, redirect_output
-from asyncrl.runtime.executors.replicas import FleetConfigError, check_fleet_splits, replica_engine_options
+from asyncrl.runtime.executors.replicas import (FleetConfigError, check_fleet_splits, named_restarts,
+                                                replica_engine_options)
 from asyncrl.runtime.executors.weight_channel import attach_weights, weightless_clone
 from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S
 
@@ -217,42 +218,58 @@ class ReplicaActor:
 
 class RayReplica:
     """The trainer's side of one replica actor: the replica interface ``Fleet`` calls (the same
-    as ``RolloutProcess``'s). A replica actor that died (``RayActorError``) stays dead: its calls
-    raise :class:`RolloutProcessDied` naming its node and log, and ``is_alive`` is False, so the
-    fleet removes it and generates its groups again elsewhere (Ray replicas are not restarted).
-    No wait outlasts ``hang_timeout_s`` (:class:`HangError`)."""
+    as ``RolloutProcess``'s). An actor that died (``RayActorError``) is replaced, up to
+    ``max_restarts`` times, by a new actor in the same bundle started from the last written
+    weights (``launch(ref, version)``), and the call that saw the death is sent again: a
+    ``generate`` in flight returns normally, its groups keep their ids. Past the limit its calls
+    raise :class:`RolloutProcessDied` naming its node and log, ``is_alive`` is False, and the
+    fleet removes it and generates its groups elsewhere. No wait outlasts ``hang_timeout_s``.
+
+    Invariant: ``actor`` is the current actor; a death is acted on once (the first thread to
+    see it relaunches; a late error of a replaced actor never marks its successor dead)."""
 
     def __init__(self, actor, weights: ObjectStoreWeights, name: str, where: str, log_path: str, backend_name: str,
-                 version: int = 0, hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S):
+                 version: int = 0, hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S,
+                 launch: Optional[Callable[[object, int], object]] = None, max_restarts: int = 0,
+                 on_restart: Optional[Callable[[int, str], None]] = None):
         self.actor, self.weights, self.name, self.where, self.log_path = actor, weights, name, where, log_path
         self.version, self.hang_timeout_s = version, hang_timeout_s
         self.inflight_weight_update = backend_name == "engine"  # the engine swaps weights between steps
+        self.launch, self.max_restarts, self.on_restart = launch, max_restarts, on_restart
         self.restarts, self.closing = 0, False
-        self._dead: Optional[BaseException] = None
+        self._dead: Optional[BaseException] = None  # why the current actor is gone (restarts used up)
         self._probes_sent: set[int] = set()
 
     def is_alive(self) -> bool:
         return self._dead is None
 
     def generate(self, prompt_token_ids, params):
-        return self._get(self.actor.generate.remote([list(p) for p in prompt_token_ids], params), "generate")
+        prompts = [list(p) for p in prompt_token_ids]
+        return self._with_restarts(lambda actor: self._get(actor, actor.generate.remote(prompts, params), "generate"))
 
     def notify_update(self, version: int) -> Callable[[], int]:
-        """Tell the actor to load the last written weights; ``loaded()`` waits for its ack."""
-        ref = self.actor.load.remote(self.weights.ref, version)
+        """Tell the actor to load the last written weights; ``loaded()`` waits for its ack (an
+        actor that dies meanwhile is replaced by one started on these weights)."""
+        actor = self.actor
+        ref = actor.load.remote(self.weights.ref, version)
 
         def loaded() -> int:
-            self.version = self._get(ref, f"load version {version}")
+            try:
+                self.version = self._get(actor, ref, f"load version {version}")
+            except RolloutProcessDied as err:
+                self._restart_after(actor, err)
             return self.version
         return loaded
 
     def run_probe(self, probe, version: int):
-        first = id(probe) not in self._probes_sent  # sent once, then only its key
-        self._probes_sent.add(id(probe))
-        return self._get(self.actor.probe.remote(id(probe), probe if first else None, version), "probe")
+        def call(actor):
+            first = (id(actor), id(probe)) not in self._probes_sent  # sent once per actor, then only its key
+            self._probes_sent.add((id(actor), id(probe)))
+            return self._get(actor, actor.probe.remote(id(probe), probe if first else None, version), "probe")
+        return self._with_restarts(call)
 
     def engine_metrics(self) -> dict:
-        return self._get(self.actor.metrics.remote(), "metrics")
+        return self._with_restarts(lambda actor: self._get(actor, actor.metrics.remote(), "metrics"))
 
     def close(self, timeout: float = 30.0) -> None:
         import ray
@@ -260,23 +277,49 @@ class RayReplica:
         self.closing = True
         ray.kill(self.actor, no_restart=True)
 
-    def _get(self, ref, what: str):
+    # ---- restarts ----------------------------------------------------------------------------
+    def _with_restarts(self, call: Callable[[object], object]):
+        while True:
+            actor = self.actor
+            try:
+                return call(actor)
+            except RolloutProcessDied as err:
+                self._restart_after(actor, err)
+
+    def _restart_after(self, dead, error: RolloutProcessDied) -> None:
+        """Replace ``dead`` (a no-op if done already); past ``max_restarts`` the replica is gone."""
+        import ray
+
+        with self.weights.lock:  # no write in progress: the new actor starts from a whole set
+            if self.actor is not dead:
+                return
+            if self.closing or self.launch is None or self.restarts >= self.max_restarts:
+                self._dead = self._dead or error
+                raise error
+            self.restarts += 1
+            ray.kill(dead, no_restart=True)  # frees its bundle for the new actor
+            version = self.weights.announced
+            self.actor = self.launch(self.weights.ref, version)
+            self.version = version
+        if self.on_restart is not None:
+            self.on_restart(self.restarts, str(error).splitlines()[0])
+
+    def _get(self, actor, ref, what: str):
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         if self._dead is not None:
-            raise RolloutProcessDied(f"{self.name} is gone ({self._dead_note()})")
+            raise RolloutProcessDied(f"{self.name} is gone ({self._dead_note(self._dead)})")
         try:
             return ray.get(ref, timeout=self.hang_timeout_s)
         except GetTimeoutError:
             raise HangError(f"{self.name} did not answer '{what}' in {self.hang_timeout_s:g} s; it is alive "
                             f"({self.where}); its log: {self.log_path} (runtime.hang_timeout_s)") from None
         except RayActorError as err:
-            self._dead = self._dead or err
-            raise RolloutProcessDied(f"{self.name} died ({self._dead_note()})") from err
+            raise RolloutProcessDied(f"{self.name} died ({self._dead_note(err)})") from err
 
-    def _dead_note(self) -> str:
-        cause = str(self._dead).strip().splitlines()[0] if self._dead is not None else ""
+    def _dead_note(self, err: BaseException) -> str:
+        cause = str(err).strip().splitlines()[0]
         return f"Ray actor on {self.where}: {cause}; its log: {self.log_path}"
 
 
@@ -285,9 +328,11 @@ def start_ray_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, eng
                     dtype: Optional[torch.dtype] = None, engine_options: Optional[dict] = None,
                     log_dir: Optional[Path] = None, start_timeout_s: float = 300.0,
                     on_lost: Optional[Callable[[str], None]] = None,
-                    hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S) -> Fleet:
+                    hang_timeout_s: Optional[float] = DEFAULT_HANG_TIMEOUT_S, max_restarts: int = 0,
+                    on_restart: Optional[Callable[[int, str], None]] = None) -> Fleet:
     """Place the replicas (see module doc), start every actor at once, wait until each is
-    ready; Ray must be initialized (:func:`init_ray`)."""
+    ready; Ray must be initialized (:func:`init_ray`). A replica actor that dies is replaced up
+    to ``max_restarts`` times (``on_restart(restarts, reason)``, the replica named in ``reason``)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -310,13 +355,31 @@ def start_ray_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, eng
     weights = ObjectStoreWeights(model, group)
     names = [f"rollout replica {i}" for i in range(engines)]
     logs = [str(log_dir / f"replica{i}.log") for i in range(engines)]
-    actors = [ray.remote(ReplicaActor).options(
-        num_cpus=1, num_gpus=tensor_parallel_size if on_gpu else 0, max_concurrency=MAX_CONCURRENT_CALLS,
-        max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-    ).remote(logs[i]) for i in range(engines)]
-    starts = [actor.start.remote(weights.module, weights.ref, tokenizer, backend_name, 0, kv_on_update, dtype,
-                                 replica_engine_options(engine_options, tensor_parallel_size, backend_name, i), on_gpu)
-              for i, actor in enumerate(actors)]
+
+    def create(i: int):
+        return ray.remote(ReplicaActor).options(
+            num_cpus=1, num_gpus=tensor_parallel_size if on_gpu else 0, max_concurrency=MAX_CONCURRENT_CALLS,
+            max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+        ).remote(logs[i])
+
+    def start(i: int, actor, ref, version: int):
+        return actor.start.remote(weights.module, ref, tokenizer, backend_name, version, kv_on_update, dtype,
+                                  replica_engine_options(engine_options, tensor_parallel_size, backend_name, i), on_gpu)
+
+    def launcher(i: int):
+        def launch(ref, version: int):  # a new actor in bundle i, ready (or named)
+            actor = create(i)
+            try:
+                _wait_ready([start(i, actor, ref, version)], names[i:i + 1], where[i:i + 1], logs[i:i + 1],
+                            start_timeout_s)
+            except BaseException:
+                ray.kill(actor, no_restart=True)
+                raise
+            return actor
+        return launch
+
+    actors = [create(i) for i in range(engines)]
+    starts = [start(i, actor, weights.ref, 0) for i, actor in enumerate(actors)]
     where = [f"node {ip}" for ip in _bundle_nodes(group, engines)]
     try:
         _wait_ready(starts, names, where, logs, start_timeout_s)
@@ -325,7 +388,9 @@ def start_ray_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, eng
             ray.kill(actor, no_restart=True)
         weights.close()
         raise
-    replicas = [RayReplica(actor, weights, names[i], where[i], logs[i], backend_name, hang_timeout_s=hang_timeout_s)
+    replicas = [RayReplica(actor, weights, names[i], where[i], logs[i], backend_name, hang_timeout_s=hang_timeout_s,
+                           launch=launcher(i), max_restarts=max_restarts,
+                           on_restart=named_restarts(on_restart, names[i]))
                 for i, actor in enumerate(actors)]
     return Fleet(replicas, weights, on_lost=on_lost)
 

@@ -100,7 +100,7 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
                                            rank=1 + i, name=f"rollout replica {i}",
                                            log_path=str(log_dir / f"replica{i}.log"), daemon=tp == 1,
                                            max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
-                                           on_restart=_named(on_restart, f"rollout replica {i}"),
+                                           on_restart=named_restarts(on_restart, f"rollout replica {i}"),
                                            start_timeout_s=start_timeout_s))
         deadline = time.monotonic() + start_timeout_s
         for replica in replicas:
@@ -116,7 +116,8 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
     return Fleet(replicas, weights, on_lost=on_lost, can_lose_replicas=transport == "shared")
 
 
-def _named(on_restart: Optional[Callable[[int, str], None]], name: str) -> Optional[Callable[[int, str], None]]:
+def named_restarts(on_restart: Optional[Callable[[int, str], None]],
+                   name: str) -> Optional[Callable[[int, str], None]]:
     """``on_restart`` with the replica's name before the reason."""
     if on_restart is None:
         return None
