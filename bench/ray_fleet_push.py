@@ -49,7 +49,8 @@ def start(launcher: str, model, engines: int, log_dir: str):
 
         return start_fleet(model, None, "engine", engines=engines, tensor_parallel_size=1, rollout_device="cpu",
                            engine_options=options, log_dir=log_dir)
-    from asyncrl.runtime.executors.ray_replicas import init_ray, start_ray_fleet
+    from asyncrl.runtime.executors.ray_cluster import init_ray
+    from asyncrl.runtime.executors.ray_replicas import start_ray_fleet
 
     init_ray(num_cpus=engines + 1)
     return start_ray_fleet(model, None, "engine", engines=engines, tensor_parallel_size=1, on_gpu=False,

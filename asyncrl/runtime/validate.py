@@ -170,7 +170,7 @@ def check_fleet_devices(cfg, visible_gpus: Optional[int] = None) -> None:
 
     try:
         if cfg.runtime.executor == "ray":
-            from asyncrl.runtime.executors.ray_replicas import check_cluster_gpus, init_ray_for, replicas_on_gpu
+            from asyncrl.runtime.executors.ray_cluster import check_cluster_gpus, init_ray_for, replicas_on_gpu
 
             if replicas_on_gpu(cfg):
                 init_ray_for(cfg)

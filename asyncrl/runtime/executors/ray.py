@@ -115,7 +115,7 @@ def ray_roles(cfg, model, tokenizer, reward_fn, log_dir=None):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from asyncrl.rollout.registry import resolve_backend_name
-    from asyncrl.runtime.executors.ray_replicas import init_ray_for
+    from asyncrl.runtime.executors.ray_cluster import init_ray_for
 
     init_ray_for(cfg)  # RAY_ADDRESS (a cluster), or a local Ray of runtime.ray_num_cpus
     fleet = cfg.rollout.engines > 1 or cfg.rollout.tensor_parallel_size > 1
@@ -144,7 +144,8 @@ def _ray_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
     from asyncrl.metrics.console import console
     from asyncrl.rollout.registry import engine_options
     from asyncrl.runtime.async_controller import _announce_restart
-    from asyncrl.runtime.executors.ray_replicas import replicas_on_gpu, start_ray_fleet
+    from asyncrl.runtime.executors.ray_cluster import replicas_on_gpu
+    from asyncrl.runtime.executors.ray_replicas import start_ray_fleet
 
     r = cfg.rollout
     return start_ray_fleet(model, tokenizer, backend_name, engines=r.engines, tensor_parallel_size=r.tensor_parallel_size,
