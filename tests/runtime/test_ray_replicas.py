@@ -23,7 +23,7 @@ from asyncrl.runtime.async_controller import build_async_controller  # noqa: E40
 from asyncrl.runtime.executors.process import RolloutProcessError  # noqa: E402
 from asyncrl.runtime.executors.ray_replicas import RayReplica, start_ray_fleet  # noqa: E402
 from asyncrl.runtime.pipeline import prepare_policy  # noqa: E402
-from tests.rollout.test_fleet import run_losing_replica_1  # noqa: E402
+from tests.rollout.test_fleet import run_restarting_then_losing_replica_1  # noqa: E402
 
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.prompts_per_step=4",
@@ -31,7 +31,7 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "runtime.mode=async", "runtime.max_staleness=1", "algorithm.decoupled=true",
         "algorithm.rollout_correction.level=token", "runtime.executor=ray", "rollout.engines=2",
         "runtime.rollout_workers=2", "runtime.reward_workers=1"]
-STEPS, KILLS = 4, (2, 3)  # the first kill is restarted (runtime.max_restarts=1), the second loses it
+STEPS, RESTART_AT, KILL_AT = 4, 2, 3  # runtime.max_restarts=1: the first kill is restarted, the second lost
 
 
 def kill_on_next_call(replica: RayReplica) -> list:
@@ -62,11 +62,10 @@ def test_two_ray_replicas_serve_an_async_run_and_survive_losing_one(local_ray, t
         pids = {ray.get(r.actor.where.remote())[1] for r in fleet.replicas}
         assert len(pids) == 2 and not pids & {os.getpid()}  # two actor processes
         first_actor = fleet.replicas[1].actor
-        metrics, killed, lost_events = run_losing_replica_1(ctrl, STEPS, KILLS, kill_on_next_call)
-        assert fleet.replicas[1].restarts == 1 and fleet.replicas[1].actor is not first_actor
-        assert metrics["async/rollout_restarts"] == 1
+        metrics, killed, lost_events = run_restarting_then_losing_replica_1(
+            ctrl, STEPS, RESTART_AT, KILL_AT, kill_on_next_call, lambda: fleet.replicas[1].actor is not first_actor)
         assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
-        assert len(lost_events) == 1 and lost_events[0] >= KILLS[1]
+        assert len(lost_events) == 1 and lost_events[0] >= KILL_AT
         assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1
         # no group lost, none trained twice: the trained ids are exactly the admission order
         assert trained == list(range(STEPS * 4)) and ctrl.staleness.released == 0
