@@ -31,7 +31,7 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "runtime.mode=async", "runtime.max_staleness=1", "algorithm.decoupled=true",
         "algorithm.rollout_correction.level=token", "runtime.executor=ray", "rollout.engines=2",
         "runtime.rollout_workers=2", "runtime.reward_workers=1"]
-STEPS, RESTART_AT, KILL_AT = 4, 2, 3  # runtime.max_restarts=1: the first kill is restarted, the second lost
+STEPS, RESTART_AT, KILL_AT = 5, 2, 4  # runtime.max_restarts=1: the first kill is restarted, the second lost
 
 
 def kill_on_next_call(replica: RayReplica) -> list:
