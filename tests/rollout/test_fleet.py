@@ -7,6 +7,7 @@ replica): none is lost and its groups in flight come back from the new process."
 import os
 import signal
 from collections import Counter
+from typing import Callable
 
 import pytest
 import torch
@@ -55,6 +56,35 @@ def count_probes(fleet) -> Counter:
     return probed
 
 
+def run_restarting_then_losing_replica_1(ctrl, steps: int, restart_at: int, kill_at: int, kill_on_next_call,
+                                         replaced: Callable[[], bool]) -> tuple[dict, list, list]:
+    """Steps 1..``steps`` of an async run on a fleet of 2 replicas with ``runtime.max_restarts=1``:
+    replica 1 is killed when next called from step ``restart_at`` (restarted: ``replaced()``
+    says it runs in a new process or actor) and again from ``kill_at`` (lost). After every step:
+    0 staleness violations, the probe run on every live replica (gap < 1e-3), every live replica
+    on the step's version. Returns (the last step's metrics, the second kill's record, the steps
+    of ``replica_lost`` events). Shared by the process and Ray fleets' tests."""
+    fleet, health, restarted, killed, lost_events, metrics = ctrl.backend, HealthMonitor(), [], [], [], {}
+    probed = count_probes(fleet)
+    for step in range(1, steps + 1):
+        if step == restart_at:
+            restarted = kill_on_next_call(fleet.replicas[1])
+        if step == kill_at:
+            assert restarted and fleet.lost == [] and fleet.replicas[1].restarts == 1
+            assert replaced() and fleet.replicas[1].is_alive()
+            assert metrics["async/rollout_restarts"] == 1 and metrics["fleet/replicas_lost"] == 0
+            assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
+            assert probed == {0: kill_at - 1, 1: kill_at - 1}  # every sync probed on every replica
+            killed = kill_on_next_call(fleet.replicas[1])  # no restart left: lost
+        metrics = ctrl.step(step)
+        metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
+        assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
+        live = [0] if fleet.lost else [0, 1]
+        assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
+        lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
+    return metrics, killed, lost_events
+
+
 @pytest.mark.slow
 def test_two_replicas_serve_an_async_run_restart_a_killed_one_then_survive_losing_it(tmp_path, monkeypatch):
     """One fleet for both failure paths (each fleet start costs two replica processes):
@@ -67,29 +97,14 @@ def test_two_replicas_serve_an_async_run_restart_a_killed_one_then_survive_losin
     task = build_task(cfg.task, cfg.seed)
     model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
     ctrl = build_async_controller(cfg, model, tok, length_reward, task.train_stream(0), log_dir=tmp_path / "logs")
-    fleet, trained, health, restarted, killed, lost_events = ctrl.backend, [], HealthMonitor(), [], [], []
+    fleet, trained = ctrl.backend, []
     take = ctrl.buffer.take
     ctrl.buffer.take = lambda n, check=None: [trained.append(g.admit_index) or g for g in take(n, check=check)]
-    probed = count_probes(fleet)
     try:
         assert isinstance(fleet, Fleet) and len({r.process.pid for r in fleet.replicas} | {os.getpid()}) == 3
-        first_pid, metrics = fleet.replicas[1].process.pid, {}
-        for step in range(1, STEPS + 1):
-            if step == RESTART_AT:
-                restarted = kill_on_next_call(fleet.replicas[1])
-            if step == KILL_AT:
-                assert restarted and fleet.lost == [] and fleet.replicas[1].restarts == 1
-                assert fleet.replicas[1].process.pid != first_pid and fleet.replicas[1].is_alive()
-                assert metrics["async/rollout_restarts"] == 1 and metrics["fleet/replicas_lost"] == 0
-                assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
-                assert probed == {0: KILL_AT - 1, 1: KILL_AT - 1}  # every sync probed on every replica
-                killed = kill_on_next_call(fleet.replicas[1])  # no restart left: lost
-            metrics = ctrl.step(step)
-            metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
-            assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
-            live = [0] if fleet.lost else [0, 1]
-            assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
-            lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
+        first_pid = fleet.replicas[1].process.pid
+        metrics, killed, lost_events = run_restarting_then_losing_replica_1(
+            ctrl, STEPS, RESTART_AT, KILL_AT, kill_on_next_call, lambda: fleet.replicas[1].process.pid != first_pid)
         assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
         assert len(lost_events) == 1 and lost_events[0] >= KILL_AT  # one health event, when it happened
         assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1
