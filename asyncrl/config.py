@@ -245,6 +245,9 @@ class RolloutConfig:
                                                          "(must divide the attention heads)")
     replica_start_timeout_s: float = field_spec(300.0, gt=0, help="fleet: a replica not ready by then is named "
                                                                   "with its log and the run stops")
+    ray_strategy: str = field_spec("PACK", choices=("PACK", "SPREAD", "STRICT_SPREAD"),
+                                   help="fleet + runtime.executor=ray: how the replicas' placement-group bundles "
+                                        "(one per replica, its TP GPUs on one node) spread over nodes")
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
     speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)
@@ -531,9 +534,11 @@ class RuntimeConfig:
     probe: bool = field_spec(True, help="async: after each weight sync, check the backend's log-probs")
     probe_tolerance: Optional[float] = field_spec(None, gt=0, help="max |lp_backend - lp_trainer| on the probe "
                                                   "tokens (null: 1e-3 in float32, 0.1 in bfloat16/float16)")
-    ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all)")
-    max_restarts: int = field_spec(3, ge=0, help="async + rollout_process: restart a rollout process that died "
-                                                 "(from the last pushed weights) up to this many times")
+    ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all, and at "
+                                                              "least one per rollout actor + 1)")
+    max_restarts: int = field_spec(3, ge=0, help="async + rollout_process: restart a rollout process (or a fleet "
+                                                 "replica, process or Ray actor) that died (from the last pushed "
+                                                 "weights) up to this many times")
     hang_timeout_s: float = field_spec(900.0, gt=0, help="the longest wait on the rollout process, the weight "
                                                          "channel, a collective or rollout data before the run "
                                                          "stops with an error naming what hung")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asyncrl.metrics.measured import learning_metrics  # noqa: E402
 from asyncrl.training.checkpoint import is_complete, latest_checkpoint  # noqa: E402
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
@@ -36,10 +37,6 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "logging.report=false", "trainer.eval_samples=0"]
 ASYNC = ["runtime.mode=async", "runtime.rollout_process=true", "runtime.max_staleness=1",
          "algorithm.decoupled=true", "algorithm.rollout_correction.level=token"]
-TIMING = ("time/", "share/", "throughput/", "memory/", "profile/", "weight_sync/", "async/overlap",
-          "async/rollout_seconds", "async/trainer_busy_seconds", "async/window_seconds", "async/running_groups",
-          "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop",
-          "actor/tflops", "actor/mfu")  # FLOPs per wall second
 
 
 def train(run: Path, cache: Path, *extra: str) -> subprocess.Popen:
@@ -60,9 +57,6 @@ def rows(run: Path) -> list[dict]:
             pass
     return out
 
-
-def learning(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(TIMING)}
 
 
 def children_of(pid: int) -> list[int]:
@@ -141,7 +135,7 @@ def kill9(work: Path, runs: int, steps: int, rng: random.Random, modes=("sync", 
             ckpt = latest_checkpoint(run)
             wait_ok(train(run, cache, *common, "trainer.resume=auto"), f"resume of {run}")
             got = rows(run)
-            equal = sum(learning(a) == learning(b) for a, b in zip(got, reference))
+            equal = sum(learning_metrics(a) == learning_metrics(b) for a, b in zip(got, reference))
             results.append({"mode": mode, "kill_s": round(moment, 2), "rows_at_kill": killed_at,
                             "resumed_from": ckpt.name if ckpt else None, "finished_before_kill": finished_first,
                             "steps": [r["step"] for r in got] == list(range(1, steps + 1)),

@@ -16,36 +16,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from quickstart_runs import TrainProcess, gain_points, start_train, write_json
 
 SETUPS = {"1 process": [], "2 ranks (fsdp2, gloo)": ["trainer.gpus=2", "trainer.device=cpu"]}
 
 
-def start(seed: int, steps: int, extra: list[str], out_dir: Path, name: str, warm: Path | None = None):
-    """One `asyncrl train` in a fresh process: (its run dir, the process, its start time);
-    ``warm``: a warm-start cache of an earlier run of this seed, copied in (skips the SFT)."""
+def start(seed: int, steps: int, extra: list[str], out_dir: Path, name: str, warm: Path | None = None) -> TrainProcess:
+    """One `asyncrl train` in a fresh process; ``warm``: a warm-start cache of an earlier run of
+    this seed, copied in (skips the SFT)."""
     run_dir = out_dir / f"seed{seed}-{name.split()[0]}"
     if warm is not None:
         shutil.copytree(warm, run_dir.with_suffix(".cache"))
-    env = {**os.environ, "ASYNCRL_CACHE": str(run_dir.with_suffix(".cache")), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"seed={seed}", f"logging.run_dir={run_dir}",
-           "logging.progress=false", f"trainer.steps={steps}", "trainer.max_wall_seconds=100000", *extra]
-    return run_dir, subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL), time.perf_counter()
+    return start_train(seed, run_dir, run_dir.with_suffix(".cache"),
+                       [f"trainer.steps={steps}", "trainer.max_wall_seconds=100000", *extra], env={"OMP_NUM_THREADS": "1"})
 
 
-def finish(run_dir: Path, proc: subprocess.Popen, started: float) -> dict:
+def finish(run: TrainProcess) -> dict:
     """Wait for the run; its summary.json, the process's wall time and the per-step mean reward."""
-    if proc.wait():
-        raise SystemExit(f"{run_dir.name} failed with exit code {proc.returncode}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary["process_seconds"] = time.perf_counter() - started
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = run.finish()
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     summary["reward_curve"] = [r["reward/mean"] for r in rows if "reward/mean" in r]
     return summary
 
@@ -53,10 +47,6 @@ def finish(run_dir: Path, proc: subprocess.Popen, started: float) -> dict:
 def identical_steps(a: list[float], b: list[float]) -> int:
     """How many leading steps have exactly the same mean reward."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def gain(summary: dict, key: str) -> float:
-    return 100 * (summary[f"final_{key}"] - summary[f"sft_{key}"])
 
 
 def main() -> int:
@@ -74,9 +64,9 @@ def main() -> int:
         if args.parallel:
             started = {name: start(seed, args.steps, extra, out_dir, name, args.warm_cache)
                        for name, extra in SETUPS.items()}
-            done = {name: finish(*run) for name, run in started.items()}
+            done = {name: finish(run) for name, run in started.items()}
         else:
-            done = {name: finish(*start(seed, args.steps, extra, out_dir, name, args.warm_cache))
+            done = {name: finish(start(seed, args.steps, extra, out_dir, name, args.warm_cache))
                     for name, extra in SETUPS.items()}
         rows += [{"seed": seed, "setup": name, **summary} for name, summary in done.items()]
     print("| seed | trainer | sampled acc SFT -> RL | gain | greedy acc SFT -> RL | gain | RL steps | mean reward, "
@@ -86,11 +76,10 @@ def main() -> int:
         base = next(b for b in rows if b["seed"] == r["seed"])  # the seed's one-process run
         tail = r["reward_curve"][-20:]
         print(f"| {r['seed']} | {r['setup']} | {r['sft_sampled_accuracy']:.3f} -> {r['final_sampled_accuracy']:.3f} | "
-              f"{gain(r, 'sampled_accuracy'):+.1f} | {r['sft_accuracy']:.3f} -> {r['final_accuracy']:.3f} | "
-              f"{gain(r, 'accuracy'):+.1f} | {r['steps']} | {sum(tail) / len(tail):.3f} | "
+              f"{gain_points(r, 'sampled_accuracy'):+.1f} | {r['sft_accuracy']:.3f} -> {r['final_accuracy']:.3f} | "
+              f"{gain_points(r, 'accuracy'):+.1f} | {r['steps']} | {sum(tail) / len(tail):.3f} | "
               f"{identical_steps(r['reward_curve'], base['reward_curve'])} | {r['rl_seconds']:.0f} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(rows, indent=2))
+    write_json(args.json, rows)
     return 0
 
 

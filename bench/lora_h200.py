@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from quickstart_runs import write_json
+
 QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
                 tie_word_embeddings=False, rope_theta=1e6, rms_norm_eps=1e-6)
@@ -171,9 +173,7 @@ def main() -> int:
               f"{r['update_s']:.2f} | {r['sync_s']:.4f} | {r['sync_bytes'] / 2 ** 20:.1f} MiB | {peak} | "
               f"{r['probe_gap']:.3f} |")
     print(f"total {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=2))
+    write_json(args.json, rows)
     return 0
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from quickstart_seeds import run_seed  # noqa: E402
+from quickstart_seeds import run_seed  # noqa: E402  (quickstart_runs.run_train, one cache per seed)
 
 JSON_PATH = ROOT / "bench" / "results" / "readme_numbers.json"
 #: mode -> (document, what the block says the command is)

@@ -1,5 +1,4 @@
 """Shared fixtures: a tiny tokenizer + Qwen3 model saved in HF format (no hub access)."""
-import os
 
 import pytest
 import torch
@@ -8,7 +7,18 @@ from asyncrl.config import load_config
 from asyncrl.data.char_tokenizer import build_char_tokenizer, save_and_reload
 from asyncrl.training.model import build_tiny_model, load_policy
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One intra-op thread. The test models are tiny (a second thread has nothing to split), and on
+# CI's 2 cores a second OpenMP thread spin-waits against the test's own child processes (ranks,
+# rollout processes, replicas): tests/distributed's single-process cases took 72 s with 2 threads
+# and 1.9 s with 1 on a busy 2-core machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Each test starts on one thread: ``run_training`` sets ``trainer.torch_threads`` (default 2)
+    for the whole process, which would otherwise carry into the tests after it."""
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -22,6 +22,7 @@ MoE models can record the experts chosen per token (``RoutingRecorder``, routing
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -30,6 +31,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
@@ -297,24 +299,22 @@ class ModelRunner:
         )
         if self.state_pool is not None:
             g["state_slots"] = torch.full((max_bs,), self.state_pool.scratch, dtype=torch.long, device=self.device)
-        pool = None
-        variants = [(self.graphs, lambda bs: {})]
+        steps = [partial(self._graph_decode, cascade=False)]
+        if self.cascade is not None:  # a second graph per bucket: the shared-prefix decode
+            steps.append(partial(self._graph_decode, cascade=True))
+        captured = capture_graphs(sizes, *steps)
+        self.graphs.update(captured[0])
         if self.cascade is not None:
-            variants.append((self.cascade_graphs, self._cascade_views))
-        for bs in reversed(sizes):
-            for graphs, extra in variants:
-                meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
-                                         context_lens=g["context_lens"][:bs], paged_decode=True,
-                                         state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
-                                         **extra(bs))
-                args = (g["input_ids"][:bs], g["positions"][:bs], meta)
-                g["hidden"][:bs] = self.model(*args)  # warmup (Triton compile, allocator)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool):
-                    g["hidden"][:bs] = self.model(*args)
-                pool = graph.pool() if pool is None else pool
-                graphs[bs] = graph
-                torch.cuda.synchronize()
+            self.cascade_graphs.update(captured[1])
+
+    def _graph_decode(self, bs: int, cascade: bool) -> None:
+        """The decode forward of ``bs`` rows on the graph buffers (what a bucket's graph holds)."""
+        g = self.graph_vars
+        meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
+                                 context_lens=g["context_lens"][:bs], paged_decode=True,
+                                 state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
+                                 **(self._cascade_views(bs) if cascade else {}))
+        g["hidden"][:bs] = self.model(g["input_ids"][:bs], g["positions"][:bs], meta)
 
     def _cascade_views(self, bs: int) -> dict:
         return dict(zip(("suffix_start", "cascade_tiles"), self.cascade.views(bs)))

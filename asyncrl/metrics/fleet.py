@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from asyncrl.metrics.members import member_values
+
 
 @dataclass
 class FleetProfile:
@@ -39,9 +41,8 @@ class FleetProfile:
         self.trainer_seconds += metrics.get("async/trainer_busy_seconds", 0.0)
         self.replicas = max(self.replicas, int(metrics["fleet/replicas_alive"] + metrics["fleet/replicas_lost"]))
         self.lost = int(metrics["fleet/replicas_lost"])
-        for key, value in metrics.items():
-            if key.startswith("fleet/replica") and key.endswith("/busy"):
-                self.busy[key.split("/")[1]] += value
+        for replica, value in member_values(metrics, "fleet", "busy").items():
+            self.busy[replica] += value
 
     @property
     def active(self) -> bool:

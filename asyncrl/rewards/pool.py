@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
+from asyncrl.metrics.members import member_totals
 from asyncrl.rewards.registry import resolve_reward
 from asyncrl.rewards.workers import (
     CallOutcome,
@@ -212,8 +213,7 @@ class RewardPool:
         """
         with self._lock:
             per = {name: vars(s).copy() for name, s in self._stats.items()}
-        totals = {key: sum(p[key] for p in per.values())
-                  for key in ("calls", "failures", "timeouts", "nones", "seconds")}
+        totals = member_totals(per, ("calls", "failures", "timeouts", "nones", "seconds"))
         totals["worker_restarts"] = sum(getattr(r, "restarts", 0) for r in self._runners)
         totals["threads_abandoned"] = sum(getattr(r, "abandoned", 0) for r in self._runners)
         return {**totals, "components": per}

@@ -38,11 +38,13 @@ import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
+from asyncrl.metrics.members import member_key
 from asyncrl.rollout.router import Router
 from asyncrl.types import RequestOutput, SamplingParams
 
@@ -276,10 +278,10 @@ class Fleet:
                 stats.window = (now, busy, tokens)
                 queue = stats.groups_in_flight
             busy_total += busy - busy0
-            prefix = f"fleet/replica{replica}/"
-            metrics.update({prefix + "busy": (busy - busy0) / max(now - t0, 1e-9),
-                            prefix + "tokens_per_s": (tokens - tokens0) / (busy - busy0) if busy > busy0 else 0.0,
-                            prefix + "queue_groups": float(queue), **self._engine_metrics(replica, prefix)})
+            key = partial(member_key, "fleet", f"replica{replica}")
+            metrics.update({key("busy"): (busy - busy0) / max(now - t0, 1e-9),
+                            key("tokens_per_s"): (tokens - tokens0) / (busy - busy0) if busy > busy0 else 0.0,
+                            key("queue_groups"): float(queue), **self._engine_metrics(replica, key)})
         versions = list(self.replica_versions().values())
         metrics.update({"fleet/replicas_alive": float(len(versions)), "fleet/replicas_lost": float(len(self.lost)),
                         "fleet/version_spread": float(max(versions) - min(versions)) if versions else 0.0,
@@ -287,15 +289,14 @@ class Fleet:
                         "fleet/busy_replica_seconds": busy_total})
         return metrics
 
-    def _engine_metrics(self, replica: int, prefix: str) -> dict[str, float]:
+    def _engine_metrics(self, replica: int, key: Callable[[str], str]) -> dict[str, float]:
         try:
             m = self.replicas[replica].engine_metrics()
         except Exception:  # a replica dying now is handled by the next generate
             return {}
         if not m.get("num_blocks"):
             return {}
-        return {prefix + "kv_use": 1.0 - m["free_blocks"] / m["num_blocks"],
-                prefix + "preemptions": float(m["preemptions"])}
+        return {key("kv_use"): 1.0 - m["free_blocks"] / m["num_blocks"], key("preemptions"): float(m["preemptions"])}
 
     @property
     def closing(self) -> bool:

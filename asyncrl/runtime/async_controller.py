@@ -98,7 +98,7 @@ def build_async_controller(cfg, model, tokenizer, reward_fn, prompt_stream, enco
     if cfg.runtime.executor == "ray":  # generation and rewards in Ray actors, behind the same contracts
         from asyncrl.runtime.executors.ray import ray_roles
 
-        backend, reward_fn, placement = ray_roles(cfg, model, tokenizer, reward_fn)
+        backend, reward_fn, placement = ray_roles(cfg, model, tokenizer, reward_fn, log_dir)
         backend.placement_group = placement
     backend = backend if backend is not None else build_rollout_backend(cfg, model, tokenizer, log_dir)
     return AsyncController(cfg, actor, reference, backend, tokenizer, reward_fn, prompt_stream, critic=critic,

@@ -80,9 +80,12 @@ RULES: list[Rule] = [
                "runtime.mode=async does not generate: use sync"),
     (lambda c: _async(c) and c.critic.freeze_actor_steps > 0,
      lambda c: "critic.freeze_actor_steps keeps the policy version still, so async admission would stop: use sync"),
-    (lambda c: c.runtime.rollout_device is not None and not _rollout_process(c),
+    (lambda c: c.runtime.rollout_device is not None and not _rollout_process(c) and not _ray_fleet(c),
      lambda c: f"runtime.rollout_device={c.runtime.rollout_device} places the rollout process: it needs "
                "runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
+    (lambda c: _ray_fleet(c) and ":" in (c.runtime.rollout_device or ""),
+     lambda c: f"runtime.rollout_device={c.runtime.rollout_device}: with runtime.executor=ray, Ray places the "
+               "replicas on the cluster's GPUs; give the kind only (cuda or cpu)"),
     (lambda c: c.runtime.weight_transport != "shared" and not _rollout_process(c),
      lambda c: f"runtime.weight_transport={c.runtime.weight_transport} moves weights to the rollout process: it "
                "needs runtime.mode=async, runtime.executor=local and runtime.rollout_process=true"),
@@ -125,9 +128,6 @@ RULES: list[Rule] = [
     (lambda c: _fleet(c) and not _async(c),
      lambda c: f"rollout.engines={c.rollout.engines} x rollout.tensor_parallel_size={c.rollout.tensor_parallel_size} "
                "runs engine replicas beside the trainer: set runtime.mode=async"),
-    (lambda c: _fleet(c) and c.runtime.executor != "local",
-     lambda c: "a rollout fleet (rollout.engines > 1 or rollout.tensor_parallel_size > 1) runs its replicas as "
-               "local processes: use runtime.executor=local"),
     (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.backend == "hf",
      lambda c: "rollout.tensor_parallel_size > 1 splits the asyncrl engine's model: set rollout.backend=engine"),
     (lambda c: c.rollout.tensor_parallel_size > 1 and c.rollout.speculative.method != "off",
@@ -156,21 +156,36 @@ def _fleet(c) -> bool:
     return c.rollout.engines > 1 or c.rollout.tensor_parallel_size > 1
 
 
+def _ray_fleet(c) -> bool:
+    """A fleet whose replicas are Ray actors (``executors/ray_replicas.py``)."""
+    return _async(c) and _fleet(c) and c.runtime.executor == "ray"
+
+
 def check_fleet_devices(cfg, visible_gpus: Optional[int] = None) -> None:
-    """Replicas × TP ranks fit the visible GPUs from the rollout device (before anything loads)."""
+    """Replicas × TP ranks fit the visible GPUs from the rollout device, or the Ray cluster's
+    GPUs (joined or started here) with ``runtime.executor=ray``: before anything loads."""
     if not (_fleet(cfg) and _async(cfg)):
         return
-    import torch
-
     from asyncrl.runtime.executors.replicas import FleetConfigError, fleet_devices
 
-    device = cfg.runtime.rollout_device or cfg.trainer.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        fleet_devices(device, cfg.rollout.engines, cfg.rollout.tensor_parallel_size, visible_gpus)
+        if cfg.runtime.executor == "ray":
+            from asyncrl.runtime.executors.ray_cluster import check_cluster_gpus, init_ray_for, replicas_on_gpu
+
+            if replicas_on_gpu(cfg):
+                init_ray_for(cfg)
+                check_cluster_gpus(cfg.rollout.engines, cfg.rollout.tensor_parallel_size)
+            return
+        fleet_devices(_resolved(cfg.runtime.rollout_device or cfg.trainer.device), cfg.rollout.engines,
+                      cfg.rollout.tensor_parallel_size, visible_gpus)
     except FleetConfigError as err:
         raise ConfigError(str(err)) from None
+
+
+def _resolved(device: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def _corrected(c) -> bool:

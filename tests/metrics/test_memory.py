@@ -2,6 +2,7 @@
 torch's allocator on CUDA."""
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
@@ -13,8 +14,15 @@ ALLOC_MIB = 64
 
 
 def _touch(mib: int) -> float:
-    block = np.ones(mib * MIB // 8)  # np.ones writes every page, so all of it is resident
-    return float(block[-1])
+    """Write every page of a fresh anonymous mapping, unmapped on return. Fresh pages: a malloc'd
+    block can reuse memory that an earlier test freed and the allocator kept resident, which
+    raises no RSS peak (seen after tests/workflows in one single-threaded test process)."""
+    with mmap.mmap(-1, mib * MIB) as block:
+        pages = np.frombuffer(block, dtype=np.uint8)
+        pages[:] = 1
+        value = float(pages[-1])
+        del pages  # the mapping closes only when no array views it
+    return value
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS peaks are read from /proc")

@@ -7,6 +7,7 @@ replica): none is lost and its groups in flight come back from the new process."
 import os
 import signal
 from collections import Counter
+from typing import Callable
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "rollout.n=4", "task.num_eval=16", "logging.progress=false", "logging.tensorboard=false",
         "runtime.mode=async", "runtime.max_staleness=1", "algorithm.decoupled=true",
         "algorithm.rollout_correction.level=token", "rollout.engines=2", "runtime.rollout_workers=2"]
-STEPS, KILL_AT = 6, 4
+STEPS, RESTART_AT, KILL_AT = 6, 2, 4
 
 
 def length_reward(prompt, response, **fields):
@@ -55,66 +56,61 @@ def count_probes(fleet) -> Counter:
     return probed
 
 
-@pytest.mark.slow
-def test_two_replicas_serve_an_async_run_and_survive_losing_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}",
-                                            "runtime.max_restarts=0"])  # a dead replica is lost, not restarted
-    task = build_task(cfg.task, cfg.seed)
-    model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
-    ctrl = build_async_controller(cfg, model, tok, length_reward, task.train_stream(0), log_dir=tmp_path / "logs")
-    fleet, trained, health, killed, lost_events = ctrl.backend, [], HealthMonitor(), [], []
-    take = ctrl.buffer.take
-    ctrl.buffer.take = lambda n, check=None: [trained.append(g.admit_index) or g for g in take(n, check=check)]
+def run_restarting_then_losing_replica_1(ctrl, steps: int, restart_at: int, kill_at: int, kill_on_next_call,
+                                         replaced: Callable[[], bool]) -> tuple[dict, list, list]:
+    """Steps 1..``steps`` of an async run on a fleet of 2 replicas with ``runtime.max_restarts=1``:
+    replica 1 is killed when next called from step ``restart_at`` (restarted: ``replaced()``
+    says it runs in a new process or actor) and again from ``kill_at`` (lost). After every step:
+    0 staleness violations, the probe run on every live replica (gap < 1e-3), every live replica
+    on the step's version. Returns (the last step's metrics, the second kill's record, the steps
+    of ``replica_lost`` events). Shared by the process and Ray fleets' tests."""
+    fleet, health, restarted, killed, lost_events, metrics = ctrl.backend, HealthMonitor(), [], [], [], {}
     probed = count_probes(fleet)
-    try:
-        assert isinstance(fleet, Fleet) and len({r.process.pid for r in fleet.replicas} | {os.getpid()}) == 3
-        for step in range(1, STEPS + 1):
-            if step == KILL_AT:
-                assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
-                assert probed == {0: KILL_AT - 1, 1: KILL_AT - 1}  # every sync probed on every replica
-                killed = kill_on_next_call(fleet.replicas[1])
-            metrics = ctrl.step(step)
-            metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
-            assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
-            live = [0] if fleet.lost else [0, 1]
-            assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
-            lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
-        assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
-        assert len(lost_events) == 1 and lost_events[0] >= KILL_AT  # one health event, when it happened
-        assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1
-        # no group lost, none trained twice: the trained ids are exactly the admission order
-        assert trained == list(range(STEPS * 4)) and ctrl.staleness.released == 0
-        assert (tmp_path / "logs" / "replica1.log").exists()
-    finally:
-        ctrl.close()
-    assert not any(r.process.is_alive() for r in fleet.replicas)
+    for step in range(1, steps + 1):
+        if step == restart_at:
+            restarted = kill_on_next_call(fleet.replicas[1])
+        if step == kill_at:
+            assert restarted and fleet.lost == [] and fleet.replicas[1].restarts == 1
+            assert replaced() and fleet.replicas[1].is_alive()
+            assert metrics["async/rollout_restarts"] == 1 and metrics["fleet/replicas_lost"] == 0
+            assert all(s.tokens > 0 for s in fleet.stats)  # both replicas generated
+            assert probed == {0: kill_at - 1, 1: kill_at - 1}  # every sync probed on every replica
+            killed = kill_on_next_call(fleet.replicas[1])  # no restart left: lost
+        metrics = ctrl.step(step)
+        metrics.update(ctrl.weight_sync.wait())  # this step's push: acked by every live replica, probed
+        assert metrics["async/staleness_violations"] == 0 and metrics["weight_sync/probe_gap"] < 1e-3
+        live = [0] if fleet.lost else [0, 1]
+        assert fleet.version == step and fleet.replica_versions() == dict.fromkeys(live, step)
+        lost_events += [step for e in health.observe(step, metrics) if e.monitor == "replica_lost"]
+    return metrics, killed, lost_events
 
 
 @pytest.mark.slow
-def test_a_killed_replica_is_restarted_within_max_restarts(tmp_path, monkeypatch):
+def test_two_replicas_serve_an_async_run_restart_a_killed_one_then_survive_losing_it(tmp_path, monkeypatch):
+    """One fleet for both failure paths (each fleet start costs two replica processes):
+    ``runtime.max_restarts=1``, so replica 1 killed at step ``RESTART_AT`` is restarted (none
+    lost, its groups in flight come back from the new process) and killed again at ``KILL_AT``
+    is lost (its groups generated again on replica 0)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cfg = load_config("quickstart", FAST + [f"logging.run_dir={tmp_path / 'run'}", f"sft.cache_dir={tmp_path}",
                                             "runtime.max_restarts=1"])
     task = build_task(cfg.task, cfg.seed)
     model, tok = prepare_policy(cfg, task, torch.device("cpu"), announce=False)[:2]
     ctrl = build_async_controller(cfg, model, tok, length_reward, task.train_stream(0), log_dir=tmp_path / "logs")
-    fleet, trained, killed = ctrl.backend, [], []
+    fleet, trained = ctrl.backend, []
     take = ctrl.buffer.take
     ctrl.buffer.take = lambda n, check=None: [trained.append(g.admit_index) or g for g in take(n, check=check)]
     try:
+        assert isinstance(fleet, Fleet) and len({r.process.pid for r in fleet.replicas} | {os.getpid()}) == 3
         first_pid = fleet.replicas[1].process.pid
-        for step in range(1, 4):
-            if step == 2:
-                killed = kill_on_next_call(fleet.replicas[1])
-            metrics = ctrl.step(step)
-            metrics.update(ctrl.weight_sync.wait())
-            assert metrics["async/staleness_violations"] == 0
-            assert fleet.version == step and fleet.replica_versions() == {0: step, 1: step}
-        assert killed and fleet.lost == [] and fleet.replicas[1].restarts == 1
-        assert fleet.replicas[1].process.pid != first_pid and fleet.replicas[1].is_alive()
-        assert metrics["async/rollout_restarts"] == 1 and metrics["fleet/replicas_lost"] == 0
-        assert trained == list(range(3 * 4)) and ctrl.staleness.released == 0
+        metrics, killed, lost_events = run_restarting_then_losing_replica_1(
+            ctrl, STEPS, RESTART_AT, KILL_AT, kill_on_next_call, lambda: fleet.replicas[1].process.pid != first_pid)
+        assert killed and fleet.lost == [1] and fleet.regenerated_groups >= killed[0] > 0
+        assert len(lost_events) == 1 and lost_events[0] >= KILL_AT  # one health event, when it happened
+        assert metrics["fleet/replicas_alive"] == 1 and metrics["fleet/replicas_lost"] == 1
+        # no group lost, none trained twice: the trained ids are exactly the admission order
+        assert trained == list(range(STEPS * 4)) and ctrl.staleness.released == 0
+        assert (tmp_path / "logs" / "replica1.log").exists()
     finally:
         ctrl.close()
     assert not any(r.process.is_alive() for r in fleet.replicas)

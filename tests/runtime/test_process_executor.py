@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from asyncrl.config import load_config
 from asyncrl.data.tasks import build_task
 from asyncrl.runtime.async_controller import build_async_controller
 from asyncrl.runtime.executors.process import ProcessRolloutBackend, RolloutProcessError
@@ -32,15 +33,56 @@ def policy(cfg):
     return prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)[:2]
 
 
-@pytest.mark.parametrize("kv", ["keep", "recompute"])
-def test_async_run_with_rollout_in_a_process(cfg_of, tmp_path, kv):
-    summary = run_training(cfg_of(*ASYNC, "trainer.steps=5", f"runtime.partial_rollout_kv={kv}"))
+@pytest.mark.parametrize("kv, device", [("keep", "cpu"), ("recompute", None)])
+def test_async_run_with_rollout_in_a_process(cfg_of, tmp_path, kv, device):
+    """``device``: an explicit ``runtime.rollout_device`` where the child generates (None: the
+    trainer's device, the default)."""
+    explicit = [f"runtime.rollout_device={device}"] if device else []
+    summary = run_training(cfg_of(*ASYNC, "trainer.steps=5", f"runtime.partial_rollout_kv={kv}", *explicit))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 5 and len(rows) == 5
     assert all(r["async/staleness_violations"] == 0 for r in rows)
     # the child runs the pushed weights (the probe of push v is reported by push v + 1: deferred)
     assert "weight_sync/probe_gap" not in rows[0] and all(r["weight_sync/probe_gap"] < 1e-3 for r in rows[1:])
     assert max(r["async/staleness_max"] for r in rows) >= 1  # it ran ahead of the trainer
+
+
+@pytest.fixture(scope="module")
+def child(sft_cache, tmp_path_factory):
+    """(model, tokenizer, backend): one rollout process shared by the tests that only call it
+    (each spawn costs seconds). The probe test runs first: it leaves the child on perturbed
+    weights, which the error test's checks do not depend on."""
+    run = tmp_path_factory.mktemp("child")
+    model, tok = policy(load_config("quickstart", FAST + [f"logging.run_dir={run}", f"sft.cache_dir={sft_cache}"]))
+    backend = ProcessRolloutBackend(model, tok, "engine")
+    yield model, tok, backend
+    backend.close()
+
+
+def test_the_probe_runs_in_the_child_and_catches_an_engine_on_other_weights(child):
+    """The probe (engine sample + HF forward over the shared tensors) runs in the child. Shared
+    tensors changed behind the engine's back (what a child that skipped the load looks like)
+    make it fail with WeightSyncError in the trainer."""
+    model, tok, backend = child
+    probe = LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    backend.update_weights(model.named_parameters(), 1)
+    assert backend.run_probe(probe, 1).gap < 1e-4
+    with torch.no_grad():
+        for t in backend.shared.values():
+            t.add_(0.05 * torch.randn_like(t))  # the engine did not load these
+    with pytest.raises(WeightSyncError, match="did not take"):
+        backend.run_probe(probe, 1)
+
+
+def test_an_error_in_the_child_comes_back_with_its_traceback(child):
+    _, tok, backend = child
+    ok = backend.generate([tok("1+2=")["input_ids"]], SamplingParams(n=2, max_tokens=3, seed=0, logprobs=True))
+    assert len(ok[0].completions) == 2
+    with pytest.raises(RolloutProcessError, match="(?s)Traceback.*IndexError"):
+        backend.generate([[10 ** 6]], SamplingParams(max_tokens=2))  # token id outside the vocabulary
 
 
 def test_the_child_owns_the_engine_and_reads_shared_weights(cfg_of):
@@ -59,18 +101,6 @@ def test_the_child_owns_the_engine_and_reads_shared_weights(cfg_of):
     finally:
         ctrl.close()
     assert not backend.process.is_alive() and backend.process.exitcode == 0
-
-
-def test_an_error_in_the_child_comes_back_with_its_traceback(cfg_of):
-    model, tok = policy(cfg_of())
-    backend = ProcessRolloutBackend(model, tok, "engine")
-    try:
-        ok = backend.generate([tok("1+2=")["input_ids"]], SamplingParams(n=2, max_tokens=3, seed=0, logprobs=True))
-        assert len(ok[0].completions) == 2
-        with pytest.raises(RolloutProcessError, match="(?s)Traceback.*IndexError"):
-            backend.generate([[10 ** 6]], SamplingParams(max_tokens=2))  # token id outside the vocabulary
-    finally:
-        backend.close()
 
 
 def test_a_dead_rollout_process_fails_the_run_past_max_restarts(cfg_of):
@@ -144,39 +174,12 @@ def test_a_stopped_rollout_process_is_reported_not_waited_for_forever(cfg_of):
         ctrl.close(abandon=True)
 
 
-def test_the_probe_runs_in_the_child_and_catches_an_engine_on_other_weights(cfg_of):
-    """The probe (engine sample + HF forward over the shared tensors) runs in the child. Shared
-    tensors changed behind the engine's back (what a child that skipped the load looks like)
-    make it fail with WeightSyncError in the trainer."""
-    model, tok = policy(cfg_of())
-    backend = ProcessRolloutBackend(model, tok, "engine")
-    probe = LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4)
-    try:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        backend.update_weights(model.named_parameters(), 1)
-        assert backend.run_probe(probe, 1).gap < 1e-4
-        with torch.no_grad():
-            for t in backend.shared.values():
-                t.add_(0.05 * torch.randn_like(t))  # the engine did not load these
-        with pytest.raises(WeightSyncError, match="did not take"):
-            backend.run_probe(probe, 1)
-    finally:
-        backend.close()
-
-
 def test_rollout_device_needs_the_rollout_process(cfg_of):
     from asyncrl.config import ConfigError
 
     with pytest.raises(ConfigError, match="runtime.rollout_process=true"):
         build_async_controller(cfg_of(*ASYNC, "runtime.rollout_process=false", "runtime.rollout_device=cpu"),
                                None, None, length_reward, iter(()))
-
-
-def test_an_explicit_rollout_device_is_where_the_child_generates(cfg_of, tmp_path):
-    summary = run_training(cfg_of(*ASYNC, "trainer.steps=3", "runtime.rollout_device=cpu"))
-    assert summary["steps"] == 3
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
-import signal
-"""The Ray executor on a local Ray instance: the quickstart runs a few async steps with the
-rollout backend and the rewards in Ray actors (their own processes), bound kept."""
+"""The Ray executor on a local Ray instance (the package's ``local_ray``): the quickstart runs a
+few async steps with the rollout backend and the rewards in Ray actors (their own processes),
+bound kept."""
 import json
 import pytest
 
@@ -13,16 +13,6 @@ FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.ti
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=3",
         "trainer.prompts_per_step=4", "rollout.n=4", "task.num_eval=8", "logging.progress=false",
         "logging.tensorboard=false"]
-
-
-@pytest.fixture()
-def local_ray():
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-    for sig, handler in handlers.items():  # ray.init installs its own: later tests expect the defaults
-        signal.signal(sig, handler)
 
 
 @pytest.mark.ray

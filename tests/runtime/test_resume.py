@@ -2,7 +2,8 @@
 with a fixed seed every learning metric of every step equals the uninterrupted run's.
 
 What is compared: every metric except wall-clock and memory measurements (time/, share/,
-throughput/, memory/, async timing and queue depths, weight-sync probe diagnostics), which
+throughput/, memory/, async timing and queue depths, weight-sync probe diagnostics:
+``asyncrl.metrics.measured.TIMING_PREFIXES``), which
 differ between any two runs. Sync and async with max_staleness=0 are deterministic, so the
 rest must be bit-equal. Async with max_staleness >= 1 depends on thread timing even without a
 stop (which groups a batch holds): there the test checks what resume promises regardless —
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.metrics.measured import learning_metrics
 from asyncrl.runtime import pipeline
 from asyncrl.runtime.pipeline import run_training
 
@@ -30,10 +32,6 @@ ASYNC0 = ["runtime.mode=async", "runtime.max_staleness=0", "runtime.rollout_proc
 # LoRA; the tiny warm start earns no reward in 4 steps (zero advantages): the entropy bonus moves B off zero
 LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.save_merged=true", "algorithm.kl_coef=0.01",
         "algorithm.entropy_coeff=0.01"]
-TIMING = ("time/", "share/", "throughput/", "memory/", "profile/", "weight_sync/", "async/overlap",
-          "async/rollout_seconds", "async/trainer_busy_seconds", "async/window_seconds", "async/running_groups",
-          "async/buffer_groups", "async/version_lag", "async/staleness_", "health/throughput_drop",
-          "actor/tflops", "actor/mfu")  # FLOPs per wall second
 
 
 class Killed(BaseException):
@@ -43,9 +41,6 @@ class Killed(BaseException):
 def rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
-
-def learning_metrics(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(TIMING)}
 
 
 def killed_at(monkeypatch, step: int) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
+from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.sampler import gumbel_noise, processed_logprobs, row_keys
 from asyncrl.engine.spec.config import SpeculativeConfig
 from asyncrl.engine.spec.verifier import DRAFT_SALT, salted
@@ -206,17 +207,12 @@ class DraftModelProposer:
         g["drafts"] = torch.zeros(max_bs, k, dtype=torch.int64, device=self.device)
         if self.probabilistic:
             g["probs"] = torch.zeros(max_bs, k, V, dtype=torch.float32, device=self.device)
-        pool = None
-        for bs in sorted(sizes, reverse=True):
-            view = {name: t[:bs] for name, t in g.items()}
-            ctx = (view["pos"][:, 1] + 1).to(torch.int32)
-            self._round_meta_graph(view, ctx)  # warm-up (Triton compile, allocator)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool):
-                self._round_meta_graph(view, (view["pos"][:, 1] + 1).to(torch.int32))
-            pool = graph.pool() if pool is None else pool
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
+        self.graphs.update(capture_graphs(sizes, self._graph_round)[0])
+
+    def _graph_round(self, bs: int) -> None:
+        """The round of ``bs`` rows on the graph buffers (what a bucket's graph holds)."""
+        view = {name: t[:bs] for name, t in self.vars.items()}
+        self._round_meta_graph(view, (view["pos"][:, 1] + 1).to(torch.int32))
 
     def _round_meta_graph(self, view: dict, ctx: torch.Tensor) -> None:
         k = self.k

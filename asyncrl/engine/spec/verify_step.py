@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
+from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.sampler import row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.spec.verifier import verify
@@ -172,7 +173,7 @@ class VerifyStep:
         r, Q = self.runner, self.q
         max_bs, dev = max(sizes), r.device
         scratch = r.scratch_block * r.block_size
-        g = self.vars = dict(
+        self.vars = dict(
             input_ids=torch.zeros(max_bs * Q, dtype=torch.long, device=dev),
             positions=torch.arange(Q, device=dev).repeat(max_bs),
             slot_mapping=torch.full((max_bs * Q,), scratch, dtype=torch.long, device=dev),
@@ -180,16 +181,11 @@ class VerifyStep:
             context_lens=torch.full((max_bs,), Q, dtype=torch.int32, device=dev),
             hidden=torch.zeros(max_bs * Q, r.model.config.hidden_size, dtype=r.dtype, device=dev),
         )
-        pool = None
-        for bs in sorted(sizes, reverse=True):
-            n = bs * Q
-            meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:n], block_tables=g["block_tables"][:bs],
-                                     context_lens=g["context_lens"][:bs], paged_decode=True, query_len=Q)
-            args = (g["input_ids"][:n], g["positions"][:n], meta)
-            g["hidden"][:n] = r.model(*args)  # warmup (Triton compile, allocator)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool):
-                g["hidden"][:n] = r.model(*args)
-            pool = graph.pool() if pool is None else pool
-            self.graphs[bs] = graph
-            torch.cuda.synchronize()
+        self.graphs.update(capture_graphs(sizes, self._graph_forward)[0])
+
+    def _graph_forward(self, bs: int) -> None:
+        """The target pass of ``bs`` rows (``bs * Q`` tokens) on the graph buffers."""
+        g, n = self.vars, bs * self.q
+        meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:n], block_tables=g["block_tables"][:bs],
+                                 context_lens=g["context_lens"][:bs], paged_decode=True, query_len=self.q)
+        g["hidden"][:n] = self.runner.model(g["input_ids"][:n], g["positions"][:n], meta)

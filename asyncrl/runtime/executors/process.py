@@ -44,7 +44,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import sys
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +53,7 @@ import torch
 import torch.multiprocessing as mp
 
 from asyncrl.errors import AsyncRLError
+from asyncrl.runtime.executors.replica_server import ReplicaServer, redirect_output
 from asyncrl.runtime.executors.weight_channel import (ChannelAddress, FlatWeights, WeightChannel, attach_weights,
                                                       channel_backend, host_store, weightless_clone)
 from asyncrl.runtime.waits import DEFAULT_HANG_TIMEOUT_S, Deadline
@@ -557,7 +557,7 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if log_path is not None:
-        _redirect_output(log_path)
+        redirect_output(log_path)
     torch.set_num_threads(1)  # one core's worth: the trainer process has the other
     on_gpu = torch.device(device).type == "cuda" and torch.device(device).index is not None
     if on_gpu:  # CUDA graphs, streams, Triton and NCCL use the current device: the rollout GPU
@@ -586,26 +586,17 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
             if flat is not full:
                 flat.copy_from((name, full.views[name]) for name in flat.views)
             model = attach_weights(model, {**full.views, **flat.views}, device)
-        backend = _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device,
-                                       engine_options)
+        server = ReplicaServer(model, tokenizer, backend_name, version, kv_on_update, dtype, device, engine_options)
         send(-1, True, _os_pid())
     except BaseException:
         send(None, False, traceback.format_exc())
         raise SystemExit(1)
 
-    from asyncrl.runtime.weight_sync import rollout_weights
-
     def load(v: int) -> int:
         if channel is not None:
             channel.receive(flat, v)
-        # the module's parameters are the received (or shared) tensors: all of them, the adapters
-        # (LoRA), or the merged weights computed here from the base and the adapters (an engine
-        # that merged)
-        backend.update_weights(rollout_weights(model, backend), v)
-        return backend.version
-    probes: dict = {}  # the trainer's probe objects by key (each keeps its last result for delta)
-    calls = {"generate": backend.generate,
-             "probe": lambda key, probe, v: probes.setdefault(key, probe).check(backend, model, v)}
+        return server.load(v)  # the module's parameters are the received (or shared) tensors
+    calls = {"generate": server.generate, "probe": server.probe}
     # rollout workers + the probe; each new thread's current device is cuda:0 unless set
     workers = ThreadPoolExecutor(4, thread_name_prefix="asyncrl-rollout-gen",
                                  initializer=torch.cuda.set_device if on_gpu else None,
@@ -620,7 +611,7 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
         if method == "update":  # here, not in a worker: between two engine steps, while generations run
             answer(call_id, load, *args)
         elif method == "metrics":  # counters only: answered at once, even while every worker generates
-            answer(call_id, lambda: dict(getattr(backend, "metrics", {})))
+            answer(call_id, server.metrics)
         else:
             workers.submit(answer, call_id, calls[method], *args)
     workers.shutdown(wait=True)
@@ -638,29 +629,5 @@ def _child_error(name: str, trace: str) -> Exception:
     return RolloutProcessError(f"in the rollout process:\n{trace}")
 
 
-def _build_child_backend(model, tokenizer, backend_name, version, kv_on_update, dtype, device, engine_options):
-    """The backend owns a copy: the engine copies ``model``'s (shared) tensors into its own
-    layout; HF generate gets a private clone, so a push never lands inside a ``generate``."""
-    if backend_name == "engine":  # the engine copies the shared tensors onto ``device``; ``model``
-        from asyncrl.rollout.engine_backend import EngineBackend  # stays shared (the probe reads it)
-
-        return EngineBackend(model, tokenizer, version=version, dtype=dtype, device=device, kv_on_update=kv_on_update,
-                             **engine_options)
-    from asyncrl.rollout.hf import HFGenerateBackend
-    from asyncrl.runtime.weight_sync import clone_for_rollout
-
-    return HFGenerateBackend(clone_for_rollout(model).to(device), tokenizer, version)
-
-
 def _os_pid() -> int:
     return os.getpid()
-
-
-def _redirect_output(path: str) -> None:
-    """This process's stdout and stderr (file descriptors 1 and 2, so native code's too) to ``path``."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)

@@ -1,6 +1,8 @@
 """The Ray executor: generation and rewards run in Ray actors, in their own processes.
 
     placement group (PACK): [{CPU: 1}] rollout actor + reward_workers × [{CPU: 1/reward_workers}]
+    a fleet (rollout.engines > 1 or tensor_parallel_size > 1): replica actors in a placement
+    group of their own (ray_replicas.py), the reward actors in this one
 
 The controller code is the same as with the local executor: the rollout loop's threads
 (admission, watchdog) stay in the driver and call the actors through two proxies that keep
@@ -104,29 +106,55 @@ class RayReward:
         return self.score_batch([prompt], [response], [fields])[0]
 
 
-def ray_roles(cfg, model, tokenizer, reward_fn):
-    """(rollout backend proxy, reward proxy) backed by actors placed in one placement group."""
+def ray_roles(cfg, model, tokenizer, reward_fn, log_dir=None):
+    """(rollout backend proxy, reward proxy, placement group of the actors it placed): one
+    rollout actor, or with ``rollout.engines`` > 1 / ``tensor_parallel_size`` > 1 a fleet of
+    replica actors in their own placement group (ray_replicas.py; replica logs in ``log_dir``)."""
     r = _ray()
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if not r.is_initialized():
-        r.init(num_cpus=cfg.runtime.ray_num_cpus, include_dashboard=False, log_to_driver=False)
+    from asyncrl.rollout.registry import resolve_backend_name
+    from asyncrl.runtime.executors.ray_cluster import init_ray_for
+
+    init_ray_for(cfg)  # RAY_ADDRESS (a cluster), or a local Ray of runtime.ray_num_cpus
+    fleet = cfg.rollout.engines > 1 or cfg.rollout.tensor_parallel_size > 1
     n_reward = cfg.runtime.reward_workers
     reward_cpus = 1.0 / n_reward
-    pg = placement_group([{"CPU": 1}] + [{"CPU": reward_cpus}] * n_reward, strategy="PACK")
+    first_reward = 0 if fleet else 1
+    pg = placement_group([{"CPU": 1}] * first_reward + [{"CPU": reward_cpus}] * n_reward, strategy="PACK")
     r.get(pg.ready(), timeout=60)
-    from asyncrl.rollout.registry import resolve_backend_name
-
     backend_name = resolve_backend_name(cfg.rollout.backend, model)
     engine = backend_name == "engine"
     in_bundle = lambda i: PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
-    rollout = r.remote(RolloutWorker).options(num_cpus=1, max_concurrency=2 if engine else 1,
-                                              scheduling_strategy=in_bundle(0)).remote(
-        backend_name, model, tokenizer, 0, cfg.runtime.partial_rollout_kv)
-    rewards = [r.remote(RewardWorker).options(num_cpus=reward_cpus, scheduling_strategy=in_bundle(1 + i)).remote(reward_fn)
+    if fleet:
+        rollout = _ray_fleet(cfg, model, tokenizer, backend_name, log_dir)
+    else:
+        actor = r.remote(RolloutWorker).options(num_cpus=1, max_concurrency=2 if engine else 1,
+                                                scheduling_strategy=in_bundle(0)).remote(
+            backend_name, model, tokenizer, 0, cfg.runtime.partial_rollout_kv)
+        rollout = RayRolloutBackend(actor, 0, inflight=engine)
+    rewards = [r.remote(RewardWorker).options(num_cpus=reward_cpus,
+                                              scheduling_strategy=in_bundle(first_reward + i)).remote(reward_fn)
                for i in range(n_reward)]
-    return RayRolloutBackend(rollout, 0, inflight=engine), RayReward(rewards), pg
+    return rollout, RayReward(rewards), pg
+
+
+def _ray_fleet(cfg, model, tokenizer, backend_name: str, log_dir):
+    from asyncrl.metrics.console import console
+    from asyncrl.rollout.registry import engine_options
+    from asyncrl.runtime.async_controller import _announce_restart
+    from asyncrl.runtime.executors.ray_cluster import replicas_on_gpu
+    from asyncrl.runtime.executors.ray_replicas import start_ray_fleet
+
+    r = cfg.rollout
+    return start_ray_fleet(model, tokenizer, backend_name, engines=r.engines, tensor_parallel_size=r.tensor_parallel_size,
+                           on_gpu=replicas_on_gpu(cfg), strategy=r.ray_strategy,
+                           kv_on_update=cfg.runtime.partial_rollout_kv, dtype=getattr(torch, cfg.model.dtype),
+                           engine_options=engine_options(r), log_dir=log_dir, start_timeout_s=r.replica_start_timeout_s,
+                           on_lost=lambda message: console.print(f"[bold yellow]fleet[/] {message}"),
+                           hang_timeout_s=cfg.runtime.hang_timeout_s, max_restarts=cfg.runtime.max_restarts,
+                           on_restart=_announce_restart)
 
 
 class RayExecutor(LocalExecutor):

@@ -54,6 +54,25 @@ def check_model_splits(model: torch.nn.Module, tensor_parallel_size: int) -> Non
                           tensor_parallel_size)
 
 
+def check_fleet_splits(model: torch.nn.Module, backend_name: str, tensor_parallel_size: int) -> None:
+    """TP > 1 needs the asyncrl engine and a model whose heads split over the ranks (named errors)."""
+    tp = tensor_parallel_size
+    if tp > 1:
+        if backend_name != "engine":
+            raise FleetConfigError(f"rollout.tensor_parallel_size={tp} needs the asyncrl engine "
+                                   f"(rollout.backend=engine), not {backend_name!r}")
+        check_model_splits(model, tp)
+
+
+def replica_engine_options(engine_options: Optional[dict], tensor_parallel_size: int, backend_name: str,
+                           index: int) -> dict:
+    """Replica ``index``'s backend options: its TP size and, for the engine, its own seed
+    (requests without a seed draw one from their engine's RNG: a different stream per replica)."""
+    options = {**(engine_options or {}),
+               **({"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size > 1 else {})}
+    return {**options, "seed": options.get("seed", 0) + index} if backend_name == "engine" else options
+
+
 def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines: int, tensor_parallel_size: int,
                 rollout_device: str, transport: str = "shared", kv_on_update: str = "keep",
                 dtype: Optional[torch.dtype] = None, engine_options: Optional[dict] = None,
@@ -66,28 +85,22 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
     several replicas cannot take a new member) and no wait on one outlasts ``hang_timeout_s``;
     ``on_restart(restarts, reason)`` hears of each restart, with the replica named in ``reason``."""
     tp = tensor_parallel_size
-    if tp > 1:
-        if backend_name != "engine":
-            raise FleetConfigError(f"rollout.tensor_parallel_size={tp} needs the asyncrl engine "
-                                   f"(rollout.backend=engine), not {backend_name!r}")
-        check_model_splits(model, tp)
+    check_fleet_splits(model, backend_name, tp)
     devices = fleet_devices(rollout_device, engines, tp)
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="asyncrl-rollout-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     weights = TrainerWeights(model, transport, devices[0], members=engines, hang_timeout_s=hang_timeout_s,
                              max_restarts=max_restarts)
-    options = {**(engine_options or {}), **({"tensor_parallel_size": tp} if tp > 1 else {})}
     replicas: list[RolloutProcess] = []
     try:
         for i, device in enumerate(devices):
             # a replica with TP ranks spawns them itself, which a daemonic process may not
-            # requests without a seed draw one from their engine's RNG: a different stream per replica
-            own = {**options, "seed": options.get("seed", 0) + i} if backend_name == "engine" else options
+            own = replica_engine_options(engine_options, tp, backend_name, i)
             replicas.append(RolloutProcess(weights, tokenizer, backend_name, 0, kv_on_update, dtype, own, device,
                                            rank=1 + i, name=f"rollout replica {i}",
                                            log_path=str(log_dir / f"replica{i}.log"), daemon=tp == 1,
                                            max_restarts=max_restarts, hang_timeout_s=hang_timeout_s,
-                                           on_restart=_named(on_restart, f"rollout replica {i}"),
+                                           on_restart=named_restarts(on_restart, f"rollout replica {i}"),
                                            start_timeout_s=start_timeout_s))
         deadline = time.monotonic() + start_timeout_s
         for replica in replicas:
@@ -103,7 +116,8 @@ def start_fleet(model: torch.nn.Module, tokenizer, backend_name: str, *, engines
     return Fleet(replicas, weights, on_lost=on_lost, can_lose_replicas=transport == "shared")
 
 
-def _named(on_restart: Optional[Callable[[int, str], None]], name: str) -> Optional[Callable[[int, str], None]]:
+def named_restarts(on_restart: Optional[Callable[[int, str], None]],
+                   name: str) -> Optional[Callable[[int, str], None]]:
     """``on_restart`` with the replica's name before the reason."""
     if on_restart is None:
         return None

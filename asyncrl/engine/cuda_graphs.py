@@ -1,0 +1,41 @@
+"""CUDA-graph capture of one forward per batch bucket, every graph in one memory pool.
+
+The decode step (``model_runner.py``), the speculative verify step (``spec/verify_step.py``) and
+the draft model's round (``spec/draft_model.py``) each capture a graph per batch size over
+static input buffers sliced to ``[:bs]``. They share the capture loop below, which keeps two
+invariants:
+
+- the largest batch is captured first and every later graph (smaller buckets, other step
+  variants) allocates from the first graph's pool: a bucket replays inside memory the largest
+  one already reserved, so N buckets cost about one bucket's activations, not N;
+- each forward runs once eagerly before its capture (Triton compiles and autotunes, the caching
+  allocator settles), because neither may happen inside a capture; the device is synchronized
+  after each graph so a failure names its bucket.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+
+def capture_graphs(sizes: Iterable[int], *steps: Callable[[int], None]) -> list[dict[int, torch.cuda.CUDAGraph]]:
+    """One graph per (batch size, step), largest size first, all in one memory pool.
+
+    ``step(bs)`` runs the forward of ``bs`` rows on the static buffers (writing its outputs
+    into them); it is called twice per size, once eagerly (warm-up), once under capture.
+    Returns, per step in the order given, ``{bs: graph}``. Call under ``torch.inference_mode``
+    when the graphs will replay inference.
+    """
+    graphs: list[dict[int, torch.cuda.CUDAGraph]] = [{} for _ in steps]
+    pool = None
+    for bs in sorted(set(sizes), reverse=True):
+        for step, captured in zip(steps, graphs):
+            step(bs)  # warm-up (Triton compile, allocator)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool):
+                step(bs)
+            pool = graph.pool() if pool is None else pool
+            captured[bs] = graph
+            torch.cuda.synchronize()
+    return graphs
