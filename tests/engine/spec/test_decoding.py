@@ -114,21 +114,22 @@ def _exact_pair_law(hf, prompt, t, k, p) -> dict:
     return law
 
 
-def test_probabilistic_draft_model_follows_the_target_law(target, perturbed_draft):
-    """8,192 completions of 4 tokens; tokens 2-3 come from the verify step (2 drafts each)."""
+def assert_draft_follows_the_target_law(make, target, draft) -> None:
+    """8,192 completions of 4 tokens from ``make(target, ...)`` with a probabilistic ``draft``;
+    tokens 2-3 come from the verify step (2 drafts each). Their pair law equals the exact one
+    from HF forwards within 4x the total-variation distance's expected sampling noise."""
     from transformers import AutoModelForCausalLM
 
     t, k, p = 0.8, 5, 0.9
     prompt = REPETITIVE[0]
-    llm = make_llm(target, max_num_seqs=1024, speculative_config={
-        "method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3,
+    llm = make(target, max_num_seqs=1024, speculative_config={
+        "method": "draft_model", "model": draft, "num_speculative_tokens": 3,
         "draft_sampling": "probabilistic", "disable_by_batch_size": 1024})
     outs = llm.generate([prompt] * 8, [SamplingParams(n=1024, temperature=t, top_k=k, top_p=p, max_tokens=4,
                                                       seed=s, ignore_eos=True) for s in range(8)])
     pairs = [tuple(c.token_ids[1:3]) for o in outs for c in o.outputs]
     assert len(pairs) == 8192
-    m = llm.metrics
-    assert 0.1 < m["spec_acceptance_rate"] < 0.99  # both accepted drafts and recovered tokens occur
+    assert 0.1 < llm.metrics["spec_acceptance_rate"] < 0.99  # both accepted drafts and recovered tokens occur
     hf = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     law = _exact_pair_law(hf, prompt, t, k, p)
     keys = set(law) | set(pairs)
@@ -138,6 +139,10 @@ def test_probabilistic_draft_model_follows_the_target_law(target, perturbed_draf
     dist = 0.5 * sum(abs(counts[key] / len(pairs) - law.get(key, 0.0)) for key in keys)
     bound = 4 * 0.5 * sum(math.sqrt(2 * q * (1 - q) / (math.pi * len(pairs))) for q in law.values())
     assert dist < bound, f"TV {dist:.4f} >= {bound:.4f}"
+
+
+def test_probabilistic_draft_model_follows_the_target_law(target, perturbed_draft):
+    assert_draft_follows_the_target_law(make_llm, target, perturbed_draft)
 
 
 def test_bad_speculative_config_is_named(target):

@@ -2,12 +2,10 @@
 graphs. Same checks as test_decoding.py (token identity with speculation off, the target's law
 over 8,192 samples), on CUDA in float32 (IEEE paths: no tf32 rounding, so argmax ties cannot
 differ between the decode and the verify kernels). Skipped without CUDA."""
-import math
-
 import pytest
 import torch
 from conftest import prompts_for
-from test_decoding import REPETITIVE, _exact_pair_law, _tokens, perturbed_draft, target  # noqa: F401
+from test_decoding import REPETITIVE, _tokens, assert_draft_follows_the_target_law, perturbed_draft, target  # noqa: F401
 
 from asyncrl.types import SamplingParams
 
@@ -38,22 +36,4 @@ def test_gpu_same_tokens_as_without_speculation(target, perturbed_draft, method)
 
 
 def test_gpu_probabilistic_draft_follows_the_target_law(target, perturbed_draft):  # noqa: F811
-    from transformers import AutoModelForCausalLM
-
-    t, k, p = 0.8, 5, 0.9
-    prompt = REPETITIVE[0]
-    llm = cuda_llm(target, max_num_seqs=1024, speculative_config={
-        "method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3,
-        "draft_sampling": "probabilistic", "disable_by_batch_size": 1024})
-    outs = llm.generate([prompt] * 8, [SamplingParams(n=1024, temperature=t, top_k=k, top_p=p, max_tokens=4,
-                                                      seed=s, ignore_eos=True) for s in range(8)])
-    pairs = [tuple(c.token_ids[1:3]) for o in outs for c in o.outputs]
-    assert len(pairs) == 8192 and 0.1 < llm.metrics["spec_acceptance_rate"] < 0.99
-    law = _exact_pair_law(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval(), prompt, t, k, p)
-    counts = {}
-    for pair in pairs:
-        counts[pair] = counts.get(pair, 0) + 1
-    keys = set(law) | set(counts)
-    dist = 0.5 * sum(abs(counts.get(key, 0) / len(pairs) - law.get(key, 0.0)) for key in keys)
-    bound = 4 * 0.5 * sum(math.sqrt(2 * q * (1 - q) / (math.pi * len(pairs))) for q in law.values())
-    assert dist < bound, f"TV {dist:.4f} >= {bound:.4f}"
+    assert_draft_follows_the_target_law(cuda_llm, target, perturbed_draft)
