@@ -71,6 +71,19 @@ class RolloutProcessDied(RolloutProcessError):
     """The rollout process is gone (killed, crashed): a restart can replace it."""
 
 
+def call_with_restarts(current: Callable[[], object], call: Callable[[object], object],
+                       restart_after: Callable[[object, RolloutProcessDied], None]):
+    """``call(current())``; while the worker it ran on died under it, ``restart_after(dead,
+    error)`` replaces it (or raises past the restart budget) and the call runs again on the new
+    one. Shared by the process replica and the Ray actor replica."""
+    while True:
+        worker = current()
+        try:
+            return call(worker)
+        except RolloutProcessDied as err:
+            restart_after(worker, err)
+
+
 class TrainerWeights:
     """The trainer's side of the weights one or more rollout processes run (one set for a whole
     fleet of replicas: written once per push, whatever the number of children).
@@ -435,12 +448,7 @@ class RolloutProcess:
     def _with_restarts(self, call: Callable[[_Child], object]):
         """``call(child)``; if that child died under it, replace it (once per death, whichever
         thread sees it first) and call again on the new child."""
-        while True:
-            child = self._child
-            try:
-                return call(child)
-            except RolloutProcessDied as err:
-                self._restart_after(child, err)
+        return call_with_restarts(lambda: self._child, call, self._restart_after)
 
     def _restart_after(self, dead: _Child, error: RolloutProcessError) -> None:
         """Replace ``dead`` (a no-op if another thread already did); past ``max_restarts`` (or

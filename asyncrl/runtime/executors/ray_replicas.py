@@ -36,7 +36,7 @@ import torch
 
 from asyncrl.errors import HangError
 from asyncrl.rollout.fleet import Fleet
-from asyncrl.runtime.executors.process import RolloutProcessDied, RolloutProcessError
+from asyncrl.runtime.executors.process import RolloutProcessDied, RolloutProcessError, call_with_restarts
 from asyncrl.runtime.executors.ray_cluster import check_cluster_cpus, check_cluster_gpus
 from asyncrl.runtime.executors.replica_server import ReplicaServer, redirect_output
 from asyncrl.runtime.executors.replicas import (FleetConfigError, check_fleet_splits, named_restarts,
@@ -214,12 +214,7 @@ class RayReplica:
 
     # ---- restarts ----------------------------------------------------------------------------
     def _with_restarts(self, call: Callable[[object], object]):
-        while True:
-            actor = self.actor
-            try:
-                return call(actor)
-            except RolloutProcessDied as err:
-                self._restart_after(actor, err)
+        return call_with_restarts(lambda: self.actor, call, self._restart_after)
 
     def _restart_after(self, dead, error: RolloutProcessDied) -> None:
         """Replace ``dead`` (a no-op if done already); past ``max_restarts`` the replica is gone."""
