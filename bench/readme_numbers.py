@@ -150,6 +150,13 @@ def check(numbers: dict) -> list[str]:
             if current_block(TARGETS[mode][0].read_text(), mode) != block(mode, numbers)]
 
 
+def write_blocks(numbers: dict) -> None:
+    """Each mode's block, rendered from ``numbers``, into its document."""
+    for mode in numbers["runs"]:
+        path = TARGETS[mode][0]
+        path.write_text(replace_block(path.read_text(), mode, block(mode, numbers)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -164,19 +171,14 @@ def main() -> int:
         print("\n".join(problems) or "README.md and docs/async.md quote bench/results/readme_numbers.json")
         return 1 if problems else 0
     if args.render:
-        numbers = json.loads(JSON_PATH.read_text())
-        for mode in numbers["runs"]:
-            path = TARGETS[mode][0]
-            path.write_text(replace_block(path.read_text(), mode, block(mode, numbers)))
+        write_blocks(json.loads(JSON_PATH.read_text()))
         return 0
     numbers = measure(args.seeds, args.modes)
     for mode in numbers["runs"]:
         print(block(mode, numbers), end="\n\n")
     if args.write:
         JSON_PATH.write_text(json.dumps(numbers, indent=2) + "\n")
-        for mode in numbers["runs"]:
-            path = TARGETS[mode][0]
-            path.write_text(replace_block(path.read_text(), mode, block(mode, numbers)))
+        write_blocks(numbers)
     return 0
 
 
