@@ -66,6 +66,8 @@ class TaskConfig:
     max_number: int = field_spec(20, ge=2, help="countdown: numbers are drawn from 1..max_number")
     max_target: int = field_spec(200, ge=1, help="countdown: targets are in 1..max_target")
     num_eval: int = field_spec(200, ge=1, help="held-out examples (never trained on)")
+    tool_share: float = field_spec(0.2, ge=0, le=1, help="calculator: share of SFT demonstrations that call the "
+                                                         "tool (the rest answer directly)")
 
     def validate(self) -> None:
         if self.min_digits > self.max_digits:

@@ -1,17 +1,21 @@
 """The CPU tool task learns: held-out accuracy and tool-call rate before/after GRPO over
-episodes, for several RL seeds, run one after another.
+episodes, for several seeds, each run the way a user runs it, one after another.
 
     python bench/calculator_tool_seeds.py --seeds 0 1 2 3 [--warm-start DIR] [recipe overrides ...]
 
-Each seed runs ``asyncrl train calculator_tool seed=S`` (RL bounded by trainer.max_wall_seconds).
-With --warm-start, every seed starts from that SFT checkpoint (model.path) so the seeds differ in
-RL only; without it each seed trains its own warm start first. Writes a JSON line per seed to
-bench/results/calculator_tool_seeds.jsonl and prints a table.
+Each seed runs ``asyncrl train calculator_tool seed=S`` as a whole job: its own SFT warm start
+(in an empty temporary cache, so nothing is reused: the job time includes it), RL bounded by
+``trainer.max_wall_seconds``, and the held-out evals before and after. With --warm-start every
+seed instead starts from that checkpoint (model.path), so the seeds differ in RL only. Writes a
+JSON line per seed (with the 1-minute load average at its start and end: the machine may be
+shared) to bench/results/calculator_tool_seeds.jsonl and prints a table.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +24,19 @@ from asyncrl.runtime.pipeline import run_training
 
 KEYS = ("sft_accuracy", "final_accuracy", "sft_sampled_accuracy", "final_sampled_accuracy", "sft_tool_call_rate",
         "final_tool_call_rate", "sft_sampled_tool_call_rate", "final_sampled_tool_call_rate", "steps", "rl_seconds",
-        "wall_seconds")
+        "wall_seconds", "sft/seconds")
+
+
+def run_seed(seed: int, warm_start, overrides: list[str]) -> dict:
+    """One whole job; its row of results."""
+    with tempfile.TemporaryDirectory(prefix="asyncrl-calculator-") as cache:
+        overrides = [f"seed={seed}", "logging.report=false", "logging.progress=false", f"sft.cache_dir={cache}",
+                     *overrides] + ([f"model.path={warm_start}"] if warm_start else [])
+        load_start, start = os.getloadavg()[0], time.perf_counter()
+        summary = run_training(load_config("calculator_tool", overrides))
+        return {"seed": seed, "warm_start": warm_start, **{k: summary.get(k) for k in KEYS},
+                "job_seconds": time.perf_counter() - start, "load_start": load_start,
+                "load_end": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M"), "overrides": overrides}
 
 
 def main() -> None:
@@ -32,22 +48,15 @@ def main() -> None:
     args = p.parse_args()
     rows = []
     for seed in args.seeds:
-        overrides = [f"seed={seed}", "logging.report=false", "logging.progress=false", *args.overrides]
-        if args.warm_start:
-            overrides.append(f"model.path={args.warm_start}")
-        start = time.perf_counter()
-        summary = run_training(load_config("calculator_tool", overrides))
-        row = {"seed": seed, "warm_start": args.warm_start, **{k: summary.get(k) for k in KEYS},
-               "job_seconds": time.perf_counter() - start, "date": time.strftime("%Y-%m-%d %H:%M")}
-        rows.append(row)
+        rows.append(run_seed(seed, args.warm_start, args.overrides))
         with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    print("seed  greedy before->after  sampled before->after  tool-call (greedy) before->after  steps  job s")
+            f.write(json.dumps(rows[-1]) + "\n")
+    print("seed | tool-call greedy | tool-call sampled | acc greedy | acc sampled | steps | job s | load")
     for r in rows:
-        print(f"{r['seed']:>4}  {r['sft_accuracy']:.3f} -> {r['final_accuracy']:.3f}      "
-              f"{r['sft_sampled_accuracy']:.3f} -> {r['final_sampled_accuracy']:.3f}       "
-              f"{r['sft_tool_call_rate']:.3f} -> {r['final_tool_call_rate']:.3f}                 "
-              f"{r['steps']:>5}  {r['job_seconds']:.0f}")
+        pair = lambda k: f"{r['sft_' + k]:.3f} -> {r['final_' + k]:.3f}"
+        print(f"{r['seed']} | {pair('tool_call_rate')} | {pair('sampled_tool_call_rate')} | {pair('accuracy')} | "
+              f"{pair('sampled_accuracy')} | {r['steps']} | {r['job_seconds']:.0f} | "
+              f"{r['load_start']:.1f}-{r['load_end']:.1f}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ from typing import Iterator
 from asyncrl.data.jsonl import read_string_records
 from asyncrl.types import Example
 
+# Example.fields key of a multi-turn transcript's pieces, [(text, trained), ...], whose texts join
+# to its answer: ``trained`` False marks text the model only reads (a tool's output), which SFT
+# keeps out of the loss (asyncrl.training.sft.demonstration_batch).
+SEGMENTS = "sft_segments"
+
 
 def load_demonstrations(path: str, prompt_field: str = "prompt", response_field: str = "response") -> list[Example]:
     """Every row of ``path`` as an Example; a bad row is refused naming its line and field."""

@@ -30,13 +30,15 @@ def run_sft_job(cfg) -> dict:
     if cfg.model.path:
         model, tokenizer = load_policy(cfg.model.path, cfg.model.dtype, device)
     else:
-        tokenizer = save_and_reload(build_char_tokenizer(task.charset), run_dir / "model")
+        build = getattr(task, "build_tokenizer", None)  # a tool-use task: its tool tokens and chat template
+        tokenizer = build(run_dir / "model") if build is not None else \
+            save_and_reload(build_char_tokenizer(task.charset), run_dir / "model")
         model = build_tiny_model(cfg.model.tiny, tokenizer, cfg.seed).to(device)
     if cfg.sft.data_path:
         stream = cycle_shuffled(load_demonstrations(cfg.sft.data_path, cfg.sft.prompt_field,
                                                     cfg.sft.response_field), cfg.seed)
     else:
-        stream = task.train_stream(seed=10_000 + cfg.seed)
+        stream = getattr(task, "demonstrations", task.train_stream)(seed=10_000 + cfg.seed)  # tool use: transcripts
     backend = HFGenerateBackend(model, tokenizer)
     accuracy = lambda: heldout_accuracy(backend, tokenizer, task.reward, task.eval_examples(), cfg.rollout.max_tokens)
     before = accuracy()

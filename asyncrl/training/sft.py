@@ -1,7 +1,9 @@
 """Supervised fine-tuning on demonstrations: stage 1 of the pipeline, before RL.
 
 The loss is the mean negative log-likelihood of the response tokens (answer + EOS);
-prompt tokens carry no loss. Log-probs come from the same chunked function the RL
+prompt tokens carry no loss, and neither do the parts of a multi-turn transcript the model
+does not write (a tool's output: ``fields[SEGMENTS]``), as in TRL's ``assistant_only_loss``
+and verl's multi-turn SFT loss mask. Log-probs come from the same chunked function the RL
 trainer uses, so SFT and RL see the model identically.
 """
 from __future__ import annotations
@@ -11,17 +13,36 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from asyncrl.data.demonstrations import SEGMENTS
 from asyncrl.training.batch import pad_prompt_response
 from asyncrl.training.logprobs import response_logprobs
 from asyncrl.types import Example
 
 
 def demonstration_batch(examples: list[Example], tokenizer):
-    """Tokenised (prompt, answer + EOS) pairs, padded for ``response_logprobs``."""
+    """Tokenised (prompt, answer + EOS) pairs, padded for ``response_logprobs``: input_ids and
+    attention_mask [B, P+L], loss mask [B, L] (1 on the answer's trained tokens and the EOS), P."""
     prompts = [tokenizer(ex.prompt)["input_ids"] for ex in examples]
-    answers = [tokenizer(ex.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-               for ex in examples]
-    return pad_prompt_response(prompts, answers, tokenizer.pad_token_id)
+    answers, masks = zip(*(_answer_ids(ex, tokenizer) for ex in examples))
+    input_ids, attention_mask, response_mask, prompt_len = pad_prompt_response(prompts, list(answers),
+                                                                              tokenizer.pad_token_id)
+    for row, mask in enumerate(masks):
+        response_mask[row, :len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
+    return input_ids, attention_mask, response_mask, prompt_len
+
+
+def _answer_ids(example: Example, tokenizer) -> tuple[list[int], list[float]]:
+    """(answer ids + EOS, loss mask): segments are tokenized one by one (a segment boundary is a
+    token boundary, as in the episode the model will produce, where a tool's output is inserted)."""
+    segments = example.fields.get(SEGMENTS) or [(example.answer, True)]
+    if "".join(text for text, _ in segments) != example.answer:
+        raise ValueError(f"{SEGMENTS} of {example.uid or example.prompt!r} do not join to its answer")
+    ids, mask = [], []
+    for text, trained in segments:
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids += piece
+        mask += [float(bool(trained))] * len(piece)
+    return ids + [tokenizer.eos_token_id], mask + [1.0]
 
 
 def _lr_scale(schedule: str, steps: int, warmup_steps: int, min_lr_ratio: float = 0.0):

@@ -12,7 +12,7 @@ def build_task(cfg, seed: int) -> SyntheticTask:
     if cfg.name == "arithmetic":
         return ArithmeticTask(seed, cfg.num_eval, cfg.min_digits, cfg.max_digits, tuple(cfg.operations))
     if cfg.name == "calculator":
-        return CalculatorTask(seed, cfg.num_eval, cfg.min_digits, cfg.max_digits)
+        return CalculatorTask(seed, cfg.num_eval, cfg.min_digits, cfg.max_digits, cfg.tool_share)
     if cfg.name == "countdown":
         return CountdownTask(seed, cfg.num_eval, cfg.num_numbers, cfg.max_number, cfg.max_target)
     raise ValueError(f"unknown task {cfg.name!r}")

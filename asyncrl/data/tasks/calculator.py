@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from asyncrl.data.demonstrations import SEGMENTS
 from asyncrl.data.tasks.base import SyntheticTask
 from asyncrl.types import Example
 
@@ -43,7 +44,7 @@ class CalculatorTask(SyntheticTask):
                  tool_share: float = 0.2):
         self.min_digits, self.max_digits, self.tool_share = min_digits, max_digits, tool_share
         # the suffix keys the warm-start cache (the tokenizer and template are this task's own)
-        self.charset = "0123456789*=" + f"|calculator-chat-v1|tools{tool_share}"
+        self.charset = "0123456789*=" + f"|calculator-chat-v2|tools{tool_share}"
         super().__init__(seed, num_eval)
 
     def _operand(self, rng: random.Random) -> int:
@@ -77,8 +78,10 @@ class CalculatorTask(SyntheticTask):
         rng = random.Random(f"{self.seed}-sft-{seed}")
         for ex in self.train_stream(seed):
             if rng.random() < self.tool_share:
-                answer = (f"<tool_call>{CALL_HEAD}{ex.prompt}{CALL_TAIL}</tool_call><eos>"
-                          f"<tool_response>{ex.answer}</tool_response>{ex.answer}")
+                segments = [(f"<tool_call>{CALL_HEAD}{ex.prompt}{CALL_TAIL}</tool_call><eos>", True),
+                            (f"<tool_response>{ex.answer}</tool_response>", False),  # the tool writes it
+                            (ex.answer, True)]
             else:
-                answer = ex.answer
-            yield Example(prompt=f"{ex.prompt}=", answer=answer, fields=ex.fields, uid=ex.uid)
+                segments = [(ex.answer, True)]
+            answer = "".join(text for text, _ in segments)
+            yield Example(prompt=f"{ex.prompt}=", answer=answer, fields={**ex.fields, SEGMENTS: segments}, uid=ex.uid)
