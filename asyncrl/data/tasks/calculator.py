@@ -11,9 +11,11 @@ An episode (``asyncrl.workflows.library.calculator_agent``, chat format below):
 The tokenizer is per character plus single tokens for the tool tags and the fixed JSON
 around the expression (a BPE tokenizer would also spend few tokens on that boilerplate).
 The SFT warm start demonstrates the tool call in ``tool_share`` of its examples and a direct
-answer (the true product) in the rest, so the warm-started policy rarely calls the tool and
-mostly guesses; RL has to discover that calling it pays. The reward is 1 for the exact
-product, ended by EOS, in the final message.
+answer (the true product) in the rest, so the warm-started policy calls the tool in about that
+share of its sampled episodes and guesses in the others; RL has to discover that calling pays.
+A demonstration's tool output is read, not trained on (``SEGMENTS``): the model learns to call
+and to copy the result, never to predict the product. The reward is 1 for the exact product,
+ended by EOS, in the final message.
 """
 from __future__ import annotations
 
