@@ -15,6 +15,7 @@ repetitive); each row prints its acceptance rate and tokens per target pass besi
     python bench/spec_decode.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16   # CPU smoke
 """
 import argparse
+import dataclasses
 import gc
 import json
 import time
@@ -59,7 +60,7 @@ def quiet_upper_layers(model, first: int, scale: float) -> None:
 def timed(llm, prompts, params, device) -> dict:
     # Warm-up on the whole batch: the prefill shapes, the full-batch decode graphs and Triton's
     # autotuning are paid here, not by whichever configuration happens to run first.
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+    llm.generate(prompts, dataclasses.replace(params, max_tokens=32))  # the same sampling kernels too
     m0 = dict(llm.metrics)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
