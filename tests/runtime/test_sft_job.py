@@ -22,3 +22,17 @@ def test_sft_logs_its_loss_and_names_its_run_dir(tmp_path, capsys):
     assert f"SFT loss {rows[-1]['sft/loss']:.4f} after 6 steps" in capsys.readouterr().out
     page = write_report(run_dir).read_text()
     assert "<h2>SFT loss</h2>" in page
+
+
+def test_sft_of_a_tool_task_keeps_its_tool_tokens_and_chat_template(tmp_path):
+    """``asyncrl sft calculator_tool`` saves the task's own tokenizer (tool tags as single tokens,
+    its chat template), not the plain character one a model could never call the tool with."""
+    from transformers import AutoTokenizer
+
+    from asyncrl.data.tasks.calculator import CHAT_TEMPLATE
+
+    assert main(["sft", "calculator_tool", *TINY, "task.tool_share=1.0", f"logging.output_dir={tmp_path}"]) == 0
+    [run_dir] = tmp_path.iterdir()
+    tok = AutoTokenizer.from_pretrained(str(run_dir / "model"))
+    assert len(tok("<tool_call></tool_response>", add_special_tokens=False)["input_ids"]) == 2
+    assert tok.chat_template == CHAT_TEMPLATE
