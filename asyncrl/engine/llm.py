@@ -80,7 +80,8 @@ class LLM:
         in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``); a PEFT
         LoRA model serves its base with the adapter applied on the fly (engine/lora.py).
         ``lora``: a PEFT adapter directory to serve on top of ``model``.
-        ``quantization="fp8"``: blockwise e4m3 linears, re-quantized at each ``update_weights`` (fp8_linear.py).
+        ``quantization="fp8"``: blockwise e4m3 linears, re-quantized at each ``update_weights`` (fp8_linear.py);
+        ``kv_cache_dtype="fp8"``: K/V cached in e4m3 (attention.py).
         ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, merge_lora, ...)."""
         if isinstance(model, str) and is_hub_id(model):
             model = str(model_snapshot(model))

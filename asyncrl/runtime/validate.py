@@ -61,8 +61,9 @@ RULES: list[Rule] = [
     (lambda c: c.algorithm.kl_ctrl.type == "adaptive" and not c.algorithm.use_kl_in_reward,
      lambda c: "algorithm.kl_ctrl drives the β of the KL in the reward: set algorithm.use_kl_in_reward=true "
                "(the KL loss term uses the fixed algorithm.kl_coef)"),
-    (lambda c: c.rollout.quantization != "none" and not c.algorithm.rollout_correction.enabled,
-     lambda c: f"rollout.quantization={c.rollout.quantization} samples from a quantized copy of the policy, whose "
+    (lambda c: (c.rollout.quantization != "none" or c.rollout.kv_cache_dtype != "auto")
+     and not c.algorithm.rollout_correction.enabled,
+     lambda c: "rollout.quantization / rollout.kv_cache_dtype = fp8 samples from a quantized copy of the policy, whose "
                "log-probs differ from the trainer's: set algorithm.rollout_correction.level=token (truncated "
                "importance sampling; verl's FP8 rollout needs it to match bf16 accuracy)"),
     (lambda c: c.critic.freeze_actor_steps > 0 and not c.critic.enable,
