@@ -1,6 +1,9 @@
-"""FP8 rollout (issue 23): tokens/s with ``quantization="fp8"`` vs bf16 on issue 4's workloads a and c,
-and each engine's mean |log-prob mismatch| against an HF bf16 forward of its own sampled tokens, in
-one run.
+"""FP8 rollout (issue 23): tokens/s with ``quantization="fp8"`` (and with an FP8 KV cache) vs bf16 on
+issue 4's workloads a and c, and each engine's mean |log-prob mismatch| against an HF bf16 forward of
+its own sampled tokens, in one run.
+
+  rows        bf16; fp8 = FP8 weights (``quantization="fp8"``); fp8_kv = FP8 weights and KV cache
+              (``kv_cache_dtype="fp8"``); kv_fp8 (``--rows``) = the KV cache only
 
   gemm        the engine's four linears at Qwen3-0.6B's shapes, M = 256 (a decode step of workload a)
               and 4,096: bf16 ``F.linear`` vs FP8 (Triton group quantization + ``F.scaled_mm``), us
@@ -13,7 +16,7 @@ one run.
 Engines are built one after the other (bf16 first) from the same random-weight Qwen3-0.6B-shaped
 bf16 model (HF's initializer, std 0.02); ``--model DIR`` uses a real checkpoint instead.
 
-    python bench/fp8_rollout.py --json bench/results/fp8_rollout_h200.json        # ~2-3 min, one H200
+    python bench/fp8_rollout.py --json bench/results/fp8_rollout_h200.json        # ~2.5 min, one H200
     python bench/fp8_rollout.py --device cpu --shape tiny --a-batch 8 --c-seqs 8 --c-max 64 --a-len 32  # CPU smoke
 """
 from __future__ import annotations
@@ -29,6 +32,14 @@ import torch
 from asyncrl.engine import LLM
 from asyncrl.engine.bench import SHAPES, build_random_hf, nano_workload
 from asyncrl.types import SamplingParams
+
+
+ROWS = {  # engine options of each row
+    "bf16": {},
+    "fp8": {"quantization": "fp8"},                                   # FP8 weights (W8A8 linears)
+    "kv_fp8": {"kv_cache_dtype": "fp8"},                              # FP8 KV cache only
+    "fp8_kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},       # both
+}
 
 
 def sync(device: str) -> None:
@@ -89,6 +100,25 @@ def gemm_times(device: str) -> dict:
     return out
 
 
+def run_row(hf, options: dict, engine: dict, a, c, args) -> dict:
+    """One engine: start-up time, workloads a and c, then the mismatch of its workload-a samples."""
+    dev = engine["device"]
+    t0 = time.perf_counter()
+    llm = LLM(hf, gpu_memory_utilization=0.6, block_size=64 if dev.startswith("cuda") else 16, **engine, **options)
+    row = dict(startup_s=round(time.perf_counter() - t0, 1))
+    try:
+        row["a"], outs = timed_generate(llm, *a, dev, args.warmup_runs)
+        row["c"], _ = timed_generate(llm, *c, dev, args.warmup_runs)
+    finally:
+        llm.close()
+        del llm
+        gc.collect()
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+    row["mismatch_vs_hf"] = mismatch(hf, a[0], outs, args.mismatch_seqs)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
@@ -101,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mismatch-seqs", type=int, default=64)
     ap.add_argument("--warmup-runs", type=int, default=1)
     ap.add_argument("--no-gemm", action="store_true")
+    ap.add_argument("--rows", default="bf16,fp8,fp8_kv", help=f"engines to run, of {sorted(ROWS)} (bf16 first)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     dev = args.device
@@ -123,26 +154,23 @@ def main(argv=None) -> int:
                    device=torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu", torch=torch.__version__,
                    model=args.model or f"random {args.shape} ({dtype})", rows={})
     if dev.startswith("cuda") and not args.no_gemm:
-        results["gemm"] = gemm_times(dev)
+        try:
+            results["gemm"] = gemm_times(dev)
+        except Exception as err:  # noqa: BLE001 - reported, the engine rows still run
+            results["gemm"] = dict(error=f"{type(err).__name__}: {err}")
         print("gemm", json.dumps(results["gemm"]), flush=True)
-    for name, quantization in (("bf16", None), ("fp8", "fp8")):
-        t0 = time.perf_counter()
-        llm = LLM(hf, dtype=dtype, device=dev, max_model_len=max_len, gpu_memory_utilization=0.6,
-                  block_size=64 if dev.startswith("cuda") else 16, quantization=quantization)
-        row = dict(startup_s=round(time.perf_counter() - t0, 1))
-        row["a"], outs = timed_generate(llm, a_prompts, a_params, dev, args.warmup_runs)
-        row["c"], _ = timed_generate(llm, c_prompts, c_params, dev, args.warmup_runs)
-        llm.close()
-        del llm
-        gc.collect()
-        if dev.startswith("cuda"):
-            torch.cuda.empty_cache()
-        row["mismatch_vs_hf"] = mismatch(hf, a_prompts, outs, args.mismatch_seqs)
+    for name in args.rows.split(","):
+        try:  # one failing row (a kernel this GPU lacks) still leaves the others' numbers
+            row = run_row(hf, ROWS[name], dict(dtype=dtype, device=dev, max_model_len=max_len),
+                          (a_prompts, a_params), (c_prompts, c_params), args)
+        except Exception as err:  # noqa: BLE001 - reported in the results, the run goes on
+            row = dict(error=f"{type(err).__name__}: {err}")
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
-    bf16, fp8 = results["rows"]["bf16"], results["rows"]["fp8"]
-    results["fp8_over_bf16"] = {w: round(fp8[w]["tokens_per_s"] / bf16[w]["tokens_per_s"], 3) for w in ("a", "c")}
-    print(json.dumps({"fp8_over_bf16": results["fp8_over_bf16"],
+    base = results["rows"]["bf16"]
+    results["over_bf16"] = {name: {w: round(r[w]["tokens_per_s"] / base[w]["tokens_per_s"], 3) for w in ("a", "c")}
+                            for name, r in results["rows"].items() if name != "bf16" and "error" not in r}
+    print(json.dumps({"over_bf16": results["over_bf16"],
                       "mean_abs_mismatch": {n: r["mismatch_vs_hf"]["mean_abs"] for n, r in results["rows"].items()}}),
           flush=True)
     if args.json:
