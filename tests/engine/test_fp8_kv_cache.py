@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from asyncrl.engine.attention import FP8_KV
+from asyncrl.types import SamplingParams
 
 from conftest import make_llm, prompts_for
 from test_fp8_linear import mean_mismatch
@@ -28,3 +29,18 @@ def test_fp8_kv_cache_generates_within_its_error(tiny_dirs, hf_models):
 def test_unknown_kv_cache_dtype_is_refused(tiny_dirs):
     with pytest.raises(ValueError, match="kv_cache_dtype='int8'.*knows"):
         make_llm(tiny_dirs["qwen3"], kv_cache_dtype="int8")
+
+
+def test_fp8_kv_cache_on_the_moe_and_hybrid_families(tmp_path):
+    """Their attention layers use the same cache path (Qwen3.5: the full-attention quarter)."""
+    from families import build_family
+
+    prompts = prompts_for(0, [5, 9])
+    params = SamplingParams(n=2, temperature=0.0, max_tokens=8, ignore_eos=True)
+    for family in ("qwen3_moe", "qwen3_5"):
+        path = build_family(family, tmp_path / family)
+        fp8 = make_llm(path, kv_cache_dtype="fp8")
+        assert fp8.runner._attention_layers()[0].k_cache.dtype == FP8_KV
+        ours = [c.token_ids for o in fp8.generate(prompts, params) for c in o.completions]
+        plain = [c.token_ids for o in make_llm(path).generate(prompts, params) for c in o.completions]
+        assert [t[:2] for t in ours] == [t[:2] for t in plain]  # greedy, peaked: FP8 K/V keep the lead tokens
