@@ -9,6 +9,7 @@ its own sampled tokens, in one run.
               and 4,096: bf16 ``F.linear`` vs FP8 (Triton group quantization + ``F.scaled_mm``), us
   a           batch 256, prompt 256, response 256, T = 1, EOS ignored (one untimed run first)
   c           nano-vllm's bench: 256 seqs, in/out lengths U[100, 1024], T = 0.6 (one untimed run first)
+  update      seconds of one ``update_weights`` of the whole model (FP8: re-quantized on arrival)
   mismatch    the first ``--mismatch-seqs`` completions of workload a: |log p_engine - log p_HF| per
               token (T = 1: the engine returns log-softmax of its logits), HF = the same bf16 weights
               through transformers' forward (the "trainer")
@@ -62,6 +63,17 @@ def timed_generate(llm, prompts, params, device: str, warmup: int = 1):
     return dict(tokens=tokens, seconds=round(seconds, 3), tokens_per_s=round(tokens / seconds, 1)), outs
 
 
+def timed_update(llm, hf, device: str) -> float:
+    """Seconds of one ``update_weights`` with the whole model from the trainer's GPU tensors (FP8
+    rows: quantized on arrival), the second of two calls."""
+    for _ in range(2):
+        sync(device)
+        t0 = time.perf_counter()
+        llm.update_weights(hf.state_dict().items(), version=llm.version + 1)
+        sync(device)
+    return round(time.perf_counter() - t0, 4)
+
+
 @torch.inference_mode()
 def mismatch(hf, prompts, outs, seqs: int, batch: int = 8) -> dict:
     """|engine log-prob - HF log-prob| of each sampled token of the first ``seqs`` completions."""
@@ -109,6 +121,7 @@ def run_row(hf, options: dict, engine: dict, a, c, args) -> dict:
     try:
         row["a"], outs = timed_generate(llm, *a, dev, args.warmup_runs)
         row["c"], _ = timed_generate(llm, *c, dev, args.warmup_runs)
+        row["update_weights_s"] = timed_update(llm, hf, dev)
     finally:
         llm.close()
         del llm

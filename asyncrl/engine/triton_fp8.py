@@ -40,5 +40,5 @@ def quantize_tokens_cuda(x: torch.Tensor, k_padded: int) -> tuple[torch.Tensor, 
     q = torch.empty(mp, k_padded, dtype=FP8, device=x.device)
     scale_t = torch.empty(groups, mp, dtype=torch.float32, device=x.device)
     _quantize_groups[(mp, groups)](x, q, scale_t, m, k, x.stride(0), mp, k_padded,
-                                   AMAX_MIN=AMAX_FLOOR, QMAX=FP8_MAX, GROUP=BLOCK)
+                                   AMAX_MIN=AMAX_FLOOR, QMAX=FP8_MAX, GROUP=BLOCK, num_warps=1)
     return q, scale_t
