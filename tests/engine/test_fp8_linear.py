@@ -107,13 +107,14 @@ def test_weight_sync_requantizes(hf_models):
 
 
 def test_speculative_decoding_runs_on_the_fp8_model(tiny_dirs):
-    """The verify step runs the same FP8 layers, and a token's activations are quantized per token
-    (batch-invariant), so n-gram speculation returns speculation off's tokens and log-probs."""
+    """The verify step runs the same FP8 layers and reads the same FP8 K/V, and a token's activations
+    are quantized per token (batch-invariant), so n-gram speculation returns speculation off's
+    tokens and log-probs."""
     prompts = prompts_for(4, [8, 5])
     params = SamplingParams(n=2, temperature=0.0, max_tokens=12, logprobs=True, ignore_eos=True)
-    off = make_llm(tiny_dirs["qwen3"], quantization="fp8").generate(prompts, params)
-    spec = make_llm(tiny_dirs["qwen3"], quantization="fp8",
-                    speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    fp8 = dict(quantization="fp8", kv_cache_dtype="fp8")
+    off = make_llm(tiny_dirs["qwen3"], **fp8).generate(prompts, params)
+    spec = make_llm(tiny_dirs["qwen3"], **fp8, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     on = spec.generate(prompts, params)
     assert spec.metrics["spec_steps"] > 0
     for a, b in zip(off, on):
