@@ -63,6 +63,7 @@ class Fp8Linear(nn.Module):
         # output columns to keep (None: no padding rows, the GEMM's output is the layer's)
         self.register_buffer("keep", None if start == self.out_features else keep.to(device), persistent=False)
         tp = getattr(base, "tp", None)
+        # a row-parallel layer split over ranks: its partial outputs are all-reduced over ``tp.comm``
         self.reduce = tp if isinstance(base, RowParallelLinear) and tp.size > 1 else None
         self.adds_bias = self.bias is not None and (self.reduce is None or tp.rank == 0)
         # the plain layer slices each full HF tensor for this rank (``local_part``); it keeps its
