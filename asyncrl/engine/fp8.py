@@ -112,3 +112,13 @@ def fp8_matmul(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Ten
     if x.is_cuda and x.dtype == torch.bfloat16:
         return fp8_matmul_scaled_mm(x, wq, ws)
     return fp8_matmul_reference(x, wq, ws)
+
+
+def check_fp8_device(device: torch.device, what: str, capability: tuple[int, int]) -> None:
+    """Say at build time (not inside a CUDA graph capture) that ``device`` lacks what an FP8 path
+    needs: FP8 conversions from compute capability 8.9 (Ada), cuBLAS's blockwise-scaled FP8 GEMM
+    from 9.0 (Hopper). CPU runs the reference paths."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < capability:
+        found = torch.cuda.get_device_capability(device)
+        raise ValueError(f"{what} needs a GPU of compute capability {capability[0]}.{capability[1]}+; "
+                         f"{torch.cuda.get_device_name(device)} is {found[0]}.{found[1]}: leave it unset there")

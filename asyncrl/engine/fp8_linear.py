@@ -28,7 +28,7 @@ from typing import Hashable, Optional
 import torch
 from torch import nn
 
-from asyncrl.engine.fp8 import BLOCK, FP8, fp8_matmul, padded, padded_k, quantize_weight
+from asyncrl.engine.fp8 import BLOCK, FP8, check_fp8_device, fp8_matmul, padded, padded_k, quantize_weight
 from asyncrl.engine.parallel.layers import MergedColumnParallelLinear, RowParallelLinear
 
 QUANTIZATIONS = (None, "fp8")
@@ -129,6 +129,7 @@ def quantize_linears(model: nn.Module, quantization: Optional[str]) -> int:
                          f"{model.config.architecture} has its own layers (MoE experts or Gated DeltaNet) that "
                          "are not quantized yet: leave rollout.quantization unset for it")
     linears = [(name, module) for name, module in model.model.layers.named_modules() if isinstance(module, nn.Linear)]
+    check_fp8_device(linears[0][1].weight.device, "quantization='fp8' (blockwise-scaled FP8 GEMMs)", (9, 0))
     for name, module in linears:
         parent, _, leaf = name.rpartition(".")
         setattr(model.model.layers.get_submodule(parent), leaf, Fp8Linear(module))

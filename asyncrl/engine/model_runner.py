@@ -33,6 +33,7 @@ from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, ga
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graphs import capture_graphs
+from asyncrl.engine.fp8 import check_fp8_device
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
@@ -83,6 +84,8 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        if self.kv_dtype != self.dtype and self.kv_dtype.itemsize == 1:
+            check_fp8_device(self.device, "kv_cache_dtype='fp8'", (8, 9))
         self.is_cuda = self.device.type == "cuda"
         c = model.config
         self.num_heads = self.tp.heads(c.num_attention_heads)  # this rank's (all of them at TP=1)
