@@ -95,3 +95,13 @@ def test_reference_matmul_within_the_fp8_error_of_the_exact_product(dtype):
     relative = (err.norm() / exact.norm()).item()
     assert 1e-3 < relative < 0.1  # FP8 moves the product (not exact), by a few percent at most
     assert torch.equal(y[:, 300:].float(), torch.zeros(5, 84))  # padded output rows
+
+
+def test_a_gpu_without_fp8_is_refused_by_name(monkeypatch):
+    from asyncrl.engine.fp8 import check_fp8_device
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(ValueError, match=r"quantization='fp8' needs a GPU of compute capability 9.0\+; NVIDIA A100 is 8.0"):
+        check_fp8_device(torch.device("cuda", 0), "quantization='fp8'", (9, 0))
+    check_fp8_device(torch.device("cpu"), "quantization='fp8'", (9, 0))  # CPU: the reference path
