@@ -96,7 +96,7 @@ class Fp8Linear(nn.Module):
         self.weight_scale_inv[first // BLOCK:(first + q.shape[0]) // BLOCK].copy_(scale)
 
     def dequantized(self) -> torch.Tensor:
-        """The weight the layer computes with, fp32 ``[out, in]`` (tests, the mismatch bench)."""
+        """The weight the layer computes with, fp32 ``[out, in]`` (what the tests compare with)."""
         from asyncrl.engine.fp8 import dequantize_weight
 
         full = dequantize_weight(self.weight, self.weight_scale_inv)[:, :self.in_features]
