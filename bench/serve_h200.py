@@ -19,7 +19,8 @@ took: prefill steps, decode steps and the mean decode batch, so a server that ad
 requests as many small prefills, or decoded in batches that never fill, shows it. Per client:
 ``first_response_s`` / ``last_response_s`` (seconds from the first request sent). Prints and
 appends one JSON line to bench/results/serve_h200.jsonl; the issue's bar is http/llm >= 0.8.
-``--repeats N``: N timed runs per side (clients alternating), the median reported (shared CPUs).
+``--repeats N``: N timed runs per side, the median reported; on a CPU the in-process engine and the
+server are alive together and alternate run by run (a shared machine's load hits both alike).
 About 2-3 minutes on one H200; needs ``aiohttp`` (``pip install asyncrl[bench]``).
 """
 from __future__ import annotations
@@ -84,29 +85,37 @@ def step_counts(before: dict, after: dict) -> dict:
             "mean_decode_batch": round(d["decode_rows"] / max(d["decode_steps"], 1), 1)}
 
 
-def bench_llm(path: Path, args) -> dict:
-    from asyncrl.engine import LLM
-    from asyncrl.types import SamplingParams
+class EngineSide:
+    """``LLM.generate`` in this process: C prompts in one call, warmed up at full size."""
 
-    llm = LLM(str(path), dtype=getattr(torch, DTYPE), max_model_len=args.prompt + args.response + 16)
-    params = SamplingParams(n=1, temperature=1.0, max_tokens=args.response, ignore_eos=True, logprobs=True, seed=0)
-    llm.generate(prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]), params)  # warm-up at full size
-    _sync()
-    runs = []
-    for repeat in range(args.repeats):  # fresh prompts each time: no prefix-cache hits
-        before = dict(llm.metrics)
+    def __init__(self, path: Path, args):
+        from asyncrl.engine import LLM
+        from asyncrl.types import SamplingParams
+
+        self.args = args
+        self.llm = LLM(str(path), dtype=getattr(torch, DTYPE), max_model_len=args.prompt + args.response + 16)
+        self.params = SamplingParams(n=1, temperature=1.0, max_tokens=args.response, ignore_eos=True,
+                                     logprobs=True, seed=0)
+        self.llm.generate(prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]), self.params)  # warm-up
+        _sync()
+
+    def run(self, seed: int) -> dict:
+        """One timed ``generate`` of fresh prompts (no prefix-cache hits)."""
+        before = dict(self.llm.metrics)
         t0 = time.perf_counter()
-        outs = llm.generate(prompts(args.concurrency, args.prompt, 2 + repeat, VOCAB[args.shape]), params)
+        outs = self.llm.generate(prompts(self.args.concurrency, self.args.prompt, seed, VOCAB[self.args.shape]),
+                                 self.params)
         _sync()
         wall = time.perf_counter() - t0
         tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
-        runs.append({"tokens_per_s": round(tokens / wall), "wall_s": round(wall, 3), **step_counts(before, llm.metrics)})
-    llm.close()
-    del llm
-    gc.collect()
-    if CUDA:
-        torch.cuda.empty_cache()
-    return median_run(runs)
+        return {"tokens_per_s": round(tokens / wall), "wall_s": round(wall, 3), **step_counts(before, self.llm.metrics)}
+
+    def close(self) -> None:
+        self.llm.close()
+        del self.llm
+        gc.collect()
+        if CUDA:
+            torch.cuda.empty_cache()
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -158,41 +167,83 @@ def timed_burst(url: str, client: str, batch: list[list[int]], max_tokens: int) 
             "last_response_s": round(max(t for t, _ in done) - t0, 3), **counts}
 
 
-def bench_http(path: Path, args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "serve", str(path), "--port", str(port),
-                               "--dtype", DTYPE, "--served-model-name", "m", "--max-concurrent", "4096",
-                               "--max-tokens", str(args.response), "--max-model-len",
-                               str(args.prompt + args.response + 16), "--max-body-bytes", str(16 << 20)],
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(  # keep carried wheels' paths
-                                  filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))})
-    url = f"http://127.0.0.1:{port}"
-    try:
+class ServerSide:
+    """``asyncrl serve`` on the same checkpoint in its own process (127.0.0.1), warmed up with
+    one burst; ``with ServerSide(path, args) as server: server.run(client, seed)``."""
+
+    def __init__(self, path: Path, args):
+        self.path, self.args = path, args
+
+    def __enter__(self) -> "ServerSide":
+        args = self.args
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(  # keep carried wheels' paths
+            filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+        if not CUDA:
+            env["OMP_NUM_THREADS"] = "1"  # as the in-process side (torch.set_num_threads(1) in main)
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.cli", "serve", str(self.path), "--port", str(port), "--dtype", DTYPE,
+             "--served-model-name", "m", "--max-concurrent", "4096", "--max-tokens", str(args.response),
+             "--max-model-len", str(args.prompt + args.response + 16), "--max-body-bytes", str(16 << 20)], env=env)
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            self._wait_healthy()
+            client = args.clients.split(",")[0]
+            asyncio.run(BURSTS[client](self.url, prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]),
+                                       args.response))  # warm-up
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
         for _ in range(1200):
-            if server.poll() is not None:
-                raise RuntimeError(f"asyncrl serve exited with {server.returncode} before it was healthy")
+            if self.server.poll() is not None:
+                raise RuntimeError(f"asyncrl serve exited with {self.server.returncode} before it was healthy")
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        else:
-            raise TimeoutError("asyncrl serve was not healthy after 300 s")
-        clients = args.clients.split(",")
-        asyncio.run(BURSTS[clients[0]](url, prompts(args.concurrency, args.prompt, 1, VOCAB[args.shape]),
-                                       args.response))  # warm-up
-        runs = {client: [] for client in clients}
-        for repeat in range(args.repeats):  # clients alternate: load changes on a shared machine hit both
-            for i, client in enumerate(clients):  # fresh prompts each burst: no prefix-cache hits
-                batch = prompts(args.concurrency, args.prompt, 2 + repeat * len(clients) + i, VOCAB[args.shape])
-                runs[client].append(timed_burst(url, client, batch, args.response))
-        return {client: median_run(r) for client, r in runs.items()}
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+        raise TimeoutError("asyncrl serve was not healthy after 300 s")
+
+    def run(self, client: str, seed: int) -> dict:
+        batch = prompts(self.args.concurrency, self.args.prompt, seed, VOCAB[self.args.shape])
+        return timed_burst(self.url, client, batch, self.args.response)
+
+    def __exit__(self, *exc) -> None:
+        self.server.terminate()
+        self.server.wait(timeout=60)
+
+
+def measure(path: Path, args) -> tuple[dict, dict]:
+    """(LLM.generate run, {client: HTTP run}), medians of ``args.repeats``. Each timed run gets
+    fresh prompts. On a GPU the two engines run one after the other (each takes most of its
+    memory); on a CPU they are alive together and alternate run by run, so the load of a
+    shared machine hits both sides alike."""
+    clients = args.clients.split(",")
+    seeds = iter(range(2, 10_000))
+    llm_runs, http_runs = [], {c: [] for c in clients}
+    if CUDA:
+        engine = EngineSide(path, args)
+        llm_runs = [engine.run(next(seeds)) for _ in range(args.repeats)]
+        engine.close()
+        with ServerSide(path, args) as server:
+            for _ in range(args.repeats):
+                for client in clients:
+                    http_runs[client].append(server.run(client, next(seeds)))
+    else:
+        engine = EngineSide(path, args)
+        with ServerSide(path, args) as server:
+            for _ in range(args.repeats):
+                llm_runs.append(engine.run(next(seeds)))
+                for client in clients:
+                    http_runs[client].append(server.run(client, next(seeds)))
+        engine.close()
+    return median_run(llm_runs), {c: median_run(r) for c, r in http_runs.items()}
 
 
 def main() -> None:
@@ -207,10 +258,11 @@ def main() -> None:
     args = p.parse_args()
     if unknown := set(args.clients.split(",")) - set(BURSTS):
         p.error(f"unknown client(s) {sorted(unknown)}; choose from {sorted(BURSTS)}")
+    if not CUDA:
+        torch.set_num_threads(1)  # the server process gets OMP_NUM_THREADS=1: the same compute per side
     with tempfile.TemporaryDirectory() as tmp:
         path = save_checkpoint(Path(tmp), args.prompt + args.response + 16, args.shape)
-        llm = bench_llm(path, args)
-        http = bench_http(path, args)
+        llm, http = measure(path, args)
     row = {"device": torch.cuda.get_device_name(0) if CUDA else "cpu", "shape": args.shape,
            "concurrency": args.concurrency, "prompt": args.prompt, "response": args.response,
            "llm_generate": llm, "http": http,
