@@ -2,8 +2,8 @@
 
 Pure ASGI rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` runs each
 request's app in a new anyio task group and re-streams its response through a memory stream,
-which cost the server about a quarter of its event-loop time at 256 concurrent requests
-(py-spy, bench/RESULTS.md); Starlette's docs recommend pure ASGI middleware where speed matters.
+where py-spy put about a third of the event loop's samples at 256 concurrent requests
+(bench/RESULTS.md); Starlette's docs recommend pure ASGI middleware where speed matters.
 """
 from __future__ import annotations
 
