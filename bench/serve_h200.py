@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
 import os
 import random
@@ -258,6 +259,8 @@ def main() -> None:
     args = p.parse_args()
     if unknown := set(args.clients.split(",")) - set(BURSTS):
         p.error(f"unknown client(s) {sorted(unknown)}; choose from {sorted(BURSTS)}")
+    if "aiohttp" in args.clients.split(",") and importlib.util.find_spec("aiohttp") is None:  # before the minutes
+        p.error("--clients aiohttp needs aiohttp (pip install 'asyncrl[bench]'), or pass --clients httpx")
     if not CUDA:
         torch.set_num_threads(1)  # the server process gets OMP_NUM_THREADS=1: the same compute per side
     with tempfile.TemporaryDirectory() as tmp:
