@@ -180,16 +180,16 @@ def main(argv=None) -> int:
             row = dict(error=f"{type(err).__name__}: {err}")
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
-    base = results["rows"]["bf16"]
-    results["over_bf16"] = {name: {w: round(r[w]["tokens_per_s"] / base[w]["tokens_per_s"], 3) for w in ("a", "c")}
-                            for name, r in results["rows"].items() if name != "bf16" and "error" not in r}
-    print(json.dumps({"over_bf16": results["over_bf16"],
-                      "mean_abs_mismatch": {n: r["mismatch_vs_hf"]["mean_abs"] for n, r in results["rows"].items()}}),
-          flush=True)
+    ok = {name: r for name, r in results["rows"].items() if "error" not in r}
+    if "bf16" in ok:
+        results["over_bf16"] = {name: {w: round(r[w]["tokens_per_s"] / ok["bf16"][w]["tokens_per_s"], 3)
+                                       for w in ("a", "c")} for name, r in ok.items() if name != "bf16"}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-    return 0
+    print(json.dumps({"over_bf16": results.get("over_bf16"),
+                      "mean_abs_mismatch": {n: r["mismatch_vs_hf"]["mean_abs"] for n, r in ok.items()}}), flush=True)
+    return 0 if len(ok) == len(results["rows"]) else 1
 
 
 if __name__ == "__main__":
