@@ -44,7 +44,10 @@ def padded_k(k: int) -> int:
 
 
 def _scale_of(amax: torch.Tensor) -> torch.Tensor:
-    return amax.clamp(min=AMAX_FLOOR) / FP8_MAX
+    # The divisor is a tensor on amax's device: PyTorch's CUDA kernels turn a division by a Python
+    # scalar into a multiplication by its reciprocal (1 ulp off the IEEE quotient the Triton kernel
+    # and the CPU compute; seen on the H200 as scales differing in the last bit).
+    return amax.clamp(min=AMAX_FLOOR) / amax.new_tensor(FP8_MAX)
 
 
 def _to_fp8(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
