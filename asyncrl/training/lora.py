@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from asyncrl.config_schema import ConfigError
+from asyncrl.distributed.gather import gather_whole
 from asyncrl.distributed.group import SINGLE, DataParallel
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.reference import Reference
@@ -88,22 +88,18 @@ def merged_tensors(model) -> list[tuple[str, torch.Tensor]]:
 
 @torch.no_grad()
 def iter_merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """:func:`merged_tensors` one layer at a time. Under FSDP2 (DTensor shards) each W, A and B
-    is gathered whole (``full_tensor``, a collective: every rank iterates the whole stream in
-    the same order), so the extra memory is one adapted layer."""
+    """:func:`merged_tensors` one layer at a time. Under FSDP2 (DTensor shards) each layer's W,
+    A and B are gathered whole (one all-gather per layer, distributed/gather.py: a collective,
+    every rank iterates the whole stream in the same order), so the extra memory is one layer."""
     for name, layer in lora_layers(model):
-        weight = full_tensor(layer.base_layer.weight)
+        adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+        weight, *pairs = gather_whole([layer.base_layer.weight.detach(),
+                                       *(p for a in adapters for p in (layer.lora_A[a].weight.detach(),
+                                                                       layer.lora_B[a].weight.detach()))])
         delta = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                a, b = full_tensor(layer.lora_A[adapter].weight).float(), full_tensor(layer.lora_B[adapter].weight).float()
-                delta += layer.scaling[adapter] * (b @ a)
+        for adapter, a, b in zip(adapters, pairs[0::2], pairs[1::2]):
+            delta += layer.scaling[adapter] * (b.float() @ a.float())
         yield f"{name}.weight", (weight.float() + delta).to(weight.dtype)
-
-
-def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole of an FSDP2 shard (``DTensor.full_tensor()``: an all-gather), or ``tensor``."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def save_merged(model, directory: Path, tokenizer=None) -> Path:

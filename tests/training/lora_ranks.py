@@ -136,7 +136,24 @@ def resume(checkpoint: Path, sharded: bool, meta: bool = False) -> dict:
     return {**step(actor, reference, CHECKPOINT_AFTER), "adapters": named(actor, trainable=True)}
 
 
+def uneven_gather() -> dict:
+    """distributed/gather.py on shapes FSDP2 splits unevenly (5 rows on 2 ranks, 1 row: rank 1
+    holds nothing) in mixed dtypes: (one flat gather, each tensor's own full_tensor)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from asyncrl.distributed.gather import gather_whole
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    gen = torch.Generator().manual_seed(2)
+    full = [torch.randn(5, 3, generator=gen), torch.randn(1, 4, generator=gen).bfloat16(),
+            torch.randn(7, generator=gen), torch.randn(2, 2, 2, generator=gen)]
+    shards = [distribute_tensor(t, mesh, [Shard(0)]) for t in full]
+    return {"whole": gather_whole(shards), "each": [s.full_tensor() for s in shards], "full": full}
+
+
 def rank_main(rank: int, world: int, out_dir: str, checkpoint: str) -> None:
     result = run(sharded=True, checkpoint=Path(checkpoint), meta=rank > 0)
+    result["gather"] = uneven_gather()
     if rank == 0:
         torch.save(result, Path(out_dir) / "lora_world2.pt")

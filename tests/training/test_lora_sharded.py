@@ -110,3 +110,9 @@ def test_a_lora_checkpoint_is_refused_by_a_full_model_naming_the_tensor(two_rank
     actor = Actor(cases.tiny_model(), cfg.actor, cfg.algorithm, 1.0)
     with pytest.raises(sharded.CheckpointMismatch, match=r"'policy\.model\.\S+' .* is not in it.*actor\.lora"):
         sharded.load(checkpoint, actor.forward_module, actor.optimizer, actor.scheduler, SINGLE)
+
+
+def test_one_flat_gather_cuts_uneven_shards_back_whole(two_ranks):
+    gather = two_ranks["gather"]
+    for whole, each, full in zip(gather["whole"], gather["each"], gather["full"]):
+        assert whole.dtype == full.dtype and torch.equal(whole, full) and torch.equal(each, full)
