@@ -14,6 +14,7 @@ from asyncrl.config import load_config
 from asyncrl.distributed import checkpoint as sharded
 from asyncrl.distributed.group import SINGLE
 from asyncrl.training.actor import Actor
+from asyncrl.training.lora import adapter_tensors
 from tests.distributed import cases
 from tests.distributed.ranks import run_ranks
 from tests.training import lora_ranks
@@ -116,3 +117,47 @@ def test_one_flat_gather_cuts_uneven_shards_back_whole(two_ranks):
     gather = two_ranks["gather"]
     for whole, each, full in zip(gather["whole"], gather["each"], gather["full"]):
         assert whole.dtype == full.dtype and torch.equal(whole, full) and torch.equal(each, full)
+
+
+def one_rank_bf16(device: str) -> None:
+    """FSDP2 on one rank (no launcher) in bf16, as on one H200: the frozen base sharded in bf16,
+    the adapters in fp32 masters with Adam moments in host memory; a step moves the adapters
+    only; the push hands the bf16 engine (built before the shards) bf16 adapters, which it then
+    serves (log-probs within the bf16 probe tolerance of the trainer's)."""
+    from asyncrl.distributed.group import init_distributed, shutdown
+    from asyncrl.rollout.engine_backend import EngineBackend
+    from asyncrl.runtime.publisher import WeightPublisher
+    from asyncrl.runtime.roles import build_roles
+
+    cfg = load_config(None, [*lora_ranks.LORA, "trainer.strategy=fsdp2", f"trainer.device={device}",
+                             "model.dtype=bfloat16", "actor.offload=optimizer", "actor.gradient_checkpointing=true"])
+    dp = init_distributed(cfg.trainer)
+    try:
+        policy = lora_ranks.lora_policy(cfg).to(device)
+        policy.base_model.model.to(torch.bfloat16)  # the base as prepare_policy loads it, the adapters in fp32
+        for _, param in adapter_tensors(policy):
+            param.data = param.data.float()
+        engine = EngineBackend(policy, None, dtype=torch.bfloat16, device=device, num_kv_blocks=16, block_size=8)
+        actor, reference, _ = build_roles(cfg, policy, dp)
+        dtypes = {p.dtype for p in actor.forward_module.parameters() if not p.requires_grad}
+        assert dtypes == {torch.bfloat16}
+        before = lora_ranks.named(actor, trainable=True)
+        assert before and all(t.dtype == torch.float32 for t in before.values())
+        base = lora_ranks.named(actor, trainable=False)
+        metrics = lora_ranks.step(actor, reference, 0)["metrics"]
+        assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+        after = lora_ranks.named(actor, trainable=True)
+        assert all(not torch.equal(before[k], after[k]) for k in before)
+        assert all(torch.equal(base[k], t) for k, t in lora_ranks.named(actor, trainable=False).items())
+        publisher = WeightPublisher(actor, engine, 1, torch.bfloat16)
+        publisher.push(actor.version)
+        assert publisher.last_bytes == sum(t.numel() * 2 for t in after.values())  # bf16, adapters only
+        probe = lora_ranks.probe(actor, engine)
+        assert (probe["engine"] - probe["trainer"].float().cpu()).abs().max() <= 0.1
+    finally:
+        shutdown(dp)
+
+
+@pytest.mark.gpu
+def test_one_gpu_rank_bf16_base_fp32_adapters_and_a_bf16_push():
+    one_rank_bf16("cuda")
