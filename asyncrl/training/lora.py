@@ -96,10 +96,17 @@ def iter_merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
         weight, *pairs = gather_whole([layer.base_layer.weight.detach(),
                                        *(p for a in adapters for p in (layer.lora_A[a].weight.detach(),
                                                                        layer.lora_B[a].weight.detach()))])
-        delta = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        for adapter, a, b in zip(adapters, pairs[0::2], pairs[1::2]):
-            delta += layer.scaling[adapter] * (b.float() @ a.float())
-        yield f"{name}.weight", (weight.float() + delta).to(weight.dtype)
+        scaled = [(layer.scaling[adapter], a, b) for adapter, a, b in zip(adapters, pairs[0::2], pairs[1::2])]
+        yield f"{name}.weight", merged_weight(weight, scaled)
+
+
+def merged_weight(weight: torch.Tensor, adapters: list[tuple[float, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """W + Σ scale·B·A over ``adapters`` (scale, A ``[r, in]``, B ``[out, r]``), the sum in fp32,
+    returned in W's dtype ``[out, in]``."""
+    delta = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    for scale, a, b in adapters:
+        delta += scale * (b.float() @ a.float())
+    return (weight.float() + delta).to(weight.dtype)
 
 
 def save_merged(model, directory: Path, tokenizer=None) -> Path:

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from asyncrl.distributed.gather import gather_whole
 from asyncrl.distributed.group import DataParallel
-from asyncrl.training.lora import PEFT_PREFIX, adapter_tensors, lora_layers
+from asyncrl.training.lora import PEFT_PREFIX, adapter_tensors, lora_layers, merged_weight
 
 
 def full_adapter_tensors(model) -> list[tuple[str, torch.Tensor]]:
@@ -45,13 +45,9 @@ def merged_state(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     merged = dict(state)
     for name, layer in lora_layers(model):
         key = f"{PEFT_PREFIX}{name}"
-        weight = state[f"{key}.base_layer.weight"]
-        delta = torch.zeros(weight.shape, dtype=torch.float32)
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                a, b = state[f"{key}.lora_A.{adapter}.weight"].float(), state[f"{key}.lora_B.{adapter}.weight"].float()
-                delta += layer.scaling[adapter] * (b @ a)
-        merged[f"{key}.base_layer.weight"] = (weight.float() + delta).to(weight.dtype)
+        scaled = [(layer.scaling[a], state[f"{key}.lora_A.{a}.weight"], state[f"{key}.lora_B.{a}.weight"])
+                  for a in layer.active_adapters if a in layer.lora_A]
+        merged[f"{key}.base_layer.weight"] = merged_weight(state[f"{key}.base_layer.weight"], scaled)
     return {k.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): v
             for k, v in merged.items() if ".lora_" not in k}
 
