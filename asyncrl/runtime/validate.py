@@ -140,6 +140,10 @@ RULES: list[Rule] = [
                f"{c.rollout.tensor_parallel_size}: speculative decoding runs at tensor_parallel_size=1 only (its "
                "verify step is not split over ranks yet); set one of them off (rollout.engines > 1 keeps "
                "speculation on every replica)"),
+    (lambda c: c.actor.lora.enabled and c.actor.lora.merged_rollout and (_fleet(c) or c.runtime.executor == "ray"),
+     lambda c: "actor.lora.merged_rollout=true with a rollout fleet or Ray replicas: the replicas serve the adapter "
+               "unmerged (merged serving is built for one engine); set actor.lora.merged_rollout=false, or "
+               "rollout.engines=1, rollout.tensor_parallel_size=1 and runtime.executor=local"),
 ]
 
 
