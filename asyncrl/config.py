@@ -253,6 +253,13 @@ class RolloutConfig:
     return_routed_experts: bool = field_spec(True, help="engine + MoE model: return each completion's expert ids "
                                                         "(actor.routing_replay and the routing-mismatch metric)")
     speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)
+    quantization: str = field_spec("none", choices=("none", "fp8"),
+                                   help="engine: fp8 = the decoder linears in blockwise e4m3 (128x128 weight blocks, "
+                                        "activations per token per 128 channels), re-quantized from the trainer's "
+                                        "weights at every sync; needs algorithm.rollout_correction (TIS)")
+    kv_cache_dtype: str = field_spec("auto", choices=("auto", "fp8"),
+                                     help="engine: fp8 = K/V cached in e4m3 (scale 1.0, vLLM's default): half the "
+                                          "KV bytes read per decode step, twice the tokens in the pool")
 
 
 @dataclass

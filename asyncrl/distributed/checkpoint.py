@@ -3,7 +3,8 @@ export of its policy.
 
     save(step_dir, module, optimizer, scheduler, dp)   every rank writes its own shards into
         step_dir/dcp (model, optimizer and scheduler state; FQN-keyed, so resumable at any
-        world size: DCP reshards on load) and its RNG state into step_dir/rng/rank_<r>.pt
+        world size: DCP reshards on load) and its RNG state into step_dir/rng/rank_<r>.pt;
+        frozen parameters (a LoRA base) are not written (they come from model.path)
     load(step_dir, module, optimizer, scheduler, dp)   the inverse, at this run's world size;
         a checkpoint of another model shape fails before anything is loaded, naming the
         first tensor that differs
@@ -34,8 +35,16 @@ class CheckpointMismatch(ValueError):
     """A checkpoint whose tensors do not fit the model being resumed."""
 
 
+def _options(module: torch.nn.Module) -> StateDictOptions:
+    """Frozen parameters (a LoRA model's base) are left out: no step changes them, a resume
+    loads them from ``model.path`` as the first run did (as one process resumes LoRA), and a
+    checkpoint holds the trained tensors and their optimizer state only (MBs, not the base)."""
+    frozen = any(not p.requires_grad for p in module.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def _app_state(module, optimizer) -> dict:
-    model_sd, optim_sd = get_state_dict(module, optimizer)
+    model_sd, optim_sd = get_state_dict(module, optimizer, options=_options(module))
     return {"model": model_sd, "optimizer": optim_sd}
 
 
@@ -59,7 +68,8 @@ def load(step_dir: Path, module: torch.nn.Module, optimizer, scheduler, dp: Data
     check_shapes(path, state["model"])
     state["scheduler"] = scheduler.state_dict() if scheduler is not None else {}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=_options(module))
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
     _load_rng(Path(step_dir) / RNG_DIR, dp.rank)
@@ -69,11 +79,14 @@ def check_shapes(dcp_path: Path, model_state: dict) -> None:
     """Raise :class:`CheckpointMismatch` naming the first model tensor that the checkpoint
     lacks or holds with another shape (DCP would otherwise hang or fail deep inside)."""
     saved = dcp.FileSystemReader(str(dcp_path)).read_metadata().state_dict_metadata
+    lora_saved = any(".lora_" in k for k in saved)
     for name, tensor in model_state.items():
         key = f"model.{name}"
         if key not in saved:
+            cause = ("a LoRA checkpoint resumes with the same actor.lora settings only"
+                     if lora_saved or ".lora_" in name else "another architecture or depth?")
             raise CheckpointMismatch(f"checkpoint {dcp_path.parent} does not fit this model: tensor {name!r} "
-                                     f"{list(tensor.shape)} is not in it (another architecture or depth?)")
+                                     f"{list(tensor.shape)} is not in it ({cause})")
         size = list(getattr(saved[key], "size", []))
         if size != list(tensor.shape):
             raise CheckpointMismatch(f"checkpoint {dcp_path.parent} does not fit this model: first mismatching "

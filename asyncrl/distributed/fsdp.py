@@ -7,7 +7,10 @@ with, ``../shared/reference/SCALE.md`` §1.3).
 
 Precision: the sharded parameters are the fp32 master copy (``master_dtype``), the optimizer
 steps on them; each unit's forward gathers them cast to the compute dtype (``model.dtype``)
-and gradients are reduced in fp32 (``MixedPrecisionPolicy``). Gradients are *summed* over
+and gradients are reduced in fp32 (``MixedPrecisionPolicy``). Frozen parameters
+(``requires_grad=False``: a LoRA model's base) are sharded in the compute dtype: no optimizer
+steps on them, so a master copy would only double their memory (FSDP2 asks a uniform original
+dtype of the trainable parameters of a unit only). Gradients are *summed* over
 ranks (divide factor 1, forced sum: gloo has no PREMUL_SUM): each rank's loss is already its
 share of the global loss (global token / sequence counts), so the sum is the exact gradient.
 
@@ -63,8 +66,8 @@ def shard_model(root: torch.nn.Module, dp: DataParallel, *, compute_dtype: torch
     Rank 0's ``root`` must hold the real weights; on other ranks it may be on the meta device.
     ``offload_params``: parameters, gradients and optimizer state live in host memory
     (``CPUOffloadPolicy``), gathered to the GPU per unit."""
-    full = _full_state(root, master_dtype) if dp.world_size > 1 and dp.is_main else {}
-    root.to(master_dtype)
+    _cast_for_sharding(root, master_dtype, compute_dtype)
+    full = _full_state(root) if dp.world_size > 1 and dp.is_main else {}
     mp = precision_policy(compute_dtype, master_dtype)
     offload = CPUOffloadPolicy(pin_memory=dp.device.type == "cuda") if offload_params else OffloadPolicy()
     units = decoder_layers(root)
@@ -88,10 +91,19 @@ def shard_model(root: torch.nn.Module, dp: DataParallel, *, compute_dtype: torch
     return root
 
 
-def _full_state(root: torch.nn.Module, master_dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Rank 0's unsharded weights in the master dtype, on the CPU (the broadcast source)."""
-    return {k: v.detach().to("cpu", master_dtype if v.is_floating_point() else v.dtype)
-            for k, v in root.state_dict().items()}
+def _cast_for_sharding(root: torch.nn.Module, master_dtype: torch.dtype, compute_dtype: torch.dtype) -> None:
+    """Trained parameters and buffers in the master dtype, frozen parameters in the compute
+    dtype (in place; meta tensors stay meta)."""
+    root.to(master_dtype)
+    for param in root.parameters():
+        if not param.requires_grad and param.is_floating_point():
+            param.data = param.data.to(compute_dtype)
+
+
+def _full_state(root: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Rank 0's unsharded weights in the dtypes of the shards they fill, on the CPU (the
+    broadcast source)."""
+    return {k: v.detach().to("cpu") for k, v in root.state_dict().items()}
 
 
 def fsdp_units(root: torch.nn.Module) -> list[FSDPModule]:

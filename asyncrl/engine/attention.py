@@ -134,12 +134,45 @@ def build_gathered_metadata(block_tables: list[list[int]], start_positions: list
     return gathered_metadata(*(torch.from_numpy(a).to(device) for a in host.arrays()), host.uniform)
 
 
+FP8_KV = torch.float8_e4m3fn
+FP8_KV_MAX = 448.0
+
+
+def kv_cache_dtype(name: Optional[str], model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's dtype: the model's (``None`` / "auto"), or e4m3 ("fp8": vLLM's
+    ``kv_cache_dtype="fp8"`` with its default scale 1.0, i.e. K/V stored as they are, saturated at
+    +-448: half the bytes per token, so decode attention reads half as much)."""
+    if name in (None, "auto"):
+        return model_dtype
+    if name in ("fp8", "fp8_e4m3"):
+        return FP8_KV
+    raise ValueError(f"kv_cache_dtype={name!r}: the engine knows 'auto' and 'fp8' (e4m3)")
+
+
+def raw(cache: torch.Tensor) -> torch.Tensor:
+    """The cache's bytes as uint8 when it is FP8 (index_copy_ / index_put have no float8 kernels)."""
+    return cache.view(torch.uint8) if cache.dtype == FP8_KV else cache
+
+
+def _to_cache(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """``x`` in the cache's dtype, viewed as the cache's ``raw`` bytes (FP8: saturated, not NaN)."""
+    if cache.dtype == FP8_KV:
+        return x.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV).view(torch.uint8)
+    return x.to(cache.dtype)
+
+
+def gather_kv(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V at ``slots`` (any shape) as ``[*slots.shape, Hkv, D]`` in ``dtype``."""
+    Hkv, D = cache.shape[2], cache.shape[3]
+    return raw(cache).view(-1, Hkv, D)[slots].view(cache.dtype).to(dtype)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write new K/V ``[T, Hkv, D]`` into the cache at ``slot_mapping [T]``."""
     Hkv, D = k.shape[1], k.shape[2]
-    k_cache.view(-1, Hkv, D).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, Hkv, D).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    raw(k_cache).view(-1, Hkv, D).index_copy_(0, slot_mapping, _to_cache(k, k_cache))
+    raw(v_cache).view(-1, Hkv, D).index_copy_(0, slot_mapping, _to_cache(v, v_cache))
 
 
 def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -149,9 +182,8 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     Hkv = k_cache.shape[2]
     B, Lq = meta.q_index.shape
     qb = q[meta.q_index].transpose(1, 2)  # [B, H, Lq, D]
-    kb = k_cache.view(-1, Hkv, D)[meta.kv_slots].transpose(1, 2)  # [B, Hkv, Lk, D]
-    vb = v_cache.view(-1, Hkv, D)[meta.kv_slots].transpose(1, 2)
-    kb, vb = kb.to(q.dtype), vb.to(q.dtype)
+    kb = gather_kv(k_cache, meta.kv_slots, q.dtype).transpose(1, 2)  # [B, Hkv, Lk, D]
+    vb = gather_kv(v_cache, meta.kv_slots, q.dtype).transpose(1, 2)
     if q.is_cuda and H != Hkv:
         # the fused (mem-efficient) CUDA kernel takes a mask but not enable_gqa: expand
         # K/V heads rather than fall back to the math kernel's [B, H, Lq, Lk] scores

@@ -27,3 +27,6 @@ class EngineConfig:
     merge_lora: bool = False          # a LoRA adapter: merged into the weights at load, not applied on the fly
     # speculative decoding (spec/): vLLM's dict, e.g. {"method": "ngram", "num_speculative_tokens": 4}
     speculative_config: Any = None
+    # "fp8": the decoder layers' linears in blockwise e4m3, re-quantized at every weight sync (fp8_linear.py)
+    quantization: Optional[str] = None
+    kv_cache_dtype: Optional[str] = None  # "fp8": K/V stored in e4m3 (scale 1.0, as vLLM's default); None: model dtype

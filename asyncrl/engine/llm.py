@@ -26,6 +26,7 @@ import torch
 
 from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.config import EngineConfig
+from asyncrl.engine.fp8_linear import check_quantization
 from asyncrl.engine.lora import attach_adapter, is_peft_module, load_update
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.models import load_model
@@ -79,6 +80,8 @@ class LLM:
         in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``); a PEFT
         LoRA model serves its base with the adapter applied on the fly (engine/lora.py).
         ``lora``: a PEFT adapter directory to serve on top of ``model``.
+        ``quantization="fp8"``: blockwise e4m3 linears, re-quantized at each ``update_weights`` (fp8_linear.py);
+        ``kv_cache_dtype="fp8"``: K/V cached in e4m3 (attention.py).
         ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, merge_lora, ...)."""
         if isinstance(model, str) and is_hub_id(model):
             model = str(model_snapshot(model))
@@ -91,8 +94,9 @@ class LLM:
     def _build(self, model, dtype, device, tokenizer, version, lora) -> None:
         self.followers = None  # tensor parallelism: the other ranks (parallel/workers.py)
         self._check_speculative_tensor_parallel()
+        self._check_quantization(model, lora)
         if self.config.tensor_parallel_size == 1:
-            self.model = load_model(model, dtype=dtype, device=device)
+            self.model = load_model(model, dtype=dtype, device=device, quantization=self.config.quantization)
         else:
             if lora is not None or is_peft_module(model):
                 raise TensorParallelError("LoRA adapters are served at tensor_parallel_size=1 only "
@@ -133,6 +137,14 @@ class LLM:
         self._next_request = 0
         self._requests: dict[str, Sequence] = {}  # request id -> its first sequence
         self.num_steps = 0
+        # what the steps were (metrics; the server's /health): prefill steps, and the decode steps'
+        # rows, so a driver can tell full decode batches from a trickle of small ones
+        self.num_prefill_steps = 0
+        self.num_decode_steps = 0
+        self.num_decode_rows = 0
+        # finishes observed outside ``step`` (a weight update / pause / abort reads the step in
+        # flight): the next ``step`` returns them, so its caller sees every finish exactly once
+        self._finished: list[Sequence] = []
         # overlapped scheduling (default on GPU): step t+1 is scheduled and launched before
         # step t's tokens are read; ``_inflight`` = (batch, fetch handle, version) of the
         # launched step not yet read (at most one)
@@ -156,6 +168,14 @@ class LLM:
                 f"speculative_config with tensor_parallel_size={self.config.tensor_parallel_size}: speculative "
                 "decoding runs at tensor_parallel_size=1 only (its verify step is not split over ranks yet); "
                 "drop one of them (rollout.speculative.method=off, or rollout.tensor_parallel_size=1)")
+
+    def _check_quantization(self, model, lora) -> None:
+        """``quantization``: known, and not with a LoRA adapter (refused before anything is built)."""
+        check_quantization(self.config.quantization)
+        if self.config.quantization is not None and (lora is not None or is_peft_module(model)):
+            raise ValueError(f"quantization={self.config.quantization!r} with a LoRA adapter: not supported (the "
+                             "adapter's base GEMM and merge need full-precision weights); serve the adapter "
+                             "without quantization, or merge it in the trainer and send plain weights")
 
     def _speculative_proposer(self, dtype, device):
         """(SpeculativeConfig, proposer) of ``speculative_config`` (spec/), or (None, None)."""
@@ -185,7 +205,7 @@ class LLM:
         self.followers = TPFollowers.launch(source, config, dtype, device, self.config, self._max_model_len(config))
         try:
             shard = build_model(config, dtype, device, TensorParallel(self.config.tensor_parallel_size, 0,
-                                                                      self.followers.comm))
+                                                                      self.followers.comm), self.config.quantization)
             return fill_weights(shard, tensors if source is not None else self.followers.broadcast_weights(tensors))
         except BaseException:
             self.followers.close()
@@ -221,7 +241,9 @@ class LLM:
 
     @_on_engine_device
     def step(self) -> list[Sequence]:
-        """Run one engine step; returns the sequences whose finish it observed.
+        """Run one engine step; returns the sequences whose finish was observed since the
+        previous ``step`` returned (this step's, and any read by a weight update, pause or
+        abort in between), each once.
 
         Overlapped (``async_scheduling``): schedule and launch step t, THEN read step t-1's
         tokens (the device is busy with step t meanwhile) and postprocess them; step t's
@@ -229,32 +251,47 @@ class LLM:
         self._unpaused.wait()
         with self._lock:
             if self.spec is not None and self.spec.should_run(self.scheduler):
-                finished = self._drain()  # drafting needs every token on the host
-                finished += self.spec.step(self.scheduler, self.version)
+                self._drain()  # drafting needs every token on the host
+                self._finished += self.spec.step(self.scheduler, self.version)
                 self.num_steps += 1
-                return finished
+                return self._take_finished()
             batch = self.scheduler.schedule()
             launched = None
             if batch is not None:
                 launched = (batch, self.runner.launch(batch), self.version)
-                self.num_steps += 1
-            finished = self._drain()
+                self._count_step(batch)
+            self._drain()
             if launched is not None:
                 self._inflight = launched
                 if not self.async_scheduling:
-                    finished += self._drain()
-            return finished
+                    self._drain()
+            return self._take_finished()
 
-    def _drain(self) -> list[Sequence]:
-        """Read and postprocess the launched step not yet read, if any (lock held)."""
+    def _count_step(self, batch) -> None:
+        self.num_steps += 1
+        if batch.is_prefill:
+            self.num_prefill_steps += 1
+        else:
+            self.num_decode_steps += 1
+            self.num_decode_rows += len(batch.seqs)
+
+    def _take_finished(self) -> list[Sequence]:
+        """The finishes observed since the last ``step`` returned (lock held)."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _drain(self) -> None:
+        """Read and postprocess the launched step not yet read, if any (lock held); its
+        finished sequences wait in ``_finished`` for ``step`` to return them."""
         if self._inflight is None:
-            return []
+            return
         (batch, handle, version), self._inflight = self._inflight, None
         tokens, logprobs = self.runner.fetch(handle)
-        return self.scheduler.postprocess(batch, tokens, logprobs, version)
+        self._finished += self.scheduler.postprocess(batch, tokens, logprobs, version)
 
     def has_unfinished(self) -> bool:
-        return not self.scheduler.is_finished() or self._inflight is not None
+        """Whether ``step`` has work: sequences to run, a step in flight, or finishes to return."""
+        return not self.scheduler.is_finished() or self._inflight is not None or bool(self._finished)
 
     def generate(self, prompts: Union[PromptType, Seq[PromptType]],
                  sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
@@ -377,7 +414,9 @@ class LLM:
         bm, sc = self.block_manager, self.scheduler
         out = dict(prefill_tokens=sc.prefill_tokens, prefix_cache_hit_tokens=bm.cache_hit_tokens,
                    forked_prompt_tokens=bm.forked_tokens, preemptions=sc.num_preemptions,
-                   steps=self.num_steps, free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
+                   steps=self.num_steps, prefill_steps=self.num_prefill_steps,
+                   decode_steps=self.num_decode_steps, decode_rows=self.num_decode_rows,
+                   free_blocks=bm.num_free_blocks, num_blocks=len(bm.blocks))
         if self.spec is not None:
             out.update(self.spec.metrics)
         return out

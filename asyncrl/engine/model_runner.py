@@ -13,7 +13,8 @@ Tensor parallelism (``model.tp.size > 1``): rank 0 runs the scheduler and ``prep
 of the logits, samples from the full distribution and broadcasts the tokens (the next step's
 pending input ids live on every rank's device).
 
-KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]``; block ``num_blocks`` is the
+KV pool: per layer ``[num_blocks + 1, block_size, Hkv, D]`` in the model's dtype, or e4m3 with
+``kv_cache_dtype="fp8"`` (twice the blocks in the same memory); block ``num_blocks`` is the
 scratch block that padded rows write to (never handed out by the BlockManager).
 Hybrid models (Qwen3.5) have K/V in their full-attention layers only, and a ``StatePool`` of
 per-sequence recurrent state for the others (``state_pool.py``; slot = block-table row).
@@ -28,10 +29,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
+from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata, kv_cache_dtype, raw
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graphs import capture_graphs
+from asyncrl.engine.fp8 import check_fp8_device
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
@@ -81,6 +83,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        if self.kv_dtype != self.dtype and self.kv_dtype.itemsize == 1:
+            check_fp8_device(self.device, "kv_cache_dtype='fp8'", (8, 9))
         self.is_cuda = self.device.type == "cuda"
         c = model.config
         self.num_heads = self.tp.heads(c.num_attention_heads)  # this rank's (all of them at TP=1)
@@ -124,7 +129,7 @@ class ModelRunner:
         return [layer.self_attn for layer in self.model.model.layers if hasattr(layer, "self_attn")]
 
     def _block_bytes(self) -> int:
-        per_layer = self.block_size * self.num_kv_heads * self.model.config.head_dim * self.dtype.itemsize
+        per_layer = self.block_size * self.num_kv_heads * self.model.config.head_dim * self.kv_dtype.itemsize
         return 2 * len(self._attention_layers()) * per_layer + self.extra_block_bytes
 
     def _num_kv_blocks(self) -> int:
@@ -150,8 +155,8 @@ class ModelRunner:
         c = self.model.config
         shape = (self.num_blocks + 1, self.block_size, self.num_kv_heads, c.head_dim)
         for attn in self._attention_layers():
-            attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            attn.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            attn.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     def release(self) -> None:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""
@@ -178,8 +183,8 @@ class ModelRunner:
         the step's transfer by ``_copy_arrays``): only the first ``m`` = max(num_tokens) slots
         (short GRPO prompts fill a fraction of a block)."""
         for attn in self._attention_layers():
-            attn.k_cache[dst, :m] = attn.k_cache[src, :m]
-            attn.v_cache[dst, :m] = attn.v_cache[src, :m]
+            for cache in (raw(attn.k_cache), raw(attn.v_cache)):  # raw: FP8 caches copy as bytes
+                cache[dst, :m] = cache[src, :m]
         if self.routing is not None:
             self.routing.copy_blocks(src, dst, m)
 

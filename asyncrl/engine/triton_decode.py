@@ -6,7 +6,9 @@ Grid: (sequence, kv head). A program loads the GQA group's ``GROUP`` query heads
 ``BLOCK_N`` tokens (each token's block looked up in the table, so any block size works) and keeps
 an online softmax (running max ``m``, normaliser ``l``, accumulator ``acc``) in fp32.
 The loop bound is read from ``context_lens`` on the device, so the launch is
-CUDA-graph-capturable with any per-sequence lengths.
+CUDA-graph-capturable with any per-sequence lengths. K/V tiles are converted to the query's dtype
+as they are loaded (a no-op for a bf16 cache; an FP8 cache, ``kv_cache_dtype="fp8"``, is read at
+half the bytes and upcast exactly).
 
 Cascade (shared-prefix) decode, see ``cascade.py``: ``_prefix_kernel`` attends each
 prefix tile (the members x GQA query rows of one group, one kv head) to the group's
@@ -72,7 +74,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
         else:  # per-token block lookup: a tile may span several small blocks
             blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
         off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
@@ -88,7 +90,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -179,7 +181,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
             kmask = tok < hi
             blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
@@ -189,7 +191,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0)
+            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -268,7 +270,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
-        IEEE=k_cache.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
+        IEEE=q.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
         KV_SPLITS=splits, QLEN=qlen,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
@@ -338,6 +340,6 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PAGE=page, BLOCK_N=prefix_block_n or PREFIX_BLOCK_N, HKV=hkv, SPLITS=splits,
-        IEEE=k_cache.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
+        IEEE=q.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
                           cascade=(suffix_start, po, pl))

@@ -22,6 +22,7 @@ from asyncrl.runtime.rank_log import open_rank_log
 from asyncrl.runtime.rank_memory import RankMemory
 from asyncrl.runtime.roles import DTYPES, build_roles
 from asyncrl.runtime.sharded_checkpoint import ShardedCheckpointer
+from asyncrl.training.lora import apply_lora
 
 
 def meta_policy(path: str, dtype: str) -> torch.nn.Module:
@@ -45,11 +46,15 @@ class FollowerSession:
 
     def build(self, model_path: str) -> None:
         cfg = self.cfg
-        actor, reference, critic = build_roles(cfg, meta_policy(model_path, cfg.model.dtype), self.dp)
-        dtype = DTYPES[cfg.model.dtype]
+        policy = meta_policy(model_path, cfg.model.dtype)
+        if cfg.actor.lora.enabled:  # the same PEFT wrapper as rank 0's (pipeline.py), on meta tensors
+            policy = apply_lora(policy, cfg.actor.lora)
+        actor, reference, critic = build_roles(cfg, policy, self.dp)
+        dtype, lora = DTYPES[cfg.model.dtype], cfg.actor.lora
         self.roles.update(actor=actor, reference=reference, critic=critic,
-                          weights=WeightPublisher(actor, None, cfg.rollout.weight_sync_bucket_mb, dtype),
-                          checkpoint=ShardedCheckpointer(actor, None, dtype))
+                          weights=WeightPublisher(actor, None, cfg.rollout.weight_sync_bucket_mb, dtype,
+                                                  merged_lora=lora.enabled and lora.merged_rollout),
+                          checkpoint=ShardedCheckpointer(actor, None, dtype, lora.enabled and lora.save_merged))
 
 
 def follow_training(cfg, dp: DataParallel) -> dict:

@@ -106,7 +106,8 @@ def rollout_backend(cfg, model, tokenizer, dp: DataParallel):
     if not dp.sharded:
         return build_backend(cfg.rollout.backend, model, tokenizer, **engine_options(cfg.rollout, cfg.actor.lora))
     if resolve_backend_name(cfg.rollout.backend, model) == "engine":
-        return build_backend("engine", model, tokenizer, device=str(dp.device), **engine_options(cfg.rollout))
+        return build_backend("engine", model, tokenizer, device=str(dp.device),
+                             **engine_options(cfg.rollout, cfg.actor.lora))
     from asyncrl.rollout.hf import HFGenerateBackend
 
     return HFGenerateBackend(clone_for_rollout(model).to(dp.device), tokenizer)
@@ -189,7 +190,9 @@ def _run(cfg, source, device, run_dir: Path, resume, preemption, wall_start: flo
     console.print(f"held-out accuracy before RL: [bold]{_fmt(before)}[/] ({len(heldout)} examples)")
     actor = controller.actor
     if actor.dp.sharded:  # every rank writes and loads its shards (sharded_checkpoint.py)
-        policy_state = ShardedPolicyState(ShardedCheckpointer(actor, tokenizer, DTYPES[cfg.model.dtype]))
+        lora = cfg.actor.lora
+        policy_state = ShardedPolicyState(ShardedCheckpointer(actor, tokenizer, DTYPES[cfg.model.dtype],
+                                                              lora.enabled and lora.save_merged))
     else:
         # a LoRA policy (PEFT) saves its adapter in PEFT's format; with actor.lora.save_merged also merged/
         extra = (lambda directory: save_merged(actor.model, directory / "merged", tokenizer)) \

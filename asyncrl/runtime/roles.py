@@ -7,7 +7,9 @@ role's model sharded with FSDP2 over the data-parallel group (docs/distributed.m
 
 Under fsdp2 the frozen reference and the critic's backbone are copied from the policy before
 the actor's model is sharded (rank 0 holds the real weights, other ranks may hold meta
-tensors: each role's shards are filled from rank 0's copy).
+tensors: each role's shards are filled from rank 0's copy). A LoRA policy (PEFT) is sharded
+whole, its frozen base included, and its reference is the actor's own sharded module with the
+adapters disabled: no copy.
 """
 from __future__ import annotations
 
@@ -21,7 +23,6 @@ from asyncrl.training.actor import Actor
 from asyncrl.training.critic import Critic, CriticValues, build_value_model
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import prepare_model
-from asyncrl.config_schema import ConfigError
 from asyncrl.training.lora import AdapterDisabledReference, is_lora
 from asyncrl.training.recompute import enable_activation_checkpointing
 from asyncrl.training.reference import Reference, frozen_copy
@@ -55,20 +56,22 @@ def build_roles(cfg, model, dp: DataParallel = SINGLE) -> tuple[Actor, Optional[
         critic = (Critic(build_value_model(model), cfg.critic, algo.loss_agg_mode, micro, algo.loss_scale_factor,
                          cfg.actor.master_dtype) if cfg.critic.enable else None)
         return actor, reference, critic
-    if is_lora(model):  # not built yet: FSDP2 units over a PEFT wrapper, adapter-only sync of shards
-        raise ConfigError("actor.lora with the sharded trainer (trainer.strategy=fsdp2) is not supported yet: "
-                         "train LoRA in one process (trainer.gpus=1) or the full model with fsdp2")
     compute, master = DTYPES[cfg.model.dtype], master_dtype(cfg)
     offload = cfg.actor.offload == "full"
     # the forward plan for the device and dtype the shards will compute in (forward_plan.py); the
     # copies below inherit it, and FSDP2 keeps the swapped classes and compiled blocks
     plan = prepare_model(model, cfg.actor.kernels, cfg.actor.packing, cfg.actor.compile, device=dp.device,
                          dtype=compute)
-    ref_policy = frozen_copy(model) if needs_reference(algo) else None  # copies first: rank 0's are the real ones
+    lora = is_lora(model)  # PEFT: the base shards in the compute dtype, the adapters' in the master dtype (fsdp.py)
+    # copies first (rank 0's are the real ones); LoRA's reference is the actor's own base: no copy
+    ref_policy = frozen_copy(model) if needs_reference(algo) and not lora else None
     value_model = build_value_model(model, dp.device, compute) if cfg.critic.enable else None
     forward = shard_model(PolicyLogprobs(model), dp, compute_dtype=compute, master_dtype=master, offload_params=offload)
     actor = Actor(model, cfg.actor, algo, temperature, forward=forward, dp=dp, plan=plan, compute_dtype=compute)
     reference = critic = None
+    if lora and needs_reference(algo):
+        reference = AdapterDisabledReference(model, temperature, micro, cfg.actor.logprob_chunk_tokens,
+                                             forward=forward, dp=dp)
     if ref_policy is not None:
         ref_forward = shard_model(PolicyLogprobs(ref_policy), dp, compute_dtype=compute, master_dtype=compute,
                                   offload_params=offload)

@@ -7,6 +7,10 @@ one-process ones (training/checkpoint.py), plus the shards to resume from:
       trainer_state.json                                step, policy version, data position ...
       dcp/                                              model + optimizer + scheduler shards (fp32
                                                         master), resumable at any world size
+      adapter_config.json, adapter_model.safetensors    instead of model.safetensors for a LoRA
+                                                        policy (PEFT's format; its dcp/ holds the
+                                                        adapters and their optimizer state only)
+      merged/                                           with actor.lora.save_merged
       rng/rank_<r>.pt                                   each rank's RNG state
 
 Rank 0 creates the temporary directory, every rank writes its shards into it (a shared file
@@ -21,14 +25,18 @@ import torch
 
 from asyncrl.distributed import checkpoint as sharded
 from asyncrl.distributed.lockstep import replicated
+from asyncrl.training import lora_sharded
 from asyncrl.training.checkpoint import write_checkpoint
+from asyncrl.training.lora import is_lora
 
 
 class ShardedCheckpointer:
     """Writes (and reloads) the actor's sharded state; ``tokenizer`` only on rank 0."""
 
-    def __init__(self, actor, tokenizer, dtype: torch.dtype):
+    def __init__(self, actor, tokenizer, dtype: torch.dtype, save_merged: bool = False):
+        """``save_merged`` (``actor.lora.save_merged``): a LoRA checkpoint also holds ``merged/``."""
         self.actor, self.tokenizer, self.dtype, self.dp = actor, tokenizer, dtype, actor.dp
+        self.save_merged = save_merged
 
     def save(self, run_dir: Path, step: int, state: dict, keep: int) -> Path:
         """Rank 0 (the job): write ``<run_dir>/checkpoints/step_<step>`` by training/checkpoint.py's
@@ -45,7 +53,12 @@ class ShardedCheckpointer:
         ranks are done (the directory is then complete)."""
         actor, path = self.actor, Path(directory)
         sharded.save(path, actor.forward_module, actor.optimizer, actor.scheduler, self.dp)
-        sharded.export_hf(path, actor.forward_module, actor.model, self.dp, self.dtype)
+        if is_lora(actor.model):  # PEFT's adapter files, as one process writes them (HFPolicyState)
+            lora_sharded.save_adapter(actor.model, path, self.dp)
+            if self.save_merged:
+                lora_sharded.save_merged(actor.forward_module, actor.model, path / "merged", self.dp, self.dtype)
+        else:
+            sharded.export_hf(path, actor.forward_module, actor.model, self.dp, self.dtype)
         self.dp.barrier()
 
     @replicated("checkpoint")

@@ -67,7 +67,8 @@ class SyncController:
         self.greedy_params = SamplingParams(n=1, temperature=0.0, max_tokens=cfg.rollout.max_tokens, logprobs=False)
         ctrl = self.algo.kl_ctrl
         self.kl_ctrl = build_kl_controller(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
-        self.publisher = WeightPublisher(actor, backend, cfg.rollout.weight_sync_bucket_mb, DTYPES[cfg.model.dtype])
+        self.publisher = WeightPublisher(actor, backend, cfg.rollout.weight_sync_bucket_mb, DTYPES[cfg.model.dtype],
+                                         merged_lora=cfg.actor.lora.enabled and cfg.actor.lora.merged_rollout)
 
     def step(self, step: int) -> dict[str, float]:
         """Run one step; returns its metrics (see docs/metrics.md)."""
@@ -93,7 +94,8 @@ class SyncController:
             self.sync_weights()
         self.last_samples = SampleStats.from_batch(batch)
         return {**reward_metrics, **sampling_metrics, **kl_metrics, **actor_metrics, **critic_metrics,
-                **self._batch_metrics(batch, generated), **t.step_metrics(), **self.memory.step_metrics()}
+                **self._batch_metrics(batch, generated), **t.step_metrics(), **self.memory.step_metrics(),
+                "weight_sync/bytes": float(self.publisher.last_bytes)}  # LoRA: the adapters'; else the model's
 
     # rollout + reward ------------------------------------------------------------------
 

@@ -61,6 +61,11 @@ RULES: list[Rule] = [
     (lambda c: c.algorithm.kl_ctrl.type == "adaptive" and not c.algorithm.use_kl_in_reward,
      lambda c: "algorithm.kl_ctrl drives the β of the KL in the reward: set algorithm.use_kl_in_reward=true "
                "(the KL loss term uses the fixed algorithm.kl_coef)"),
+    (lambda c: (c.rollout.quantization != "none" or c.rollout.kv_cache_dtype != "auto")
+     and not c.algorithm.rollout_correction.enabled,
+     lambda c: "rollout.quantization / rollout.kv_cache_dtype = fp8 samples from a quantized copy of the policy, whose "
+               "log-probs differ from the trainer's: set algorithm.rollout_correction.level=token (truncated "
+               "importance sampling; verl's FP8 rollout needs it to match bf16 accuracy)"),
     (lambda c: c.critic.freeze_actor_steps > 0 and not c.critic.enable,
      lambda c: "critic.freeze_actor_steps trains only the critic for the first steps: it needs critic.enable=true"),
     # -- the async runtime (docs/async.md) --
@@ -135,6 +140,10 @@ RULES: list[Rule] = [
                f"{c.rollout.tensor_parallel_size}: speculative decoding runs at tensor_parallel_size=1 only (its "
                "verify step is not split over ranks yet); set one of them off (rollout.engines > 1 keeps "
                "speculation on every replica)"),
+    (lambda c: c.actor.lora.enabled and c.actor.lora.merged_rollout and (_fleet(c) or c.runtime.executor == "ray"),
+     lambda c: "actor.lora.merged_rollout=true with a rollout fleet or Ray replicas: the replicas serve the adapter "
+               "unmerged (merged serving is built for one engine); set actor.lora.merged_rollout=false, or "
+               "rollout.engines=1, rollout.tensor_parallel_size=1 and runtime.executor=local"),
 ]
 
 

@@ -3,7 +3,9 @@
 FastAPI (pydantic validation, OpenAPI docs) on uvicorn, the stack vLLM and SGLang serve with,
 so OpenAI clients, load balancers and the fleet router see the behaviour they expect:
 
-    GET  /health                  {"status": "ok", "version": v, "running": n}
+    GET  /health                  {"status": "ok", "version": v, "running": n, "engine": {steps,
+                                  prefill_steps, decode_steps, decode_rows, ...}} (LLM.metrics:
+                                  counters since start; decode_rows / decode_steps = mean batch)
     GET  /v1/models               the served model
     POST /v1/completions          text or token-id prompts; stream, logprobs, n, stop, seed
     POST /v1/chat/completions     the model's chat template and tool-call format
@@ -31,6 +33,7 @@ from asyncrl.data.chat_render import render_ids
 from asyncrl.data.templates import TemplateError
 from asyncrl.serve import responses as R
 from asyncrl.serve.async_engine import AsyncEngine, SampleDelta
+from asyncrl.serve.auth import ApiKey
 from asyncrl.serve.limits import BodyLimit, ServeLimits
 from asyncrl.serve.protocol import SESSION_HEADER, ChatCompletionRequest, CompletionRequest, UpdateWeightsRequest
 from asyncrl.serve.streaming import ChatStreamer, TextStreamer, sse
@@ -67,19 +70,14 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.serve = state
     app.add_middleware(BodyLimit, max_bytes=state.limits.max_body_bytes,
                        per_path={"/v1/update_weights": state.limits.max_weight_bytes})
+    if state.api_key:  # added last: the outermost layer, so a bad key is refused before the body is read
+        app.add_middleware(ApiKey, key=state.api_key)
     _install_error_handlers(app)
-
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if state.api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
-                return JSONResponse(error_body("invalid API key (send 'Authorization: Bearer <key>')",
-                                               "authentication_error", code="invalid_api_key"), status_code=401)
-        return await call_next(request)
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "version": state.engine.version, "running": state.in_flight}
+        return {"status": "ok", "version": state.engine.version, "running": state.in_flight,
+                "engine": state.engine.llm.metrics}  # int counters: read without the engine's lock
 
     @app.get("/v1/models")
     async def models():

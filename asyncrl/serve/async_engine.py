@@ -3,9 +3,11 @@
 Requests from any number of coroutines (HTTP handlers, agent episodes) are queued into the
 same ``LLM``; a single engine thread runs ``LLM.step()`` while any request is live, so all
 of them share each decode step (continuous batching), instead of one ``generate`` call per
-request run one after another. After each step the thread hands every caller its new
-tokens (streaming) or its finished output, through the caller's own event loop
-(``call_soon_threadsafe``).
+request run one after another. After each step the thread hands the streaming callers their
+new tokens and the callers whose request finished their output, through the caller's own
+event loop (``call_soon_threadsafe``). The work per step is O(streaming + finished requests),
+not O(live requests): ``LLM.step`` returns the sequences that finished, so the 256 waiting
+non-streamed requests of a full decode batch cost nothing until they finish.
 
 Invariant: only the engine thread calls ``LLM.step``, ``add_request`` and ``abort``: callers
 queue them (``_pending``) and the thread applies them between two steps, so a caller never
@@ -54,7 +56,8 @@ class AsyncEngine:
     def __init__(self, llm):
         self.llm = llm
         self._streams: dict[str, _Stream] = {}
-        self._lock = threading.Lock()  # guards _streams
+        self._streaming: set[str] = set()  # ids in _streams that take per-step deltas
+        self._lock = threading.Lock()  # guards _streams and _streaming
         self._wake = threading.Event()
         self._stopping = False
         self._ids = itertools.count()
@@ -107,6 +110,8 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already running")
             self._streams[request_id] = stream
+            if deltas:
+                self._streaming.add(request_id)
         self._pending.append(("add", request_id, list(prompt_ids), params))
         self._wake.set()
         finished = False
@@ -128,8 +133,7 @@ class AsyncEngine:
 
     def _discard(self, request_id: str) -> None:
         """A request nobody waits for any more: the engine thread aborts it and drops its output."""
-        with self._lock:
-            self._streams.pop(request_id, None)
+        self._forget(request_id)
         self._pending.append(("abort", request_id))
         self._wake.set()
 
@@ -149,12 +153,12 @@ class AsyncEngine:
                         self._wake.wait(0.5)
                     self._wake.clear()
                     continue
-                self.llm.step()
-                self._deliver()
+                self._deliver(self.llm.step())
         except BaseException as err:  # surfaced to every waiting and later caller
             self._error = err
             with self._lock:
                 streams, self._streams = list(self._streams.values()), {}
+                self._streaming.clear()
             for s in streams:
                 s.loop.call_soon_threadsafe(s.queue.put_nowait, _DONE)
 
@@ -177,24 +181,38 @@ class AsyncEngine:
             try:
                 self.llm.add_request(*args, request_id)
             except ValueError as err:
-                with self._lock:
-                    self._streams.pop(request_id, None)
+                self._forget(request_id)
                 self._put(stream, err)
 
-    def _deliver(self) -> None:
+    def _deliver(self, finished) -> None:
+        """New tokens to the streaming callers, then each finished request's output to its
+        caller. ``finished``: the sequences ``LLM.step`` saw finish (a request is done when
+        its last sample finishes, so only their requests need checking)."""
         with self._lock:
-            live = list(self._streams.items())
-        for request_id, stream in live:
+            streaming = [(rid, self._streams[rid]) for rid in self._streaming]
+        for request_id, stream in streaming:
             try:
-                if stream.deltas:
-                    self._push_deltas(request_id, stream)
-                if self.llm.request_finished(request_id):
-                    output = self.llm.pop_output(request_id)
-                    with self._lock:
-                        self._streams.pop(request_id, None)
-                    self._put(stream, output)
+                self._push_deltas(request_id, stream)
             except KeyError:  # aborted by its caller meanwhile
                 continue
+        for request_id in dict.fromkeys(seq.request_id for seq in finished):
+            with self._lock:
+                stream = self._streams.get(request_id)
+            if stream is None:
+                continue  # its caller left (aborted)
+            try:
+                if not self.llm.request_finished(request_id):
+                    continue  # other samples of it still run
+                output = self.llm.pop_output(request_id)
+            except KeyError:  # aborted by its caller meanwhile
+                continue
+            self._forget(request_id)
+            self._put(stream, output)
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            self._streaming.discard(request_id)
 
     def _push_deltas(self, request_id: str, stream: _Stream) -> None:
         for seq in self.llm.request_sequences(request_id):

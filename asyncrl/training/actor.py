@@ -86,8 +86,9 @@ class Actor:
         self.loss_cfg = policy_loss_config(algo_cfg)
         # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        if dp.sharded:  # FSDP2 keeps the fp32 master shards itself (roles.master_dtype)
-            self.optimizer = build_optimizer(self.forward_module.parameters(), actor_cfg)
+        if dp.sharded:  # FSDP2 keeps the fp32 master shards itself (roles.master_dtype); LoRA: the adapters' shards
+            self.optimizer = build_optimizer([p for p in self.forward_module.parameters() if p.requires_grad],
+                                             actor_cfg)
         else:  # float32 master weights beside a bf16/fp16 model unless actor.master_dtype says otherwise
             self.optimizer = trainer_adamw(self.trainable, actor_cfg.master_dtype, lr=actor_cfg.lr,
                                            betas=actor_cfg.betas, weight_decay=actor_cfg.weight_decay,

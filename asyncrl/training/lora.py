@@ -5,7 +5,11 @@
     AdapterDisabledReference(policy, ...)               # the reference = the same base, adapters off
     sync_tensors(policy)                                # what a weight sync moves: A and B (KBs-MBs)
     merged_tensors(policy)                              # W + (α/r)·B·A of each adapted layer (merged mode)
+    iter_merged_tensors(policy)                         # the same, one layer at a time (gathered under FSDP2)
     save_merged(policy, directory)                      # an HF checkpoint of the merged model
+
+Under FSDP2 (trainer.strategy=fsdp2) the same PEFT model is sharded whole (lora_sharded.py
+gathers its adapters for a push or a checkpoint).
 
 Everything but :func:`apply_lora` reads PEFT's module layout by duck typing (``peft_config``,
 ``base_layer``, ``lora_A``/``lora_B``/``scaling`` per adapter), so this module imports peft only
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
 from asyncrl.config_schema import ConfigError
+from asyncrl.distributed.gather import gather_whole
+from asyncrl.distributed.group import SINGLE, DataParallel
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.reference import Reference
 from asyncrl.types import TrainBatch
@@ -77,16 +83,30 @@ def sync_tensors(model) -> list[tuple[str, torch.Tensor]]:
 def merged_tensors(model) -> list[tuple[str, torch.Tensor]]:
     """(HF weight name, W + scale·B·A) of every adapted linear, in W's dtype; the product in fp32.
     What an engine serving the merged model loads (``actor.lora.merged_rollout``)."""
-    out = []
+    return list(iter_merged_tensors(model))
+
+
+@torch.no_grad()
+def iter_merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`merged_tensors` one layer at a time. Under FSDP2 (DTensor shards) each layer's W,
+    A and B are gathered whole (one all-gather per layer, distributed/gather.py: a collective,
+    every rank iterates the whole stream in the same order), so the extra memory is one layer."""
     for name, layer in lora_layers(model):
-        weight = layer.base_layer.weight
-        delta = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                a, b = layer.lora_A[adapter].weight.float(), layer.lora_B[adapter].weight.float()
-                delta += layer.scaling[adapter] * (b @ a)
-        out.append((f"{name}.weight", (weight.float() + delta).to(weight.dtype)))
-    return out
+        adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+        weight, *pairs = gather_whole([layer.base_layer.weight.detach(),
+                                       *(p for a in adapters for p in (layer.lora_A[a].weight.detach(),
+                                                                       layer.lora_B[a].weight.detach()))])
+        scaled = [(layer.scaling[adapter], a, b) for adapter, a, b in zip(adapters, pairs[0::2], pairs[1::2])]
+        yield f"{name}.weight", merged_weight(weight, scaled)
+
+
+def merged_weight(weight: torch.Tensor, adapters: list[tuple[float, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """W + Σ scale·B·A over ``adapters`` (scale, A ``[r, in]``, B ``[out, r]``), the sum in fp32,
+    returned in W's dtype ``[out, in]``."""
+    delta = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    for scale, a, b in adapters:
+        delta += scale * (b.float() @ a.float())
+    return (weight.float() + delta).to(weight.dtype)
 
 
 def save_merged(model, directory: Path, tokenizer=None) -> Path:
@@ -104,11 +124,15 @@ class AdapterDisabledReference(Reference):
     disabled (PEFT's ``disable_adapter()``), so no second copy of the weights exists.
 
     Invariant: its log-probs are those of the base model, which no update changes (the
-    optimizer holds only adapter parameters)."""
+    optimizer holds only adapter parameters).
 
-    def __init__(self, model, temperature: float, micro_batch_size: int, chunk_tokens: int):
-        super().__init__(model, temperature, micro_batch_size, chunk_tokens,
-                         forward=PolicyLogprobs(model))  # the actor's own module, not a frozen copy
+    ``forward``/``dp``: under FSDP2, the actor's own sharded module (its base shards serve as
+    the reference's: still no copy)."""
+
+    def __init__(self, model, temperature: float, micro_batch_size: int, chunk_tokens: int, *,
+                 forward: Optional[torch.nn.Module] = None, dp: DataParallel = SINGLE):
+        super().__init__(model, temperature, micro_batch_size, chunk_tokens, dp=dp,
+                         forward=forward if forward is not None else PolicyLogprobs(model))  # the actor's own
 
     @torch.no_grad()
     def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:

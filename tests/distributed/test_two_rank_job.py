@@ -68,3 +68,48 @@ def test_two_rank_job_resumes_through_trainer_resume(tmp_path):
     learning = [k for k in straight[2] if k.split("/")[0] in ("actor", "reward", "response_length")
                 and k not in ("actor/tflops", "actor/mfu")]
     assert learning and {k: rows[2].get(k) for k in learning} == {k: straight[2][k] for k in learning}
+
+
+LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.save_merged=true"]
+
+
+def _lora_job(rank: int, world: int, root: str, resume: str) -> None:
+    cfg = load_config("quickstart_lora", [*TWO_RANKS, *LORA, f"logging.run_dir={root}/run",
+                                          f"sft.cache_dir={root}/cache", f"trainer.resume={resume}"])
+    run_training(cfg)
+
+
+def test_a_two_rank_lora_job_syncs_adapters_only_and_resumes(tmp_path):
+    """``quickstart_lora`` on 2 ranks (actor.lora with trainer.strategy=fsdp2): the engine on rank 0
+    serves the adapters it is pushed (trainer = engine log-probs), each push moves the adapters'
+    bytes only, checkpoints are PEFT adapters (+ merged/) with the adapters' shards, and a
+    resume from step 2 (``trainer.resume=PATH``) repeats step 3 exactly."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from asyncrl.data.tasks import build_task
+    from asyncrl.runtime.pipeline import prepare_policy
+
+    run_ranks(2, tmp_path, _lora_job, str(tmp_path), "never")
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["rollout/logprob_gap"] < 1e-4 for r in rows)
+    step2 = run / "checkpoints" / "step_000002"
+    adapter = load_file(step2 / "adapter_model.safetensors")
+    adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+    cfg = load_config("quickstart_lora", [*TWO_RANKS, *LORA, f"sft.cache_dir={tmp_path}/cache"])
+    base = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)[0].eval()
+    full_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
+    # the adapters' bytes exactly (16 KiB here: rank 4 is 21% of this hidden-32 model), never the base's
+    assert all(r["weight_sync/bytes"] == adapter_bytes < 0.25 * full_bytes for r in rows)
+    assert (step2 / "dcp/.metadata").exists() and not (step2 / "model.safetensors").exists()
+    ids = torch.tensor([[1, 5, 7, 3, 4, 9, 11, 2]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(step2 / "merged").eval()(ids).logits
+        adapted = PeftModel.from_pretrained(base, str(step2)).eval()(ids).logits
+    torch.testing.assert_close(adapted, merged, rtol=0, atol=1e-5)
+    run_ranks(2, tmp_path, _lora_job, str(tmp_path), str(step2))
+    resumed = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    learning = [k for k in rows[2] if k.split("/")[0] in ("actor", "reward") and k not in ("actor/tflops", "actor/mfu")]
+    assert learning and {k: resumed[2][k] for k in learning} == {k: rows[2][k] for k in learning}

@@ -71,6 +71,21 @@ def test_overlapped_abort_and_pause_drain(tiny_dirs):
     llm.block_manager.check_invariants([])
 
 
+def test_step_returns_each_finish_once_when_read_outside_step(tiny_dirs):
+    """A driver that waits on ``step()``'s finished list (asyncrl serve delivers outputs from it)
+    must see the finishes a pause or weight update read from the step in flight: the next
+    ``step`` returns them, each sequence exactly once, and ``has_unfinished`` stays true until then."""
+    llm = make_llm(tiny_dirs["qwen3"], async_scheduling=True)
+    rid = llm.add_request(prompts_for(11, [7])[0], SamplingParams(n=3, max_tokens=4, ignore_eos=True))
+    seen = []
+    while llm.has_unfinished():
+        seen += llm.step()
+        llm.pause()  # reads the step in flight: the finishes it observes wait for the next step
+        llm.resume()
+    assert sorted(s.sample_index for s in seen) == [0, 1, 2]
+    assert llm.request_finished(rid) and llm.step() == []
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_overlapped_cuda_graphs_identical(tiny_dirs):

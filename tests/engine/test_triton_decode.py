@@ -63,3 +63,62 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits):
                                    torch.device("cpu"))
     ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("query_len", [1, 3])
+def test_fp8_cache_paged_decode_matches_gathered(query_len):
+    """An e4m3 KV cache (``kv_cache_dtype="fp8"``): the kernel upcasts each K/V tile to the query's
+    dtype as it loads it, the gathered path upcasts the gathered keys: same attention."""
+    from asyncrl.engine.attention import FP8_KV
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    g = torch.Generator().manual_seed(10 + query_len)
+    lens = [query_len + 1, 3 * page + 2]
+    nb = sum(-(-n // page) for n in lens) + 1
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    tables, o = [], 0
+    for n in lens:
+        tables.append(list(range(o, o + -(-n // page))))
+        o += len(tables[-1])
+    width = max(map(len, tables))
+    bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
+    q = torch.randn(len(lens) * query_len, H, D, generator=g)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
+    out = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1), query_len=query_len)
+    meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
+                                   torch.device("cpu"))
+    ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
+    torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
+
+
+def test_fp8_cache_cascade_decode_matches_plain_and_reference():
+    """Cascade decode (shared-prefix kernel + suffix decode) on an e4m3 cache: equal to plain paged
+    decode and to the float64 reference over the same (upcast) K/V."""
+    import numpy as np
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.attention import FP8_KV
+    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, tile_shape
+    from asyncrl.engine.triton_decode import cascade_decode_attention
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    groups, prefix = [3, 1, 2], [2, 3, 1]
+    g = torch.Generator().manual_seed(0)
+    suffix = torch.randint(1, 3 * page, (sum(groups),), generator=g).tolist()
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=0)
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    B = len(tables)
+    q = torch.randn(B, H, D, generator=g)
+    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
+    packed = torch.from_numpy(plan.packed()).to(DEVICE)
+    q, kc, vc, bt, cl = (t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np)))
+    out = cascade_decode_attention(q, kc, vc, bt, cl, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5)
+    plain = paged_decode_attention(q, kc, vc, bt, cl, D ** -0.5)
+    ref = cascade_attention_reference(q.double().cpu(), kc.cpu().double(), vc.cpu().double(), tables, ctx, plan,
+                                      D ** -0.5)
+    torch.testing.assert_close(out, plain, rtol=0, atol=1e-4)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=0, atol=1e-4)

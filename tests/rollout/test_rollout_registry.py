@@ -1,6 +1,7 @@
 """Backends by config name: ``auto`` picks the engine for Qwen3, and the rollout section's
 engine options reach the engine (and only the engine)."""
 import pytest
+import torch
 
 from asyncrl.config import load_config
 from asyncrl.rollout.hf import HFGenerateBackend
@@ -68,3 +69,27 @@ def test_hf_fallback_static_cache_generates_the_same_tokens(tiny_policy):
     static = HFGenerateBackend(model, tok, static_cache=True).generate(prompts, params)
     assert [[c.token_ids for c in o.completions] for o in static] == \
         [[c.token_ids for c in o.completions] for o in dynamic]
+
+
+def test_rollout_fp8_reaches_the_engine_and_needs_a_correction(tiny_policy):
+    """``rollout.quantization`` / ``rollout.kv_cache_dtype`` = fp8 build an FP8 engine (HF generate
+    refuses them), and the config check asks for the TIS correction a quantized rollout needs."""
+    from asyncrl.config import ConfigError
+    from asyncrl.engine.fp8_linear import Fp8Linear
+    from asyncrl.runtime.validate import validate_config
+
+    model, tok = tiny_policy
+    fp8 = ["rollout.quantization=fp8", "rollout.kv_cache_dtype=fp8"]
+    uncorrected = ["algorithm.decoupled=false", "algorithm.rollout_correction.level=none"]
+    validate_config(load_config("quickstart", uncorrected))
+    with pytest.raises(ConfigError, match="rollout_correction.level=token"):
+        validate_config(load_config("quickstart", fp8 + uncorrected))
+    cfg = load_config("quickstart", fp8)  # the quickstart recipe corrects (token-level)
+    validate_config(cfg)
+    llm = build_backend("engine", model, tok, **engine_options(cfg.rollout)).llm
+    assert isinstance(llm.model.model.layers[0].mlp.down_proj, Fp8Linear)
+    assert llm.runner.kv_dtype == torch.float8_e4m3fn
+    default = build_backend("engine", model, tok, **engine_options(load_config("quickstart").rollout)).llm
+    assert not isinstance(default.model.model.layers[0].mlp.down_proj, Fp8Linear)
+    with pytest.raises(ValueError, match="rollout.quantization needs the asyncrl engine"):
+        build_backend("hf", model, tok, **engine_options(cfg.rollout))

@@ -79,6 +79,14 @@ def test_a_fleet_with_a_workflow_or_a_server_backend_is_refused(overrides, messa
         validate_config(load_config("quickstart", [*ASYNC, "rollout.engines=2", *overrides]))
 
 
+def test_merged_lora_serving_on_a_fleet_is_refused_not_ignored():
+    """The replicas are built without the LoRA options: merged serving would silently be unmerged."""
+    lora = ["actor.lora.rank=4", "actor.lora.merged_rollout=true"]
+    with pytest.raises(ConfigError, match="actor.lora.merged_rollout=true with a rollout fleet"):
+        validate_config(load_config("quickstart", [*ASYNC, "rollout.engines=2", *lora]))
+    validate_config(load_config("quickstart", [*ASYNC, "rollout.engines=2", "actor.lora.rank=4"]))
+
+
 def test_speculative_decoding_with_tp_above_one_is_refused():
     with pytest.raises(ConfigError, match="speculative decoding runs at tensor_parallel_size=1 only"):
         validate_config(load_config("quickstart", [*ASYNC, "rollout.tensor_parallel_size=2",

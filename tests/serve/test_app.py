@@ -22,7 +22,9 @@ def test_models_and_health(qwen_server):
     url, _ = qwen_server
     assert [m.id for m in client(url).models.list().data] == ["tiny"]
     health = httpx.get(url + "/health").json()
-    assert health["status"] == "ok" and health["version"] == 0
+    assert health["status"] == "ok" and health["version"] == 0 and health["engine"]["steps"] >= 0
+    refused = httpx.get(url + "/v1/models")  # no key: the API-key middleware answers, OpenAI-shaped
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_completion_logprobs_and_token_ids(qwen_server):
@@ -108,10 +110,14 @@ def test_concurrent_requests_share_engine_steps(qwen_server):
         async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0) as c:
             return await asyncio.gather(*(c.completions.create(model="tiny", prompt=f"q{i}", max_tokens=32,
                                                                extra_body={"ignore_eos": True}) for i in range(8)))
-    steps0 = state.engine.llm.num_steps
+    before = httpx.get(url + "/health").json()["engine"]
     outs = asyncio.run(run())
+    after = httpx.get(url + "/health").json()["engine"]
     assert all(o.usage.completion_tokens == 32 for o in outs)
-    assert state.engine.llm.num_steps - steps0 < 2 * 33
+    assert after["steps"] - before["steps"] < 2 * 33
+    # the engine's counters (/health): 8 x 32 tokens came from shared decode steps
+    decode_rows, decode_steps = (after[k] - before[k] for k in ("decode_rows", "decode_steps"))
+    assert decode_rows >= 8 * 31 and decode_rows / decode_steps > 4
 
 
 def test_over_max_concurrent_is_429(fitted_checkpoints):

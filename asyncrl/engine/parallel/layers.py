@@ -16,7 +16,8 @@ before (and CUDA graphs replay decode without any Python at all).
 
 Loading: a module's ``weight_loader(param_name, full_tensor, shard, name)`` copies its slice in place (the
 parameter's storage, and any CUDA graph captured over it, stays valid); a shape that is not
-the full HF shape raises ``ValueError``.
+the full HF shape raises ``ValueError``. ``local_part`` says which slice and where it goes, so a
+layer that stores its weight differently (FP8, ``engine/fp8_linear.py``) slices the same way.
 """
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
 
 
+def _copy_rows(param: torch.Tensor, first: int, src: torch.Tensor) -> None:
+    """``src`` into rows ``[first, first + len(src))`` of ``param``."""
+    _copy(param[first:first + src.shape[0]], src)
+
+
 def load_replicated(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     """A parameter every rank holds whole (norms, biases of row-parallel layers)."""
     _check_shape(loaded, param.shape, name)
@@ -52,12 +58,17 @@ class ColumnParallelLinear(nn.Linear):
         super().__init__(in_features, out_features // tp.size, bias=bias)
         self.tp = tp
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
-                      name: str = "") -> None:
-        param = getattr(self, param_name).data
+    def local_part(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                   name: str = "") -> tuple[int, torch.Tensor]:
+        """(first local row, this rank's slice of the full HF tensor ``loaded``) of ``param_name``."""
+        param = getattr(self, param_name)
         rows = param.shape[0]
         _check_shape(loaded, (rows * self.tp.size, *param.shape[1:]), name)
-        _copy(param, loaded.narrow(0, self.tp.rank * rows, rows))
+        return 0, loaded.narrow(0, self.tp.rank * rows, rows)
+
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                      name: str = "") -> None:
+        _copy_rows(getattr(self, param_name).data, *self.local_part(param_name, loaded, shard, name))
 
 
 class MergedColumnParallelLinear(nn.Linear):
@@ -81,11 +92,15 @@ class MergedColumnParallelLinear(nn.Linear):
         return cls(in_features, {0: (intermediate, local, tp.rank * local), 1: (intermediate, local, tp.rank * local)},
                    tp=tp)
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Hashable, name: str = "") -> None:
-        param = getattr(self, param_name).data
+    def local_part(self, param_name: str, loaded: torch.Tensor, shard: Hashable,
+                   name: str = "") -> tuple[int, torch.Tensor]:
+        """(first local row of shard ``shard``, this rank's rows of the full HF tensor ``loaded``)."""
         offset, full, local, start = self.shards[shard]
-        _check_shape(loaded, (full, *param.shape[1:]), name)
-        _copy(param[offset:offset + local], loaded.narrow(0, start, local))
+        _check_shape(loaded, (full, *getattr(self, param_name).shape[1:]), name)
+        return offset, loaded.narrow(0, start, local)
+
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Hashable, name: str = "") -> None:
+        _copy_rows(getattr(self, param_name).data, *self.local_part(param_name, loaded, shard, name))
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
@@ -116,14 +131,20 @@ class RowParallelLinear(nn.Linear):
         y = F.linear(x, self.weight, self.bias if self.tp.rank == 0 else None)
         return self.tp.comm.all_reduce(y)
 
-    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
-                      name: str = "") -> None:
-        param = getattr(self, param_name).data
+    def local_part(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                   name: str = "") -> tuple[int, torch.Tensor]:
+        """(0, this rank's columns of the full HF weight ``loaded``; the whole bias: replicated)."""
+        param = getattr(self, param_name)
         if param_name == "bias":
-            return load_replicated(param, loaded, name)
+            _check_shape(loaded, param.shape, name)
+            return 0, loaded
         cols = param.shape[1]
         _check_shape(loaded, (param.shape[0], cols * self.tp.size), name)
-        _copy(param, loaded.narrow(1, self.tp.rank * cols, cols))
+        return 0, loaded.narrow(1, self.tp.rank * cols, cols)
+
+    def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
+                      name: str = "") -> None:
+        _copy_rows(getattr(self, param_name).data, *self.local_part(param_name, loaded, shard, name))
 
 
 def _load_vocab_rows(param: torch.Tensor, loaded: torch.Tensor, vocab: int, tp: TensorParallel, name: str) -> None:

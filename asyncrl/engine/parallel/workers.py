@@ -202,7 +202,8 @@ def worker_main(rank: int, spec: WorkerSpec, device: str, conn) -> None:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         conn.send(("joining",))
         comm = TPComm.join(spec.port, rank, spec.size, device)
-        model = build_model(spec.config, spec.dtype, device, TensorParallel(spec.size, rank, comm))
+        model = build_model(spec.config, spec.dtype, device, TensorParallel(spec.size, rank, comm),
+                            spec.engine.quantization)
         if spec.source is not None:
             fill_weights(model, iter_safetensors(spec.source))
         else:
