@@ -104,11 +104,12 @@ def test_healthy_quickstart_fires_no_monitor(quickstart_run):
     monitor = replay(rows)  # the monitors over the run's own metrics, default thresholds
     fired = {e.monitor for e in monitor.events}
     # On a quiet machine nothing fires. The one monitor that may, throughput_drop, reports the
-    # machine rather than the learning: then it must coincide with rollouts really slowed down.
+    # machine rather than the learning (CI shares its cores: 9 of 1385 steps once): on a healthy
+    # run only briefly, never as a standing alarm (a baseline that drifted with the workload, say
+    # longer responses, would fire for hundreds of steps)
     assert fired <= {"throughput_drop"}, [e.message for e in monitor.events]
-    if fired:
-        times = sorted(r["time/rollout"] for r in rows)
-        assert times[-1] > 3 * times[len(times) // 2], [e.message for e in monitor.events]
+    drop_steps = {e.step for e in monitor.events if e.monitor == "throughput_drop"}
+    assert len(drop_steps) <= 0.02 * len(rows), [e.message for e in monitor.events]
     active = {k for k, v in monitor.step_metrics().items() if k.startswith("health/") and not k.endswith(("_count", "_total"))}
     assert {"health/reward_hacking", "health/degenerate_groups", "health/entropy_collapse", "health/nonfinite",
             "health/throughput_drop"} <= active  # they were watching, not absent

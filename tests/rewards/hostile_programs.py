@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -258,6 +259,31 @@ def _start_ticks(pid) -> int:
         return -1
 
 
+def _describe(pid: str) -> str:
+    """``pid state command`` of a process (what a leftover was), or ``pid`` alone once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        return f"{pid} {state} {command[:200]}"
+    except (OSError, IndexError):
+        return pid
+
+
+def _left_behind(uid: int, started: int, grace_s: float = 10.0) -> list[str]:
+    """This uid's processes that started after ``started`` (this run's) and are still there
+    ``grace_s`` later. The grace: SIGKILL is asynchronous, so a sandbox killed last may still be
+    exiting (seen once on a loaded 2-core CI machine); a real escapee outlives it."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        others = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
+                  if int(pid) != os.getpid() and _uid(pid) == uid and _start_ticks(pid) >= started]
+        if not others or time.monotonic() > deadline:
+            return [_describe(pid) for pid in others]
+        time.sleep(0.2)
+
+
 if __name__ == "__main__":  # the unprivileged run: arguments as run_suite's, results as JSON
     host_dir, token, secret_path = sys.argv[1], sys.argv[2], sys.argv[3]
     abstract = f"asyncrl-listen-{os.getpid()}"
@@ -269,6 +295,5 @@ if __name__ == "__main__":  # the unprivileged run: arguments as run_suite's, re
     # this run's processes only: one that started before it (an earlier test's sandbox still being
     # torn down, seen once in a loaded full-suite run) is not a process this suite left behind
     started = _start_ticks(os.getpid())
-    others = [pid for pid in filter(str.isdigit, os.listdir("/proc"))
-              if int(pid) != os.getpid() and _uid(pid) == uid and _start_ticks(pid) >= started]
+    others = _left_behind(uid, started)
     print(json.dumps({"records": records, "leaks": leaks, "reached": reached(sockets), "processes_left": others}))

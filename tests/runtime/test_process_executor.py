@@ -16,6 +16,7 @@ from asyncrl.runtime.executors.process import ProcessRolloutBackend, RolloutProc
 from asyncrl.runtime.pipeline import prepare_policy, run_training
 from asyncrl.runtime.weight_sync import LogprobProbe, WeightSyncError
 from asyncrl.types import SamplingParams
+from tests.runtime.child_exit import assert_stopped_cleanly
 
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=4",
@@ -100,7 +101,7 @@ def test_the_child_owns_the_engine_and_reads_shared_weights(cfg_of):
         assert all(torch.equal(t, trained[n].detach()) for n, t in backend.shared.items())  # the last push
     finally:
         ctrl.close()
-    assert not backend.process.is_alive() and backend.process.exitcode == 0
+    assert_stopped_cleanly(backend)
 
 
 def test_a_dead_rollout_process_fails_the_run_past_max_restarts(cfg_of):

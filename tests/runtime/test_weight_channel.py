@@ -15,6 +15,7 @@ from asyncrl.runtime.executors.weight_channel import (FlatWeights, attach_weight
                                                       weightless_clone)
 from asyncrl.runtime.pipeline import prepare_policy, run_training
 from asyncrl.runtime.weight_sync import LogprobProbe
+from tests.runtime.child_exit import assert_stopped_cleanly
 
 FAST = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
         "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.steps=4",
@@ -76,7 +77,7 @@ def test_the_child_engine_runs_the_broadcast_weights():
             assert backend.run_probe(probe, version).gap < 1e-4  # the child's own reference agrees
     finally:
         backend.close()
-    assert backend.process.exitcode == 0
+    assert_stopped_cleanly(backend)
 
 
 def test_an_async_run_over_the_collective_transport(cfg_of, tmp_path):

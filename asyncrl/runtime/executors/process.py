@@ -340,6 +340,9 @@ class RolloutProcess:
         self.start_timeout_s = start_timeout_s
         self.restarts = 0
         self.closing = False  # set by close (or the controller): a child dying now is not replaced
+        # close() got the child's answer to "stop", sent after its clean-up: known from the pipe,
+        # not from the exit code (a forkserver child's code can be lost: it then reads 255)
+        self.stopped_cleanly = False
         if log_path is not None:
             open(log_path, "a").close()  # exists from the start: a child that hangs before writing is still named
         self._child_args = (tokenizer, backend_name, kv_on_update, dtype, device, engine_options or {}, rank, daemon)
@@ -434,9 +437,13 @@ class RolloutProcess:
         self.closing = True
         child = self._child
         if child.process.is_alive() and self.pid is not None:
+            stop_id = next(self._ids)
             try:
-                child.send(next(self._ids), "stop")
-            except RolloutProcessError:
+                stopped = child.register(stop_id)
+                child.send(stop_id, "stop")
+                stopped.result(timeout)  # answered after its workers and weight channel closed
+                self.stopped_cleanly = True
+            except (RolloutProcessError, TimeoutError):
                 pass
             child.process.join(timeout)
         if child.process.is_alive():
@@ -609,12 +616,14 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     workers = ThreadPoolExecutor(4, thread_name_prefix="asyncrl-rollout-gen",
                                  initializer=torch.cuda.set_device if on_gpu else None,
                                  initargs=(torch.device(device),) if on_gpu else ())
+    stop_id = None
     while True:
         try:
             call_id, method, *args = conn.recv()
         except (EOFError, OSError):  # the trainer is gone
             break
         if method == "stop":
+            stop_id = call_id
             break
         if method == "update":  # here, not in a worker: between two engine steps, while generations run
             answer(call_id, load, *args)
@@ -625,6 +634,11 @@ def _child_main(conn, model, tokenizer, shared: Optional[dict], backend_name: st
     workers.shutdown(wait=True)
     if channel is not None:
         channel.close()
+    if stop_id is not None:
+        try:
+            send(stop_id, True, None)
+        except (OSError, ValueError):  # the trainer stopped waiting
+            pass
 
 
 def _child_error(name: str, trace: str) -> Exception:
