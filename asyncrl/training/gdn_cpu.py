@@ -10,7 +10,8 @@ whose CPU depthwise backward is slow. A GRPO batch of the quickstart is 128 rows
   length (one chunk when the row has <= 64 tokens; else the fewest chunks of <= 64 tokens, sized
   evenly so the padding is < one token per chunk). The chunked form is exact for any chunk size
   (the chunk only groups the same recurrence into matmuls), so outputs and gradients equal the
-  64-token chunking to float rounding (tests/training/test_gdn_cpu.py: fp64, 1e-10).
+  64-token chunking to fp32 rounding (transformers computes it in fp32 for any input dtype;
+  tests/training/test_gdn_cpu.py, 1e-5).
 - :func:`causal_conv1d_fn`: the depthwise causal conv of width W as W shifted multiply-adds
   (the engine computes it the same way: ``engine/models/gated_delta.py``), in the weight's dtype.
 
