@@ -25,6 +25,7 @@ from asyncrl.training.forward_plan import plan_of
 from asyncrl.training.head_logprobs import acc_dtype, linear_logprobs
 from asyncrl.training.kernels import liger_rope_enabled
 from asyncrl.training.packing import PackedRows, pack_rows
+from asyncrl.training.prompt_cache import broadcast_prompt_cache
 from asyncrl.training.varlen import varlen_hidden, varlen_rows
 
 
@@ -64,8 +65,7 @@ def _shared_prefix_states(base, input_ids, attention_mask, prompt_length: int, i
                       position_ids=position_ids_from_mask(prompt_mask), use_cache=True)
     cache_kwarg = _cache_kwarg(base)
     cache = getattr(prompt_out, cache_kwarg)
-    for layer in cache.layers:  # broadcast the prompt's keys/values to its rows (differentiable)
-        layer.keys, layer.values = layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse)
+    broadcast_prompt_cache(cache, inverse)  # the prompt's keys/values (and GDN states) to its rows, differentiably
     positions = position_ids_from_mask(attention_mask)[:, prompt_length:]
     response_hidden = base(input_ids=input_ids[:, prompt_length:], attention_mask=attention_mask,
                            position_ids=positions, use_cache=False, **{cache_kwarg: cache}).last_hidden_state
@@ -115,10 +115,14 @@ def _cache_survives(base) -> bool:
     return not any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
 
 
-def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_prompts: bool) -> torch.Tensor:
-    """[B, L, H] state predicting each response position (padding included)."""
+def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_prompts: bool,
+                   recurrent: bool = False) -> torch.Tensor:
+    """[B, L, H] state predicting each response position (padding included). ``recurrent``:
+    the model has linear-attention layers, whose one-token continuation (transformers' decode
+    path, in-place state updates) cannot carry gradients: a 1-token response region runs padded."""
     prompts, inverse = torch.unique(input_ids[:, :prompt_length], dim=0, return_inverse=True)
-    if share_prompts and prompts.shape[0] < input_ids.shape[0] and _cache_survives(base):
+    continues = input_ids.shape[1] - prompt_length > 1 or not recurrent
+    if share_prompts and continues and prompts.shape[0] < input_ids.shape[0] and _cache_survives(base):
         return _shared_prefix_states(base, input_ids, attention_mask, prompt_length, inverse)
     hidden = base(input_ids=input_ids, attention_mask=attention_mask,
                   position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
@@ -163,8 +167,8 @@ def response_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     [B * L]); without one, N = B * L (the padded layout, padding included)."""
     plan = plan_of(model)
     base = model.get_decoder()
-    share_prompts = share_prompts and _all_full_attention(model)  # hybrid models: one plain padded forward
-    if share_prompts and plan.layout == "varlen":
+    full_attention = _all_full_attention(model)  # hybrid models: padded, each prompt once (prompt_cache.py)
+    if share_prompts and full_attention and plan.layout == "varlen":
         rows = varlen_rows(input_ids, attention_mask, prompt_length, plan.pad_multiple)
         if rows is not None:
             with liger_rope_enabled(plan.body == "liger"):
@@ -172,11 +176,12 @@ def response_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
             return hidden.index_select(0, rows.state_index), rows.targets, rows.token_index
     pack_bin_tokens = PACK_BIN_TOKENS if pack_bin_tokens is None else pack_bin_tokens
     packed = pack_rows(input_ids, attention_mask, prompt_length, pack_bin_tokens) \
-        if share_prompts and pack_bin_tokens > 0 and plan.layout != "padded" and _packable(model) else None
+        if share_prompts and full_attention and pack_bin_tokens > 0 and plan.layout != "padded" and _packable(model) \
+        else None
     with liger_rope_enabled(plan.body == "liger"):
         if packed is not None:
             return _packed_states(model, base, packed), packed.targets, packed.token_index
-        states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
+        states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts, not full_attention)
     return states.reshape(-1, states.shape[-1]), input_ids[:, prompt_length:].reshape(-1), None
 
 
