@@ -115,14 +115,22 @@ def _cache_survives(base) -> bool:
     return not any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
 
 
-def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_prompts: bool,
-                   recurrent: bool = False) -> torch.Tensor:
-    """[B, L, H] state predicting each response position (padding included). ``recurrent``:
-    the model has linear-attention layers, whose one-token continuation (transformers' decode
-    path, in-place state updates) cannot carry gradients: a 1-token response region runs padded."""
+def _continues_from_cache(base, response_length: int) -> bool:
+    """Whether the responses can continue from the prompt's cache. Not for a hybrid model's
+    one-token continuation (transformers' decode path updates the GDN states in place: no
+    gradients), nor for a model without any full-attention layer (transformers' mask code asks
+    the cache for a KV length it does not have): those rows run padded with their prompts."""
+    layer_types = getattr(base.config, "layer_types", None) or ["full_attention"]
+    if all(kind == "full_attention" for kind in layer_types):
+        return True
+    return response_length > 1 and "full_attention" in layer_types
+
+
+def _padded_states(base, input_ids, attention_mask, prompt_length: int, share_prompts: bool) -> torch.Tensor:
+    """[B, L, H] state predicting each response position (padding included)."""
     prompts, inverse = torch.unique(input_ids[:, :prompt_length], dim=0, return_inverse=True)
-    continues = input_ids.shape[1] - prompt_length > 1 or not recurrent
-    if share_prompts and continues and prompts.shape[0] < input_ids.shape[0] and _cache_survives(base):
+    if share_prompts and prompts.shape[0] < input_ids.shape[0] and _cache_survives(base) \
+            and _continues_from_cache(base, input_ids.shape[1] - prompt_length):
         return _shared_prefix_states(base, input_ids, attention_mask, prompt_length, inverse)
     hidden = base(input_ids=input_ids, attention_mask=attention_mask,
                   position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
@@ -181,7 +189,7 @@ def response_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     with liger_rope_enabled(plan.body == "liger"):
         if packed is not None:
             return _packed_states(model, base, packed), packed.targets, packed.token_index
-        states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts, not full_attention)
+        states = _padded_states(base, input_ids, attention_mask, prompt_length, share_prompts)
     return states.reshape(-1, states.shape[-1]), input_ids[:, prompt_length:].reshape(-1), None
 
 

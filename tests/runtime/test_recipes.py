@@ -21,10 +21,13 @@ RECIPE_METRICS = {
     "rloo": ["kl/reward_kl", "kl/reward_coef"],
     "reinforce_pp": ["kl/reward_kl", "kl/reward_coef"],
     "quickstart_lora": [],  # rank-16 PEFT adapters at the measured LoRA lr (only they train and sync)
+    "quickstart_qwen3_5": [],  # Qwen3.5's hybrid layers: engine rollouts (state slots), HF training, weight sync
 }
 # A 5-step SFT model is almost never right, so "acc" would be constant in every group;
 # the length-shaped score varies, which keeps DAPO's dynamic sampling exercised.
-TINY_MODEL_FIXES = {"dapo": ["algorithm.filter_groups.metric=score", "algorithm.overlong_buffer.len=6"]}
+TINY_MODEL_FIXES = {"dapo": ["algorithm.filter_groups.metric=score", "algorithm.overlong_buffer.len=6"],
+                    # FAST's 2 layers would both be Gated DeltaNet: 4 = 3 GDN + the gated-attention layer
+                    "quickstart_qwen3_5": ["model.tiny.num_hidden_layers=4"]}
 
 
 @pytest.fixture(scope="module")

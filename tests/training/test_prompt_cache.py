@@ -58,3 +58,16 @@ def test_shared_prompts_equal_repeated_prompts_for_a_hybrid_model(dtype, respons
         scale = max(1.0, float(repeated[2][name].abs().max()))
         torch.testing.assert_close(grad, repeated[2][name], rtol=0, atol=1e-5 * scale, msg=name)
     assert float(shared[2]["model.layers.0.linear_attn.A_log"].abs().max()) > 0
+
+
+def test_a_model_without_full_attention_runs_its_prompts_padded():
+    """transformers' mask code needs a KV layer in the cache: an all-Gated-DeltaNet model (2
+    layers) keeps the repeated-prompt rows, and still trains."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(architecture="qwen3_5", hidden_size=32, num_hidden_layers=2, head_dim=8,
+                                             intermediate_size=64), tok, seed=0)
+    assert "full_attention" not in model.config.layer_types
+    ids, mask = _batch(len(tok), 5)
+    lp, _ = response_logprobs(model, ids, mask, 9)
+    lp.sum().backward()
+    assert torch.isfinite(lp).all() and float(model.model.layers[0].linear_attn.A_log.grad.abs().max()) > 0
