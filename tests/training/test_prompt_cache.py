@@ -71,3 +71,18 @@ def test_a_model_without_full_attention_runs_its_prompts_padded():
     lp, _ = response_logprobs(model, ids, mask, 9)
     lp.sum().backward()
     assert torch.isfinite(lp).all() and float(model.model.layers[0].linear_attn.A_log.grad.abs().max()) > 0
+
+
+@pytest.mark.gpu
+def test_shared_prompts_equal_repeated_prompts_on_cuda_with_the_fla_kernels():
+    """On CUDA transformers runs FLA's chunked delta rule (with an initial state in the
+    continuation) and causal-conv1d where installed: the same equality, bf16 model, fp32 head."""
+    model, vocab = _model(torch.bfloat16)
+    model = model.cuda()
+    ids, mask = (t.cuda() for t in _batch(vocab, 5))
+    shared, repeated = _run(model, ids, mask, True), _run(model, ids, mask, False)
+    for got, want in zip(shared[:2], repeated[:2]):
+        torch.testing.assert_close(got, want, rtol=0, atol=3e-2)  # bf16 activations, different grouping
+    for name, grad in shared[2].items():
+        want = repeated[2][name].float()
+        assert float((grad.float() - want).norm()) <= 5e-2 * max(float(want.norm()), 1e-3), name
