@@ -48,7 +48,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr
     delta = (v - tl.sum(S * k[:, None], axis=0)) * beta
     S = S + k[:, None] * delta[None, :]
     o = tl.sum(S * q[:, None], axis=0)
-    tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=m2)
+    tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=m2)  # fp32: as is
     tl.store(o_ptr + (b * HV + h) * V + offs_v, o, mask=mv)
 
 
