@@ -256,8 +256,8 @@ def test_packed_prefill_runs_one_kernel_call_per_layer_for_the_whole_step(family
     """The GPU prefill path (``packed_state_prefill``), run on the CPU with FLA's contracts: every
     step hands each Gated DeltaNet layer's conv and delta rule ONE call over all the step's
     sequences (``cu_seqlens``), never one per sequence; chunked prefill (32-token budget, a
-    70-token prompt) and forks (n = 2) keep HF's greedy tokens. (With FLA's real conv kernel in place of its stand-in,
-    under the Triton interpreter, this passed too, in 235 s: too slow to keep.)"""
+    70-token prompt) and forks (n = 2) keep HF's greedy tokens. (With FLA's real conv kernel in
+    place of its stand-in, under the Triton interpreter, this passed too, in 235 s: too slow to keep.)"""
     from asyncrl.engine.models import gated_delta
 
     calls = []
@@ -274,3 +274,30 @@ def test_packed_prefill_runs_one_kernel_call_per_layer_for_the_whole_step(family
     assert [kind for kind, _ in calls].count("conv") == [kind for kind, _ in calls].count("delta_rule") \
         == gdn_layers * steps
     assert max(n for _, n in calls) > 1  # several sequences in one call
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fla_conv_and_bf16_state_within_the_cpu_band(family_dirs, family_hf, exact_fp32):
+    """Qwen3.5 on CUDA in exact fp32: the packed prefill (FLA's varlen conv and chunked delta rule
+    when fla-core is installed; 32-token chunks, so the 40-token prompt continues its slot's
+    states) and graphed decode, first with the fp32 state pool, then with a bf16 one. Mean
+    |log p_engine - log p_HF| over the engine's own samples (n = 2 forks) stays in the CPU test's
+    band: < 1e-5 with fp32 state, (1e-5, 2e-3) with bf16 (CPU: 1.4e-6 and 2.7e-4)."""
+    from test_fp8_linear import mean_mismatch
+
+    from asyncrl.engine import LLM
+    from asyncrl.engine.models.gated_delta import fla_available
+
+    hf, prompts = family_hf["qwen3_5"], prompts_for(0, [5, 9, 40, 12])
+    kw = dict(dtype=torch.float32, device="cuda", block_size=16, max_num_seqs=32, max_model_len=256,
+              max_num_batched_tokens=32, compile_sampler=False)
+    fp32 = LLM(family_dirs["qwen3_5"], **kw)
+    assert fp32.runner.graphs and fp32.runner.packed_state_prefill == fla_available()
+    exact = mean_mismatch(fp32, hf, prompts)
+    fp32.close()
+    bf16 = LLM(family_dirs["qwen3_5"], mamba_ssm_cache_dtype="bfloat16", **kw)
+    assert bf16.runner.state_pool.ssm[0].dtype == torch.bfloat16
+    rounded = mean_mismatch(bf16, hf, prompts)
+    bf16.close()
+    assert exact < 1e-5 < rounded < 2e-3, (exact, rounded)
