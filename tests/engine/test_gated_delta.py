@@ -161,8 +161,11 @@ def _one_config_each(module, monkeypatch):
             kernel = kernel.fn
 
 
+NO_CUDA = not torch.cuda.is_available()
+
+
 @pytest.mark.parametrize("device", [
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(NO_CUDA, reason="needs CUDA")]),
     pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="CPU: needs TRITON_INTERPRET=1")),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

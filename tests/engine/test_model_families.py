@@ -237,7 +237,8 @@ def _fla_contracts(calls: list):
         calls.append(("delta_rule", len(cu_seqlens) - 1))
         outs = [hf.torch_chunk_gated_delta_rule(q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s],
                                                 initial_state=initial_state[i:i + 1], output_final_state=True,
-                                                use_qk_l2norm_in_kernel=True) for i, s in enumerate(segments(cu_seqlens))]
+                                                use_qk_l2norm_in_kernel=True)
+                for i, s in enumerate(segments(cu_seqlens))]
         return torch.cat([o for o, _ in outs], 1), torch.cat([f for _, f in outs])
 
     def conv(x, weight, *, initial_state, output_final_state, activation, backend, cu_seqlens, chunk_indices):

@@ -61,6 +61,15 @@ def test_ssm_state_dtype_follows_the_checkpoint_then_fp32_and_names_bad_values()
     assert ssm_state_dtype("float16", bare) == torch.float16
     with pytest.raises(ValueError, match="mamba_ssm_cache_dtype='bf16'.*'bfloat16'"):
         ssm_state_dtype("bf16", bare)
+    # a released multimodal config.json may name it beside text_config or inside it
+    from asyncrl.engine.models.config import ModelConfig
+    from families import family_config
+
+    text = family_config("qwen3_5").to_dict()
+    beside = {"text_config": text, "mamba_ssm_dtype": "bfloat16"}
+    for raw in (beside, {"text_config": {**text, "mamba_ssm_dtype": "bfloat16"}}):
+        config = ModelConfig.from_dict(raw, architecture="Qwen3_5ForConditionalGeneration")
+        assert ssm_state_dtype("auto", config) == torch.bfloat16
 
 
 def test_bf16_pool_halves_the_delta_rule_state():
