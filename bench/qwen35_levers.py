@@ -127,10 +127,16 @@ def conv_kernel_times(cfg, batch: int, prompt: int, device: str) -> dict:
     return out
 
 
-def engine_rows(hf, prompts, params, args, device: str, dtype) -> list[dict]:
+def save(result: dict, path) -> None:
+    """Write the result so far (a later part's failure keeps the earlier numbers)."""
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1))
+
+
+def engine_rows(hf, prompts, params, args, device: str, dtype, result: dict) -> list[dict]:
     """Each row of ``ROWS``: one engine per state dtype (the pool's dtype is fixed at build), the
     conv lever switched on the built engine (prefill runs eagerly: no graph to recapture)."""
-    rows = []
+    rows = result.setdefault("rows", [])
     for state in dict.fromkeys(s for _, s, _ in ROWS):
         t0 = time.perf_counter()
         llm = LLM(hf, dtype=dtype, device=device, block_size=args.block_size, max_num_seqs=args.batch,
@@ -150,6 +156,7 @@ def engine_rows(hf, prompts, params, args, device: str, dtype) -> list[dict]:
                 row["mismatch_vs_hf"] = mismatch(hf, prompts, outs, args.mismatch_seqs)
             print(json.dumps(row), flush=True)
             rows.append(row)
+            save(result, args.json)
         free(llm)
     return rows
 
@@ -200,9 +207,8 @@ def main(argv=None) -> int:
     if not args.no_hf:
         result["hf_generate"] = run_hf(hf, prompts, 1, [args.response] * args.batch, 1.0, args.batch, device)
         print("hf", json.dumps(result["hf_generate"]), flush=True)
-    result["rows"] = engine_rows(hf, prompts, params, args, device, dtype)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    save(result, args.json)
+    engine_rows(hf, prompts, params, args, device, dtype, result)
     print(table(result))
     return 0
 
