@@ -82,8 +82,9 @@ def timed_us(fn, device: str, iters: int = 20) -> float:
 
 
 def decode_kernel_times(cfg, batch: int, device: str) -> dict:
-    """One GDN layer's decode step at ``batch`` rows: fp32 vs bf16 state pool (slots 0..B-1)."""
-    from asyncrl.engine.models.gated_delta import gated_delta_decode
+    """One GDN layer's decode step at ``batch`` rows: fp32 vs bf16 state pool (slots 0..B-1), the
+    engine's tile (``default``) and a small sweep of (BLOCK_V, num_warps) for the next tuning."""
+    from asyncrl.engine.triton_gdn import gated_delta_decode
 
     HK, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V = cfg.linear_key_head_dim, cfg.linear_value_head_dim
@@ -95,9 +96,13 @@ def decode_kernel_times(cfg, batch: int, device: str) -> dict:
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         pool = torch.randn(batch + 1, HV, K, V, device=device, generator=g).to(dtype) * 0.1
-        us = timed_us(lambda: gated_delta_decode(q, k, v, gate, beta, pool, slots), device)
         moved = 2 * batch * HV * K * V * dtype.itemsize  # read + write of the named slots
-        out[str(dtype).split(".")[1]] = dict(us=us, gb_per_s=round(moved / us / 1e3, 1))
+        times = {}
+        for block_v, warps in ((0, 4), (16, 4), (32, 4), (64, 4), (64, 8), (128, 8)):
+            us = timed_us(lambda: gated_delta_decode(q, k, v, gate, beta, pool, slots, block_v, warps), device)
+            name = "default" if block_v == 0 else f"bv{block_v}_w{warps}"
+            times[name] = dict(us=us, gb_per_s=round(moved / us / 1e3, 1))
+        out[str(dtype).split(".")[1]] = times
     return out
 
 

@@ -53,20 +53,22 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slot_ptr
 
 
 def gated_delta_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                       state: torch.Tensor, slots: torch.Tensor, block_v: int = 0, num_warps: int = 4) -> torch.Tensor:
     """q, k ``[B, Hk, K]``, v ``[B, HV, V]``, g, beta ``[B, HV]``, state ``[slots, HV, K, V]`` fp32,
     bf16 or fp16 (updated in place), slots ``[B]`` -> o ``[B, HV, V]`` fp32. q, k, v may be
-    row-strided views (the conv output split per head: no copies), each row's heads contiguous."""
+    row-strided views (the conv output split per head: no copies), each row's heads contiguous.
+    ``block_v`` (0: a tile row of 128 contiguous bytes, 32 fp32 / 64 bf16 values, one full memory
+    transaction) and ``num_warps``: the tile, fixed rather than autotuned because decode runs inside
+    CUDA graphs (``bench/qwen35_levers.py`` sweeps them on a GPU)."""
     B, HK, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     q, k, v = (_rows_packed(t) for t in (q, k, v))
     o = torch.empty(B, HV, V, dtype=torch.float32, device=q.device)
-    # a tile row of 128 contiguous bytes (32 fp32 / 64 bf16 values): one full memory transaction
-    block_v = min(128 // state.element_size(), triton.next_power_of_2(V))
+    block_v = min(block_v or 128 // state.element_size(), triton.next_power_of_2(V))
     grid = (B, HV, triton.cdiv(V, block_v))
     _gdn_decode_kernel[grid](q, k, v, g.contiguous(), beta.contiguous(), state, slots.contiguous(), o,
                              q.stride(0), k.stride(0), v.stride(0), HK, HV, K, V, triton.next_power_of_2(K),
-                             block_v, K ** -0.5)
+                             block_v, K ** -0.5, num_warps=num_warps)
     return o
 
 
