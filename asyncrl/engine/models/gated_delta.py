@@ -22,6 +22,7 @@ fp32 from it and rounds the new state once when it stores it); conv state ``[slo
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 import torch
@@ -147,28 +148,27 @@ def gated_delta_decode(q, k, v, g, beta, ssm_state, slots) -> torch.Tensor:
 FLA_CHUNK = 64  # the chunk size of FLA's chunk_gated_delta_rule (its default): fla_chunk_indices is built for it
 
 
-@functools.lru_cache(maxsize=1)
-def _fla():
-    """FLA's ``chunk_gated_delta_rule``, or None when the package is absent (CPU installs)."""
+@functools.lru_cache(maxsize=None)
+def _optional(module: str, name: str):
+    """``module.name``, or None when the package is absent (CPU installs have no fla-core)."""
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        return getattr(importlib.import_module(module), name)
     except ImportError:
         return None
-    return chunk_gated_delta_rule
+
+
+def _fla():
+    """FLA's ``chunk_gated_delta_rule``, or None."""
+    return _optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+
+
+def _fla_conv():
+    """FLA's varlen ``causal_conv1d`` (fla-core 0.6: ``fla.modules.causal_conv1d``), or None."""
+    return _optional("fla.modules.causal_conv1d", "causal_conv1d")
 
 
 def fla_available() -> bool:
     return _fla() is not None
-
-
-@functools.lru_cache(maxsize=1)
-def _fla_conv():
-    """FLA's varlen ``causal_conv1d`` (fla-core 0.6: ``fla.modules.causal_conv1d``), or None."""
-    try:
-        from fla.modules.causal_conv1d import causal_conv1d
-    except ImportError:
-        return None
-    return causal_conv1d
 
 
 def fla_conv_available() -> bool:
