@@ -40,11 +40,11 @@ def ssm_state_dtype(name: Optional[str], model_config) -> torch.dtype:
     Qwen3.5 names float32, and vLLM's Qwen3.5 config hook reads the same key), else float32. vLLM's
     generic fallback without that key is the model dtype; we keep fp32 there because an RL rollout's
     log-probs are compared with the trainer's, whose delta rule keeps its state in fp32."""
+    source = "mamba_ssm_cache_dtype"
     if name in (None, "auto"):
-        name = model_config.extra.get("mamba_ssm_dtype") or "float32"
+        name, source = model_config.extra.get("mamba_ssm_dtype") or "float32", "the checkpoint's mamba_ssm_dtype"
     if name not in SSM_STATE_DTYPES:
-        raise ValueError(f"mamba_ssm_cache_dtype={name!r}: the engine knows 'auto', "
-                         + ", ".join(repr(k) for k in SSM_STATE_DTYPES))
+        raise ValueError(f"{source}={name!r}: the engine knows 'auto', " + ", ".join(map(repr, SSM_STATE_DTYPES)))
     return SSM_STATE_DTYPES[name]
 
 

@@ -61,6 +61,8 @@ def test_ssm_state_dtype_follows_the_checkpoint_then_fp32_and_names_bad_values()
     assert ssm_state_dtype("float16", bare) == torch.float16
     with pytest.raises(ValueError, match="mamba_ssm_cache_dtype='bf16'.*'bfloat16'"):
         ssm_state_dtype("bf16", bare)
+    with pytest.raises(ValueError, match="checkpoint's mamba_ssm_dtype='fp32'"):
+        ssm_state_dtype("auto", SimpleNamespace(extra={"mamba_ssm_dtype": "fp32"}))
     # a released multimodal config.json may name it beside text_config or inside it
     from asyncrl.engine.models.config import ModelConfig
     from families import family_config
