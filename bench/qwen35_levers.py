@@ -1,7 +1,8 @@
 """Qwen3.5 speed levers, A/B in one run (one GPU): engine tok/s on issue 4's workload (a) with each
 lever off and on, HF ``generate`` on the same workload in the same run, and each lever's kernel.
 
-    python bench/qwen35_levers.py --json bench/results/qwen35_levers_h200.json   # ~3 min, one H200
+    python bench/qwen35_levers.py --json bench/results/qwen35_levers_h200.json   # ~3-4 min, one H200
+    python bench/qwen35_levers.py --profile ...   # also where a decode step's time goes with both levers on
     python bench/qwen35_levers.py --device cpu --shape tiny-qwen3.5 --batch 4 --prompt 16 --response 8  # smoke
 
 Levers (issue 22; bench/RESULTS.md "Model families"):
@@ -39,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from asyncrl.engine import LLM  # noqa: E402
 from asyncrl.engine import bench as engine_bench  # noqa: E402
-from asyncrl.engine.bench import _rand_prompts, run_engine, run_hf  # noqa: E402
+from asyncrl.engine.bench import _rand_prompts, profile_steps, run_engine, run_hf  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 from fp8_rollout import mismatch  # noqa: E402
 from model_families import build_hf  # noqa: E402
@@ -159,6 +160,8 @@ def engine_rows(hf, prompts, params, args, device: str, dtype, result: dict) -> 
                                                                            seed=0, ignore_eos=True))
             with torch.inference_mode():
                 row["mismatch_vs_hf"] = mismatch(hf, prompts, outs, args.mismatch_seqs)
+            if args.profile and conv and state == "bfloat16":  # both levers on: where the time goes now
+                row["profile_ms_per_decode_step"] = profile_steps(llm, prompts, params, device, trace_steps=5, rows=20)
             print(json.dumps(row), flush=True)
             rows.append(row)
             save(result, args.json)
@@ -194,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--mismatch-seqs", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true", help="engine rows only")
+    ap.add_argument("--profile", action="store_true", help="with both levers on: per-step phases and the top-20 "
+                                                             "CUDA kernels of a prefill and 5 decode steps (~20 s)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     engine_bench.WARMUP_RUNS = 1  # run_engine: one untimed run; run_hf: an 8-token warm-up batch
