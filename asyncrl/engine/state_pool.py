@@ -3,8 +3,9 @@
 A GDN layer keeps, per sequence, the last ``kernel - 1`` conv inputs and an ``[HV, K, V]``
 delta-rule state (SCALE.md §3.3) instead of K/V per token. The delta-rule state is stored in
 ``ssm_state_dtype`` (vLLM's ``mamba_ssm_cache_dtype``): fp32 by default, bf16 on request (half the
-bytes decode reads and writes per step; every kernel still computes in fp32). ``StatePool`` holds them in fixed
-slots on the device; ``StateSlotManager`` (a ``BlockManager``) decides who owns which slot.
+bytes decode reads and writes per step; every kernel still computes in fp32). ``StatePool``
+holds them in fixed slots on the device; ``StateSlotManager`` (a ``BlockManager``) decides who
+owns which slot.
 
 Invariant: a sequence that holds blocks owns the state slot numbered by its block-table row
 (``seq.table_row``), and slot ``num_slots`` is a scratch slot for the padding rows of a CUDA

@@ -12,8 +12,8 @@ the released models). What differs from the dense decoder (transformers ``qwen3_
   (q, k L2-normalised, q scaled by K^-1/2; v-heads share k-heads), ``RMSNormGated(o, z)``, ``out_proj``.
 
 The GDN layers carry per-sequence state instead of K/V: the last ``kernel - 1`` conv inputs and
-the ``[HV, K, V]`` delta-rule state (fp32, or ``mamba_ssm_cache_dtype``), in slot ``seq.table_row`` of a ``StatePool``
-(``state_pool.py``), read and written in place every step. Only the full-attention layers have a
+the ``[HV, K, V]`` delta-rule state (fp32, or ``mamba_ssm_cache_dtype``), in slot
+``seq.table_row`` of a ``StatePool`` (``state_pool.py``), read and written in place every step. Only the full-attention layers have a
 paged K/V cache. Projections are fused like the dense decoder's: ``qkv_proj`` (q+gate, k, v),
 ``in_proj`` (qkv, z, b, a), ``gate_up_proj``.
 """
@@ -151,7 +151,7 @@ class GatedDeltaNet(nn.Module):
     ``meta.state_slots [B]`` says which slot each sequence of the step owns."""
 
     # packed prefill steps (GPU + FLA): the conv through FLA's varlen kernel; False keeps the torch
-    # conv over the padded batch (the A/B of bench/model_families.py --levers)
+    # conv over the padded batch (the A/B of bench/qwen35_levers.py)
     packed_conv = True
 
     def __init__(self, c: ModelConfig):
