@@ -13,9 +13,9 @@ the released models). What differs from the dense decoder (transformers ``qwen3_
 
 The GDN layers carry per-sequence state instead of K/V: the last ``kernel - 1`` conv inputs and
 the ``[HV, K, V]`` delta-rule state (fp32, or ``mamba_ssm_cache_dtype``), in slot
-``seq.table_row`` of a ``StatePool`` (``state_pool.py``), read and written in place every step. Only the full-attention layers have a
-paged K/V cache. Projections are fused like the dense decoder's: ``qkv_proj`` (q+gate, k, v),
-``in_proj`` (qkv, z, b, a), ``gate_up_proj``.
+``seq.table_row`` of a ``StatePool`` (``state_pool.py``), read and written in place every step.
+Only the full-attention layers have a paged K/V cache. Projections are fused like the dense
+decoder's: ``qkv_proj`` (q+gate, k, v), ``in_proj`` (qkv, z, b, a), ``gate_up_proj``.
 """
 from __future__ import annotations
 
