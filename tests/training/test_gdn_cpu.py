@@ -133,10 +133,11 @@ def test_cpu_dispatch_takes_the_short_row_forms_unless_told_otherwise(monkeypatc
     ids, mask = _grpo_batch(vocab)
     with torch.no_grad():
         response_logprobs(model, ids, mask, 9)
-        assert len(calls) == 3  # one per Gated DeltaNet layer
+        # per Gated DeltaNet layer: the prompts' pass (9 tokens), then the responses' continuation (5)
+        assert [length for length, _ in calls] == [9, 9, 9, 5, 5, 5]
         with hf_kernels.transformers_torch_forms():
             response_logprobs(model, ids, mask, 9)
-    assert len(calls) == 3
+    assert len(calls) == 6
     x = torch.randn(1, 4, 5)
     with pytest.raises(ValueError, match="packed sequences"):
         transformers_qwen3_5.causal_conv1d_fn(x, torch.randn(4, 4), seq_idx=torch.zeros(1, 5, dtype=torch.int32))
