@@ -10,6 +10,7 @@ from asyncrl.config import TinyModelConfig, load_config
 from asyncrl.data.char_tokenizer import build_char_tokenizer
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import pad_prompt_response
+from asyncrl.training.model import build_tiny_model
 from asyncrl.types import TrainBatch
 
 
@@ -42,8 +43,6 @@ def _sequence_logprobs(actor, batch) -> torch.Tensor:
 
 def test_grpo_updates_raise_the_rewarded_completions_of_a_hybrid_model():
     tok = build_char_tokenizer()
-    from asyncrl.training.model import build_tiny_model
-
     model = build_tiny_model(TinyModelConfig(architecture="qwen3_5", hidden_size=32, head_dim=8,
                                              intermediate_size=64), tok, seed=0)
     assert model.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
