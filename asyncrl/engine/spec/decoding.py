@@ -31,6 +31,9 @@ def make_proposer(config: SpeculativeConfig, dtype, device, target_config):
         from asyncrl.engine.spec.ngram import NgramProposer
         return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min,
                              config.group_lookup)
+    if config.method == "eagle":
+        from asyncrl.engine.spec.eagle import EagleProposer
+        return EagleProposer(config, dtype, device, target_config)
     from asyncrl.engine.spec.draft_model import DraftModelProposer
     return DraftModelProposer(config, dtype, device, target_config)
 
