@@ -190,6 +190,8 @@ class DraftConfig:
     batch_size: int = field_spec(64, ge=1, help="sequences per step")
     lr: float = field_spec(3e-3, gt=0, help="AdamW peak lr (5% warm-up, cosine to 10%)")
     passes: int = field_spec(3, ge=1, le=16, help="training-time-test passes: how many chained drafts it learns")
+    label: str = field_spec("soft", choices=("soft", "token"), help="soft: match the policy's next-token "
+                            "distribution; token: the sample's own next token")
     eval_prompts: int = field_spec(64, ge=0, help="held-out prompts for the acceptance report (0: skip it)")
     num_speculative_tokens: int = field_spec(3, ge=1, le=16, help="k of the acceptance report")
 

@@ -94,7 +94,7 @@ def run_train_draft(cfg) -> dict:
     head.to(device)
     console.print(f"train-draft: {d.steps} steps on {len(samples)} samples ({d.passes} passes)...")
     metrics = train_head(head, policy, samples, d.steps, d.batch_size, d.lr, d.passes, seed=cfg.seed,
-                         on_step=_progress(d.steps))
+                         on_step=_progress(d.steps), label=d.label)
     head.save(d.output, policy=str(info.get("model_path", "")), samples=len(samples), steps=d.steps,
               passes=d.passes, init=d.init)
     record = {"output": d.output, "policy": str(info.get("model_path", "")), "samples": len(samples),

@@ -85,6 +85,7 @@ class SpeculativeDecoder:
 
     @property
     def metrics(self) -> dict:
-        return dict(spec_steps=self.steps, spec_draft_tokens=self.drafted, spec_accepted_tokens=self.accepted,
+        return dict(spec_steps=self.steps, spec_rows=self.rows, spec_draft_tokens=self.drafted,
+                    spec_accepted_tokens=self.accepted,
                     spec_acceptance_rate=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
                     spec_tokens_per_target_pass=round((self.rows + self.accepted) / self.rows, 4) if self.rows else 0.0)

@@ -29,20 +29,26 @@ def hf(target):
     return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
 
 
-@pytest.fixture(scope="module")
-def trained_head(target, hf, tmp_path_factory):
+def train_tiny_head(target_dir: str, out_dir: str) -> str:
     """A head trained for 60 steps on 64 of the target's own samples (what train-draft does)."""
+    from transformers import AutoModelForCausalLM
+
     from asyncrl.training.draft_head import DraftSample, train_head
 
-    outs = make_llm(target).generate(prompts_for(11, [6] * 32), SamplingParams(
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    outs = make_llm(target_dir).generate(prompts_for(11, [6] * 32), SamplingParams(
         n=2, temperature=0.8, max_tokens=16, seed=0, ignore_eos=True))
     samples = [DraftSample(o.prompt_token_ids + c.token_ids, 6) for o in outs for c in o.outputs]
-    head = new_head(ModelConfig.from_dir(target), seed=0)
+    head = new_head(ModelConfig.from_dir(target_dir), seed=0)
     metrics = train_head(head, hf, samples, steps=60, batch_size=16, lr=3e-3, passes=3)
     assert metrics["agree_1"] > 0.5  # it learned the target's argmax on most positions
-    path = tmp_path_factory.mktemp("eagle_head")
-    head.save(str(path))
-    return str(path)
+    head.save(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def trained_head(target, tmp_path_factory):
+    return train_tiny_head(target, str(tmp_path_factory.mktemp("eagle_head")))
 
 
 def _spec(path, **kw):
