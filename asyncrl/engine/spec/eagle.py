@@ -56,6 +56,7 @@ class EagleProposer:
         attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.table_width = runner._bt_width() + -(-(self.k + 1) // runner.block_size)
+        self.paged = runner.is_cuda  # the draft steps read K/V in place (Triton); gathered elsewhere
 
     def release(self) -> None:
         attn = self.head.layers[0].self_attn
@@ -74,9 +75,10 @@ class EagleProposer:
                                                                                self.probabilistic).items()}
         tok, q = draft_tokens(target.compute_logits(g), dev, 0, self.probabilistic)
         drafts, probs = [tok], [q]
+        steps = self._step_metas(seqs, L)
         for j in range(1, self.k):
-            g = self.head(target.model.embed_tokens(tok), g, torch.from_numpy(L - 1 + j).to(self.device),
-                          self._step_meta(seqs, L - 1 + j))
+            positions, meta = steps[j - 1]
+            g = self.head(target.model.embed_tokens(tok), g, positions, meta)
             tok, q = draft_tokens(target.compute_logits(g), dev, j, self.probabilistic)
             drafts.append(tok)
             probs.append(q)
@@ -141,18 +143,26 @@ class EagleProposer:
         it = iter(hidden)
         return [next(it) if b >= a else z for (s, a, b), z in zip(rows, res)]
 
-    def _step_meta(self, seqs, pos: np.ndarray) -> AttentionMetadata:
-        """One entry per row at ``pos [B]``: paged decode on GPU, gathered elsewhere. Positions past a
-        row's blocks (drafts beyond its budget, never used) write and read the scratch block."""
-        r = self.runner
-        if not r.is_cuda:
-            return build_gathered_metadata([s.block_table for s in seqs], list(pos), [1] * len(seqs),
-                                           r.block_size, r.scratch_block, self.device)
+    def _step_metas(self, seqs, L: np.ndarray) -> list[tuple[torch.Tensor, AttentionMetadata]]:
+        """(positions ``[B]``, metadata) of the k - 1 draft steps, entry ``L - 1 + j`` per row: paged
+        decode on GPU (every step's inputs in one host->device copy), gathered elsewhere. Positions
+        past a row's blocks (drafts beyond its budget, never used) write and read the scratch block."""
+        r, B = self.runner, len(seqs)
+        pos = (L - 1)[None, :] + np.arange(1, self.k)[:, None]  # [k - 1, B]
+        if not self.paged:
+            tables = [s.block_table for s in seqs]
+            return [(torch.from_numpy(p).to(self.device),
+                     build_gathered_metadata(tables, list(p), [1] * B, r.block_size, r.scratch_block, self.device))
+                    for p in pos]
         bsz = r.block_size
-        bt = np.full((len(seqs), self.table_width), r.scratch_block, dtype=np.int32)
+        bt = np.full((B, self.table_width), r.scratch_block, dtype=np.int64)
         for i, s in enumerate(seqs):
             bt[i, :len(s.block_table)] = s.block_table
-        blk = bt[np.arange(len(seqs)), np.minimum(pos // bsz, bt.shape[1] - 1)].astype(np.int64)
-        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
-        return AttentionMetadata(slot_mapping=to(blk * bsz + pos % bsz), block_tables=to(bt),
-                                 context_lens=to((pos + 1).astype(np.int32)), paged_decode=True)
+        blk = bt[np.arange(B)[None, :], np.minimum(pos // bsz, bt.shape[1] - 1)]
+        host = np.concatenate([pos, blk * bsz + pos % bsz, pos + 1, bt.T]).astype(np.int64)  # one copy
+        dev = torch.from_numpy(np.ascontiguousarray(host)).to(self.device)
+        n = self.k - 1
+        pos_d, slots_d, ctx_d = dev[:n], dev[n:2 * n], dev[2 * n:3 * n].to(torch.int32)
+        bt_d = dev[3 * n:].t().contiguous().to(torch.int32)
+        return [(pos_d[j], AttentionMetadata(slot_mapping=slots_d[j], block_tables=bt_d, context_lens=ctx_d[j],
+                                             paged_decode=True)) for j in range(n)]
