@@ -304,11 +304,11 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         pending = set(ids)
-        while pending:
-            if not self.has_unfinished():
-                break
-            self.step()
-            pending = {r for r in pending if not self._request_done(r)}
+        while pending and self.has_unfinished():
+            # only the requests of this step's finishes can have completed (step reports each once);
+            # a missed one costs nothing but steps: the loop also ends when nothing is unfinished
+            touched = {s.request_id for s in self.step()} & pending
+            pending -= {r for r in touched if self._request_done(r)}
         return [self._collect(r) for r in ids]
 
     # ---- per-request progress (a server driving ``step`` itself: asyncrl.serve) -------------

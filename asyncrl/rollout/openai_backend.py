@@ -66,22 +66,48 @@ class OpenAIBackend:
 
     def __init__(self, base_url: str, model: str, api_key: Optional[str] = None, weight_sync: str = "http",
                  timeout_s: float = 600.0, max_connections: int = 256, shared_dir: Optional[str] = None,
-                 version: int = 0):
+                 version: int = 0, http_client: str = "auto"):
+        """``http_client``: ``auto`` (aiohttp when installed, else httpx), ``aiohttp`` or ``httpx``."""
         if weight_sync not in ("http", "disk", "none"):
             raise ValueError(f"weight_sync must be http, disk or none, got {weight_sync!r}")
+        if http_client not in ("auto", "aiohttp", "httpx"):
+            raise ValueError(f"http_client must be auto, aiohttp or httpx, got {http_client!r}")
+        self.http_client = http_client
         self.base_url, self.model = base_url.rstrip("/"), model
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.weight_sync, self.timeout_s, self.max_connections = weight_sync, timeout_s, max_connections
         self.shared_dir, self.version = shared_dir, version
 
     def async_client(self):
-        import httpx
+        """An ``openai.AsyncOpenAI`` for one generate call, over aiohttp when it is installed.
+
+        Why aiohttp: httpx's shared connection pool is itself the bottleneck at hundreds of
+        concurrent requests (encode/httpx#3215; measured in bench/RESULTS.md, "asyncrl serve"); the
+        SDK's ``DefaultAioHttpClient`` (the ``openai[aiohttp]`` extra) keeps its API on aiohttp,
+        the client vLLM's serving benchmark uses. ``http_client="httpx"`` forces the old one."""
         import openai
 
-        limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+        http = None
+        aiohttp_client = getattr(openai, "DefaultAioHttpClient", None)  # openai >= 1.95
+        if self.http_client != "httpx" and aiohttp_client is not None:
+            # the SDK's own Limits class (httpx or httpx2, by SDK version): its client takes only that
+            limits = type(openai.DEFAULT_CONNECTION_LIMITS)(max_connections=self.max_connections,
+                                                            max_keepalive_connections=self.max_connections)
+            try:
+                http = aiohttp_client(limits=limits, timeout=self.timeout_s)
+            except RuntimeError:  # the SDK without its aiohttp extra
+                if self.http_client == "aiohttp":
+                    raise
+        if http is None:
+            if self.http_client == "aiohttp":
+                raise RuntimeError("http_client='aiohttp' needs openai >= 1.95 with its aiohttp extra "
+                                   "(pip install 'openai[aiohttp]')")
+            import httpx
+            http = httpx.AsyncClient(limits=httpx.Limits(max_connections=self.max_connections,
+                                                         max_keepalive_connections=self.max_connections),
+                                     timeout=self.timeout_s)
         return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key, max_retries=2,
-                                  timeout=self.timeout_s, http_client=httpx.AsyncClient(limits=limits,
-                                                                                        timeout=self.timeout_s))
+                                  timeout=self.timeout_s, http_client=http)
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         return asyncio.run(self._generate(prompt_token_ids, params))

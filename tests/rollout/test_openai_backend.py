@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from asyncrl.config import load_config
@@ -64,13 +65,14 @@ def test_openai_backend_generates_and_trains_through_asyncrl_serve(tmp_path):
         backend = OpenAIBackend(url, "policy", KEY)
         params = SamplingParams(n=4, temperature=1.0, max_tokens=6, seed=11)
         prompts = [[1, 5, 6, 4], [1, 7, 4]]
-        remote = backend.generate(prompts, params)
         local = LLM(str(checkpoint), device="cpu", num_kv_blocks=128, block_size=16).generate(prompts, params)
-        for r, l in zip(remote, local):
-            assert [c.token_ids for c in r.completions] == [c.token_ids for c in l.completions]
-            for rc, lc in zip(r.completions, l.completions):
-                assert max(abs(a - b) for a, b in zip(rc.logprobs, lc.logprobs)) < 1e-6
-                assert rc.versions == [0] * len(rc.token_ids)
+        for client in ("aiohttp", "httpx"):  # the default (aiohttp, installed here) and the fallback
+            remote = OpenAIBackend(url, "policy", KEY, http_client=client).generate(prompts, params)
+            for r, l in zip(remote, local):
+                assert [c.token_ids for c in r.completions] == [c.token_ids for c in l.completions]
+                for rc, lc in zip(r.completions, l.completions):
+                    assert max(abs(a - b) for a, b in zip(rc.logprobs, lc.logprobs)) < 1e-6
+                    assert rc.versions == [0] * len(rc.token_ids)
         _check_workflow_over_http(backend, state.tokenizer)
         for mode in ("sync", "async"):
             cfg = _config(tmp_path, url, mode)
@@ -83,3 +85,12 @@ def test_openai_backend_generates_and_trains_through_asyncrl_serve(tmp_path):
             assert all(r["rollout/logprob_gap"] < 1e-4 for r in rows), [r["rollout/logprob_gap"] for r in rows]
             if mode == "sync":
                 assert state.engine.version == 3  # one push per update, the server took each
+
+
+def test_the_http_client_is_aiohttp_when_installed_and_checked_by_name():
+    import httpx
+
+    assert not isinstance(OpenAIBackend("http://x", "m").async_client()._client, httpx.AsyncClient)  # auto
+    assert isinstance(OpenAIBackend("http://x", "m", http_client="httpx").async_client()._client, httpx.AsyncClient)
+    with pytest.raises(ValueError, match="http_client"):
+        OpenAIBackend("http://x", "m", http_client="requests")
