@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.config_schema import to_dict
+from asyncrl.config_schema import ConfigError, to_dict
 from asyncrl.data.sources import build_prompt_source
 from asyncrl.engine.models.config import ModelConfig
-from asyncrl.engine.spec.eagle_head import load_head, new_head
+from asyncrl.engine.spec.eagle_head import is_head_dir, load_head, new_head
 from asyncrl.metrics.console import console
 from asyncrl.runtime.pipeline import prepare_policy
 from asyncrl.training.checkpoint import write_atomic_text
@@ -74,6 +74,9 @@ def acceptance(policy, prompts: list[list[int]], params: SamplingParams, specs: 
 def run_train_draft(cfg) -> dict:
     """Train, write ``draft.output``, report; returns the ``train_draft.json`` record."""
     d = cfg.draft
+    if d.init and not is_head_dir(d.init):  # before any model loads
+        raise ConfigError(f"draft.init={d.init} is not an EAGLE head checkpoint (no config.json with an "
+                          "'eagle_head' block): give a directory written by asyncrl train-draft")
     device = resolve_device(cfg.trainer.device)
     torch.set_num_threads(cfg.trainer.torch_threads)
     source = build_prompt_source(cfg)
