@@ -280,6 +280,11 @@ class RolloutConfig:
     kv_cache_dtype: str = field_spec("auto", choices=("auto", "fp8"),
                                      help="engine: fp8 = K/V cached in e4m3 (scale 1.0, vLLM's default): half the "
                                           "KV bytes read per decode step, twice the tokens in the pool")
+    mamba_ssm_cache_dtype: str = field_spec(
+        "auto", choices=("auto", "float32", "bfloat16", "float16"),
+        help="engine + Qwen3.5 (Gated DeltaNet): the recurrent state's storage dtype (vLLM's key); auto = the "
+             "checkpoint's mamba_ssm_dtype (float32 in the released models), else float32; bfloat16 halves the "
+             "state bytes decode reads and writes (kernels still compute in fp32; a small rollout-vs-trainer mismatch)")
 
 
 @dataclass

@@ -39,7 +39,7 @@ from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
-from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, state_host_arrays
+from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, ssm_state_dtype, state_host_arrays
 
 
 @dataclass
@@ -92,7 +92,9 @@ class ModelRunner:
         self.num_kv_heads = self.tp.kv_heads(c.num_key_value_heads)
         linear = model.linear_layers() if hasattr(model, "linear_layers") else []
         # before sizing the KV pool from free memory: the states take their share first
-        self.state_pool = StatePool(linear, self.num_state_slots, self.dtype, self.device) if linear else None
+        ssm_dtype = ssm_state_dtype(config.mamba_ssm_cache_dtype, c)  # checked for any model: a typo is named
+        self.state_pool = (StatePool(linear, self.num_state_slots, self.dtype, self.device, ssm_dtype)
+                           if linear else None)
         # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
         self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
         self.num_blocks = self._num_kv_blocks()

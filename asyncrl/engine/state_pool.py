@@ -1,8 +1,11 @@
 """Per-sequence recurrent state of hybrid models (Qwen3.5's Gated DeltaNet layers).
 
 A GDN layer keeps, per sequence, the last ``kernel - 1`` conv inputs and an ``[HV, K, V]``
-delta-rule state (SCALE.md §3.3) instead of K/V per token. ``StatePool`` holds them in fixed
-slots on the device; ``StateSlotManager`` (a ``BlockManager``) decides who owns which slot.
+delta-rule state (SCALE.md §3.3) instead of K/V per token. The delta-rule state is stored in
+``ssm_state_dtype`` (vLLM's ``mamba_ssm_cache_dtype``): fp32 by default, bf16 on request (half the
+bytes decode reads and writes per step; every kernel still computes in fp32). ``StatePool``
+holds them in fixed slots on the device; ``StateSlotManager`` (a ``BlockManager``) decides who
+owns which slot.
 
 Invariant: a sequence that holds blocks owns the state slot numbered by its block-table row
 (``seq.table_row``), and slot ``num_slots`` is a scratch slot for the padding rows of a CUDA
@@ -20,6 +23,7 @@ slot is free, so the state counts in admission.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -28,25 +32,44 @@ from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.sequence import Sequence
 
 
+SSM_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def ssm_state_dtype(name: Optional[str], model_config) -> torch.dtype:
+    """The delta-rule state's storage dtype for ``mamba_ssm_cache_dtype=name`` (vLLM's option and
+    values). ``None`` / "auto": the checkpoint's own ``mamba_ssm_dtype`` (config.json; every released
+    Qwen3.5 names float32, and vLLM's Qwen3.5 config hook reads the same key), else float32. vLLM's
+    generic fallback without that key is the model dtype; we keep fp32 there because an RL rollout's
+    log-probs are compared with the trainer's, whose delta rule keeps its state in fp32."""
+    source = "mamba_ssm_cache_dtype"
+    if name in (None, "auto"):
+        name, source = model_config.extra.get("mamba_ssm_dtype") or "float32", "the checkpoint's mamba_ssm_dtype"
+    if name not in SSM_STATE_DTYPES:
+        raise ValueError(f"{source}={name!r}: the engine knows 'auto', " + ", ".join(map(repr, SSM_STATE_DTYPES)))
+    return SSM_STATE_DTYPES[name]
+
+
 class StatePool:
     """conv[l] ``[num_slots + 1, C, kernel - 1]`` (model dtype), ssm[l] ``[num_slots + 1, HV, K, V]``
-    fp32, for each GDN layer l; the last slot is scratch."""
+    (``ssm_dtype``, fp32 by default), for each GDN layer l; the last slot is scratch."""
 
-    def __init__(self, layers, num_slots: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, layers, num_slots: int, dtype: torch.dtype, device: torch.device,
+                 ssm_dtype: torch.dtype = torch.float32):
         self.num_slots = num_slots
         self.scratch = num_slots
+        self.ssm_dtype = ssm_dtype
         self.conv, self.ssm = [], []
         for gdn in layers:  # GatedDeltaNet modules: the pool binds each layer's views
             gdn.conv_state = torch.zeros(num_slots + 1, gdn.conv_dim, gdn.kernel - 1, dtype=dtype, device=device)
             gdn.ssm_state = torch.zeros(num_slots + 1, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim,
-                                        dtype=torch.float32, device=device)
+                                        dtype=ssm_dtype, device=device)
             self.conv.append(gdn.conv_state)
             self.ssm.append(gdn.ssm_state)
 
     @staticmethod
-    def bytes_per_slot(layers, dtype: torch.dtype) -> int:
-        return sum(g.conv_dim * (g.kernel - 1) * dtype.itemsize + g.num_v_heads * g.head_k_dim * g.head_v_dim * 4
-                   for g in layers)
+    def bytes_per_slot(layers, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> int:
+        return sum(g.conv_dim * (g.kernel - 1) * dtype.itemsize
+                   + g.num_v_heads * g.head_k_dim * g.head_v_dim * ssm_dtype.itemsize for g in layers)
 
     def copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """State of slots ``src [n]`` into slots ``dst [n]`` (fork), every layer."""

@@ -32,7 +32,8 @@ def _auto(architecture: str) -> str:
 def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
     from asyncrl.rollout.hf import HFGenerateBackend
     for option, key in (("speculative_config", "rollout.speculative"), ("quantization", "rollout.quantization"),
-                        ("kv_cache_dtype", "rollout.kv_cache_dtype")):
+                        ("kv_cache_dtype", "rollout.kv_cache_dtype"),
+                        ("mamba_ssm_cache_dtype", "rollout.mamba_ssm_cache_dtype")):
         if _engine_options.get(option):
             raise ValueError(f"{key} needs the asyncrl engine; this model runs on HF generate "
                              "(rollout.backend hf, or an architecture the engine does not implement)")
@@ -59,7 +60,9 @@ def engine_options(rollout_cfg, lora_cfg=None) -> dict:
                "return_routed_experts": rollout_cfg.return_routed_experts,
                "speculative_config": rollout_cfg.speculative.engine_dict(),
                "quantization": None if rollout_cfg.quantization == "none" else rollout_cfg.quantization,
-               "kv_cache_dtype": None if rollout_cfg.kv_cache_dtype == "auto" else rollout_cfg.kv_cache_dtype}
+               "kv_cache_dtype": None if rollout_cfg.kv_cache_dtype == "auto" else rollout_cfg.kv_cache_dtype,
+               "mamba_ssm_cache_dtype": None if rollout_cfg.mamba_ssm_cache_dtype == "auto"
+               else rollout_cfg.mamba_ssm_cache_dtype}
     if lora_cfg is not None and lora_cfg.enabled:
         options["merge_lora"] = lora_cfg.merged_rollout
     return options

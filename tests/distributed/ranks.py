@@ -1,5 +1,6 @@
 """Run a function on N gloo ranks from a test (``run_ranks``), the way SCALE.md §5 describes:
-a FileStore rendezvous (no port collisions), ``OMP_NUM_THREADS=1``, a 60 s collective timeout.
+a FileStore rendezvous (no port collisions), ``OMP_NUM_THREADS=1``, a 300 s collective timeout (a rank of a loaded 2-core machine
+may spend over a minute before the next collective: seen with the LoRA checkpoint tests).
 
 Ranks are forked from the test process: they inherit its imported torch and transformers, so
 a rank starts in well under a second instead of ~5 s per spawned interpreter on 2 cores.
@@ -21,7 +22,7 @@ def _rank_main(rank: int, world: int, store: str, fn, args) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=300))
     try:
         fn(rank, world, *args)
     except BaseException:

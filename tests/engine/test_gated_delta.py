@@ -6,9 +6,11 @@ Our ops take padded variable-length batches and read/write slots of a state pool
 fp64; both sides compute the delta rule in fp32 (transformers casts to it), so they agree to fp32
 rounding (chunked vs recurrent summation order); the conv stays fp64 on both sides.
 """
+import os
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_5 import modeling_qwen3_5
@@ -141,3 +143,60 @@ def test_fla_packed_prefill_against_the_padded_path(monkeypatch):
     padded = gated_delta_prefill(q, k, v, g, beta, valid, pool_b, slots, init)
     torch.testing.assert_close(packed.float(), padded[valid], rtol=0, atol=2e-5)
     torch.testing.assert_close(pool_a, pool_b, rtol=0, atol=2e-5)
+
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _one_config_each(module, monkeypatch):
+    """Triton's autotuner benchmarks its candidates on a GPU driver, which the interpreter has
+    none of: under ``TRITON_INTERPRET=1`` give each autotuned kernel of ``module`` its first config."""
+    import triton
+
+    for name in dir(module):
+        kernel = getattr(module, name)
+        while hasattr(kernel, "fn"):  # heuristics -> autotuner -> jit function
+            if isinstance(kernel, triton.runtime.Autotuner):
+                monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
+            kernel = kernel.fn
+
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", [
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(NO_CUDA, reason="needs CUDA")]),
+    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="CPU: needs TRITON_INTERPRET=1")),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fla_packed_conv_equals_the_padded_torch_conv(device, dtype, monkeypatch):
+    """The GPU prefill's conv, fla-core's varlen ``causal_conv1d`` over packed tokens (a row-strided
+    view, as the model's in_proj split gives it), equals the torch conv over the padded batch:
+    lengths 70 / 2 / 9 in slots 4 / 0 / 2 (70 crosses FLA's 64-token chunk; 2 < W - 1, so the
+    new state keeps one of the slot's old inputs), the first two continuing their slots' states,
+    the third from zeros over a slot holding garbage. Outputs and states to fp32 rounding (bf16:
+    one ulp; triton 3.6's interpreter truncates where the GPU rounds)."""
+    ops = pytest.importorskip("fla.modules.causal_conv1d.ops")
+    from asyncrl.engine.models.gated_delta import causal_conv_packed, fla_chunk_indices
+
+    if device == "cpu":
+        _one_config_each(ops, monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    lens = np.array([70, 2, 9])
+    x = torch.randn(int(lens.sum()), C + 6, generator=g)[:, :C].to(device, dtype)  # row stride C + 6
+    w = torch.randn(C, W, generator=g).to(device, dtype)
+    pool = torch.randn(6, C, W - 1, generator=g).to(device, dtype)
+    pool_ref = pool.clone()
+    slots, init = torch.tensor([4, 0, 2], device=device), torch.tensor([1, 1, 0], device=device)
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)])).to(device)
+    out = causal_conv_packed(x, cu, torch.from_numpy(fla_chunk_indices(lens)).to(device), pool, slots, init, w)
+    L = int(lens.max())
+    index = torch.full((3, L), x.shape[0], dtype=torch.long)  # pad rows read a zero row
+    for b, (a, n) in enumerate(zip(cu[:-1].tolist(), lens.tolist())):
+        index[b, :n] = torch.arange(a, a + n)
+    padded = torch.cat([x, x.new_zeros(1, C)])[index.to(device)]
+    ref = causal_conv_varlen(padded, torch.from_numpy(lens).to(device), pool_ref, slots, init, w)
+    valid = torch.arange(L)[None, :] < torch.from_numpy(lens)[:, None]
+    tol = dict(rtol=0, atol=2e-6) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-6)
+    torch.testing.assert_close(out.float().cpu(), ref[valid.to(device)].float().cpu(), **tol)
+    torch.testing.assert_close(pool.float().cpu(), pool_ref.float().cpu(), rtol=0, atol=0)

@@ -93,3 +93,14 @@ def test_rollout_fp8_reaches_the_engine_and_needs_a_correction(tiny_policy):
     assert not isinstance(default.model.model.layers[0].mlp.down_proj, Fp8Linear)
     with pytest.raises(ValueError, match="rollout.quantization needs the asyncrl engine"):
         build_backend("hf", model, tok, **engine_options(cfg.rollout))
+
+
+def test_rollout_mamba_ssm_cache_dtype_reaches_the_engine_options(tiny_policy):
+    """``rollout.mamba_ssm_cache_dtype`` (the Qwen3.5 state's dtype) is an engine option: auto -> None
+    (the engine resolves it from the checkpoint), a named dtype passes through, HF generate refuses it."""
+    model, tok = tiny_policy
+    assert engine_options(load_config("quickstart").rollout)["mamba_ssm_cache_dtype"] is None
+    options = engine_options(load_config("quickstart", ["rollout.mamba_ssm_cache_dtype=bfloat16"]).rollout)
+    assert options["mamba_ssm_cache_dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="rollout.mamba_ssm_cache_dtype needs the asyncrl engine"):
+        build_backend("hf", model, tok, **options)

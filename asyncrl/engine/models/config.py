@@ -81,7 +81,8 @@ class ModelConfig:
         """From a config.json dict (or an HF ``PretrainedConfig.to_dict()``)."""
         arch = architecture or (raw.get("architectures") or ["LlamaForCausalLM"])[0]
         if isinstance(raw.get("text_config"), dict):  # a multimodal wrapper (Qwen3.5): the text model's numbers
-            outer = {k: raw[k] for k in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype") if k in raw}
+            outer = {k: raw[k] for k in ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype",
+                                         "mamba_ssm_dtype") if k in raw}
             raw = {**raw["text_config"], **{k: v for k, v in outer.items() if v is not None}}
         if arch not in ARCHITECTURES:
             raise ValueError(f"unsupported architecture {arch!r}; supported: {sorted(ARCHITECTURES)}")

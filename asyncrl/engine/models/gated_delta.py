@@ -4,21 +4,25 @@ Every op reads the state of slot ``slots[b]`` for sequence b (or zeros where ``i
 False: a prefill from position 0) and writes the new state back in place, so a sequence's
 state lives in one slot of the ``StatePool`` for its whole life.
 
-Kernels: on CUDA, prefill runs flash-linear-attention's ``chunk_gated_delta_rule`` over the
-step's packed tokens (varlen via ``cu_seqlens``, the library made for it; ``pip install
-fla-core``; ``gated_delta_prefill_packed``) and decode our Triton kernel
+Kernels: on CUDA, prefill runs flash-linear-attention's ``causal_conv1d`` and
+``chunk_gated_delta_rule`` over the step's packed tokens (varlen via ``cu_seqlens``, one call per
+layer for the whole step, the library made for it; ``pip install fla-core``;
+``causal_conv_packed``, ``gated_delta_prefill_packed``) and decode our Triton kernel
 ``triton_gdn.gated_delta_decode`` (one token, state read and written in place through the slot
 ids: CUDA-graph capturable; FLA's recurrent kernel takes no slot ids). On CPU (or without FLA)
 the pure-torch recurrence over padded sequences runs (``gated_delta_prefill``); the tests check
-it against transformers' own torch functions. The conv is torch on both (shifted
-multiply-adds, see below).
+it against transformers' own torch functions. The prefill conv is torch there (shifted
+multiply-adds, see below); the decode conv is torch everywhere (one window per sequence,
+``torch.compile``-fused on CUDA).
 
 Shapes: q, k ``[.., Hk, K]``, v ``[.., HV, V]``, g (log-decay) and beta ``[.., HV]`` fp32;
-state ``[slots, HV, K, V]`` fp32; conv state ``[slots, C, kernel - 1]``.
+state ``[slots, HV, K, V]`` fp32 (or bf16/fp16: ``mamba_ssm_cache_dtype``; every path computes in
+fp32 from it and rounds the new state once when it stores it); conv state ``[slots, C, kernel - 1]``.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 import torch
@@ -106,6 +110,13 @@ def delta_rule_recurrent(q, k, v, g, beta, state):
     return out, state
 
 
+def _start_states(ssm_state: torch.Tensor, slots: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
+    """``[B, HV, K, V]`` in fp32 (fp64 stays fp64) from the slots' stored states (fp32 or 16-bit,
+    ``mamba_ssm_cache_dtype``); zeros where not ``init`` (a prefill from position 0)."""
+    start = ssm_state[slots].to(torch.promote_types(ssm_state.dtype, torch.float32))
+    return start * init[:, None, None, None].to(start.dtype)
+
+
 def gated_delta_prefill(q, k, v, g, beta, valid, ssm_state, slots, init) -> torch.Tensor:
     """Torch path (CPU, or CUDA without FLA). Padded sequences ``[B, L, ..]`` (``valid [B, L]``):
     outputs ``[B, L, HV, V]`` fp32; each sequence starts from ``ssm_state[slots[b]]`` (zeros where
@@ -115,9 +126,8 @@ def gated_delta_prefill(q, k, v, g, beta, valid, ssm_state, slots, init) -> torc
     m = valid.to(torch.float32)
     g, beta = g * m[..., None], beta * m[..., None]  # padding: no decay, no write
     ke = ke * m[..., None, None]
-    start = ssm_state[slots] * init[:, None, None, None].to(ssm_state.dtype)
-    o, final = delta_rule_recurrent(qe, ke, v, g, beta, start)
-    ssm_state.index_copy_(0, slots, final)
+    o, final = delta_rule_recurrent(qe, ke, v, g, beta, _start_states(ssm_state, slots, init))
+    ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
     return o
 
 
@@ -128,8 +138,9 @@ def gated_delta_decode(q, k, v, g, beta, ssm_state, slots) -> torch.Tensor:
 
         return triton_decode(q, k, v, g, beta, ssm_state, slots)
     qe, ke = _expand_heads(q[:, None], k[:, None], v.shape[-2])
-    o, final = delta_rule_recurrent(qe, ke, v[:, None], g[:, None], beta[:, None], ssm_state[slots])
-    ssm_state.index_copy_(0, slots, final)
+    start = ssm_state[slots].to(torch.promote_types(ssm_state.dtype, torch.float32))
+    o, final = delta_rule_recurrent(qe, ke, v[:, None], g[:, None], beta[:, None], start)
+    ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
     return o[:, 0]
 
 
@@ -137,18 +148,31 @@ def gated_delta_decode(q, k, v, g, beta, ssm_state, slots) -> torch.Tensor:
 FLA_CHUNK = 64  # the chunk size of FLA's chunk_gated_delta_rule (its default): fla_chunk_indices is built for it
 
 
-@functools.lru_cache(maxsize=1)
-def _fla():
-    """FLA's ``chunk_gated_delta_rule``, or None when the package is absent (CPU installs)."""
+@functools.lru_cache(maxsize=None)
+def _optional(module: str, name: str):
+    """``module.name``, or None when the package is absent (CPU installs have no fla-core)."""
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        return getattr(importlib.import_module(module), name)
     except ImportError:
         return None
-    return chunk_gated_delta_rule
+
+
+def _fla():
+    """FLA's ``chunk_gated_delta_rule``, or None."""
+    return _optional("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+
+
+def _fla_conv():
+    """FLA's varlen ``causal_conv1d`` (fla-core 0.6: ``fla.modules.causal_conv1d``), or None."""
+    return _optional("fla.modules.causal_conv1d", "causal_conv1d")
 
 
 def fla_available() -> bool:
     return _fla() is not None
+
+
+def fla_conv_available() -> bool:
+    return _fla_conv() is not None
 
 
 def fla_chunk_indices(lens: np.ndarray) -> np.ndarray:
@@ -167,9 +191,27 @@ def gated_delta_prefill_packed(q, k, v, g, beta, cu_seqlens, chunk_indices, ssm_
     ``fla_chunk_indices``; no state crosses sequences) -> o ``[T, HV, V]`` in v's dtype. Initial
     states come from the slots (zeros where not ``init``), final states are written back. All
     inputs are device tensors: no host sync."""
-    start = ssm_state[slots] * init[:, None, None, None].to(ssm_state.dtype)
     o, final = _fla()(q[None], k[None], v[None], g[None], beta[None].to(q.dtype), scale=q.shape[-1] ** -0.5,
-                      initial_state=start, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                      initial_state=_start_states(ssm_state, slots, init), output_final_state=True,
+                      use_qk_l2norm_in_kernel=True,
                       cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     ssm_state.index_copy_(0, slots, final.to(ssm_state.dtype))
     return o[0]
+
+
+def causal_conv_packed(x: torch.Tensor, cu_seqlens: torch.Tensor, chunk_indices: torch.Tensor,
+                       conv_state: torch.Tensor, slots: torch.Tensor, init: torch.Tensor,
+                       weight: torch.Tensor) -> torch.Tensor:
+    """FLA's varlen ``causal_conv1d`` + SiLU over the step's packed tokens: x ``[T, C]`` (may be a
+    row-strided view) of B sequences (``cu_seqlens [B + 1]``, ``chunk_indices`` from
+    ``fla_chunk_indices``: FLA's 64-token chunks, built on the host), weight ``[C, W]``. Each
+    sequence continues from its slot's conv state (zeros where not ``init``) and leaves its last
+    W - 1 inputs there. Returns ``[T, C]`` in x's dtype: ``causal_conv_varlen``'s arithmetic
+    (fp32 products and sums) in one kernel over the packed tokens, with no ``[B, L, C]`` padding
+    and no shifted multiply-adds (a fifth of the 0.8B shape's prefill, bench/RESULTS.md)."""
+    prev = conv_state[slots] * init[:, None, None].to(conv_state.dtype)  # [B, C, W-1]
+    initial = F.pad(prev, (1, 0)).to(x.dtype)  # FLA's state holds W inputs; its first column is never read
+    y, final = _fla_conv()(x[None], weight, initial_state=initial, output_final_state=True, activation="silu",
+                           backend="triton", cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+    conv_state.index_copy_(0, slots, final[:, :, 1:].to(conv_state.dtype))
+    return y[0]

@@ -12,10 +12,10 @@ the released models). What differs from the dense decoder (transformers ``qwen3_
   (q, k L2-normalised, q scaled by K^-1/2; v-heads share k-heads), ``RMSNormGated(o, z)``, ``out_proj``.
 
 The GDN layers carry per-sequence state instead of K/V: the last ``kernel - 1`` conv inputs and
-the ``[HV, K, V]`` fp32 delta-rule state, in slot ``seq.table_row`` of a ``StatePool``
-(``state_pool.py``), read and written in place every step. Only the full-attention layers have a
-paged K/V cache. Projections are fused like the dense decoder's: ``qkv_proj`` (q+gate, k, v),
-``in_proj`` (qkv, z, b, a), ``gate_up_proj``.
+the ``[HV, K, V]`` delta-rule state (fp32, or ``mamba_ssm_cache_dtype``), in slot
+``seq.table_row`` of a ``StatePool`` (``state_pool.py``), read and written in place every step.
+Only the full-attention layers have a paged K/V cache. Projections are fused like the dense
+decoder's: ``qkv_proj`` (q+gate, k, v), ``in_proj`` (qkv, z, b, a), ``gate_up_proj``.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from torch import nn
 from asyncrl.engine.attention import AttentionMetadata, paged_attention
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import MLP, CausalLM, DecoderModel, RotaryEmbedding, _CudaCompiled
-from asyncrl.engine.models.gated_delta import causal_conv_step, causal_conv_varlen, gated_delta_decode, \
-    gated_delta_prefill, gated_delta_prefill_packed
+from asyncrl.engine.models.gated_delta import causal_conv_packed, causal_conv_step, causal_conv_varlen, \
+    fla_conv_available, gated_delta_decode, gated_delta_prefill, gated_delta_prefill_packed
 from asyncrl.engine.models.moe import SparseMoeBlock, expert_units, load_expert_tensor, moe_block, num_experts
 
 
@@ -147,8 +147,12 @@ class GatedAttention(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     """The GDN token mixer. ``conv_state [slots, C, kernel - 1]`` and ``ssm_state [slots, HV, K, V]``
-    (fp32) are this layer's views of the ``StatePool``; ``meta.state_slots [B]`` says which
-    slot each sequence of the step owns."""
+    (fp32 unless ``mamba_ssm_cache_dtype``) are this layer's views of the ``StatePool``;
+    ``meta.state_slots [B]`` says which slot each sequence of the step owns."""
+
+    # packed prefill steps (GPU + FLA): the conv through FLA's varlen kernel; False keeps the torch
+    # conv over the padded batch (the A/B of bench/qwen35_levers.py)
+    packed_conv = True
 
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -190,22 +194,33 @@ class GatedDeltaNet(nn.Module):
             qkv = causal_conv_step(qkv, self.conv_state, slots, weight)
             q, k, v = self._heads(qkv)
             o = gated_delta_decode(q, k, v, g, beta, self.ssm_state, slots)
-        else:  # gathered: the conv over sequences padded to [B, Lq]; prefill (or CPU decode)
-            lens, init, slots = meta.state_lens, meta.state_init, meta.state_slots
-            qkv_b = causal_conv_varlen(qkv[meta.q_index], lens, self.conv_state, slots, init, weight)
-            if meta.state_cu_seqlens is not None:  # GPU: FLA's varlen kernel on the packed tokens
-                q, k, v = self._heads(qkv_b.flatten(0, 1)[meta.q_out_index])
-                o = gated_delta_prefill_packed(q, k, v, g, beta, meta.state_cu_seqlens, meta.state_chunk_indices,
-                                               self.ssm_state, slots, init)
-            else:  # torch recurrence over the padded layout
-                q, k, v = self._heads(qkv_b)
-                B, Lq = meta.q_index.shape
-                valid = torch.arange(Lq, device=x.device)[None, :] < lens[:, None]
-                o = gated_delta_prefill(q, k, v, g[meta.q_index], beta[meta.q_index], valid, self.ssm_state, slots,
-                                        init)
-                o = o.reshape(B * Lq, self.num_v_heads, self.head_v_dim)[meta.q_out_index]
+        elif meta.state_cu_seqlens is not None:  # GPU prefill: FLA's varlen kernels on the packed tokens
+            o = self._prefill_packed(qkv, g, beta, weight, meta)
+        else:  # gathered (CPU, or no FLA): the conv and the recurrence over sequences padded to [B, Lq]
+            o = self._prefill_padded(qkv, g, beta, weight, meta)
         o = self.norm(o.to(x.dtype), z.reshape(T, self.num_v_heads, self.head_v_dim))
         return self.out_proj(o.reshape(T, self.value_dim))
+
+    def _prefill_packed(self, qkv, g, beta, weight, meta) -> torch.Tensor:
+        """qkv ``[T, C]`` of the step's packed tokens -> o ``[T, HV, V]``: one FLA conv call and one
+        FLA chunked delta-rule call for all the step's sequences (``cu_seqlens``)."""
+        init, slots, cu, chunks = meta.state_init, meta.state_slots, meta.state_cu_seqlens, meta.state_chunk_indices
+        if self.packed_conv and fla_conv_available():
+            qkv = causal_conv_packed(qkv, cu, chunks, self.conv_state, slots, init, weight)
+        else:
+            qkv = causal_conv_varlen(qkv[meta.q_index], meta.state_lens, self.conv_state, slots, init,
+                                     weight).flatten(0, 1)[meta.q_out_index]
+        q, k, v = self._heads(qkv)
+        return gated_delta_prefill_packed(q, k, v, g, beta, cu, chunks, self.ssm_state, slots, init)
+
+    def _prefill_padded(self, qkv, g, beta, weight, meta) -> torch.Tensor:
+        """The torch path: qkv ``[T, C]`` gathered to ``[B, Lq, C]`` -> o ``[T, HV, V]`` fp32."""
+        lens, init, slots = meta.state_lens, meta.state_init, meta.state_slots
+        q, k, v = self._heads(causal_conv_varlen(qkv[meta.q_index], lens, self.conv_state, slots, init, weight))
+        B, Lq = meta.q_index.shape
+        valid = torch.arange(Lq, device=qkv.device)[None, :] < lens[:, None]
+        o = gated_delta_prefill(q, k, v, g[meta.q_index], beta[meta.q_index], valid, self.ssm_state, slots, init)
+        return o.reshape(B * Lq, self.num_v_heads, self.head_v_dim)[meta.q_out_index]
 
 
 class HybridDecoderLayer(nn.Module):
