@@ -16,7 +16,8 @@ A round, for a sequence of L tokens (target K/V valid for positions 0..L-2):
      These entries hold draft features; the next round's catch-up overwrites them.
 Drafts are the head's argmax (``greedy``, vLLM's default for EAGLE) or samples from its processed
 distribution (``probabilistic``); verification is the unchanged exact rule (``verifier.py``).
-Eager (no CUDA graph yet): one packed forward plus k - 1 single-token forwards of one layer.
+Eager (no CUDA graph yet): per round one packed forward and k - 1 single-token forwards of one
+layer, each with the target's LM head (a 151,936-row head costs as much as the layer at batch 8).
 """
 from __future__ import annotations
 
@@ -117,31 +118,29 @@ class EagleProposer:
             else:
                 out.append(None)
                 missing.append((i, s, max(lo, 0), hi))
-        for (i, _, a, b), f in zip(missing, self._target_hidden([m[1:] for m in missing])):
+        for (i, *_), f in zip(missing, self._target_hidden([m[1:] for m in missing])):
             out[i] = f
         H = self.head.config.hidden_size
         zero = torch.zeros(1, H, dtype=self.dtype, device=self.device)
         return torch.cat([torch.cat([zero, f]) if a == 0 else f for f, a in zip(out, first)])
 
     def _target_hidden(self, rows: list[tuple]) -> list[torch.Tensor]:
-        """Target hidden states of positions ``[a, b]`` of each ``(seq, a, b)`` (empty when b < a), from
-        the target's cached K/V; the forward's own K/V writes go to the scratch block."""
-        rows = [(s, a, b) for s, a, b in rows]
+        """Target hidden states ``[b - a + 1, H]`` of positions ``[a, b]`` for each ``(seq, a, b)`` (empty
+        when b < a), in one forward that reads the target's cached K/V and writes its own to the
+        scratch block (the cached K/V, and so the target's later tokens, stay untouched)."""
         live = [(s, a, b) for s, a, b in rows if b >= a]
-        H = self.head.config.hidden_size
-        res = [torch.zeros(0, H, dtype=self.dtype, device=self.device) for _ in rows]
-        if not live:
-            return res
-        r = self.runner
-        n = [b - a + 1 for _, a, b in live]
-        ids = torch.tensor([t for s, a, b in live for t in s.token_ids[a:b + 1]], device=self.device)
-        pos = torch.tensor([p for _, a, b in live for p in range(a, b + 1)], device=self.device)
-        meta = build_gathered_metadata([s.block_table for s, _, _ in live], [a for _, a, _ in live], n,
-                                       r.block_size, r.scratch_block, self.device)
-        meta.slot_mapping = torch.full_like(meta.slot_mapping, r.scratch_block * r.block_size)
-        hidden = r.model(ids, pos, meta).split(n)
-        it = iter(hidden)
-        return [next(it) if b >= a else z for (s, a, b), z in zip(rows, res)]
+        hidden = iter(())
+        if live:
+            r = self.runner
+            n = [b - a + 1 for _, a, b in live]
+            ids = torch.tensor([t for s, a, b in live for t in s.token_ids[a:b + 1]], device=self.device)
+            pos = torch.tensor([p for _, a, b in live for p in range(a, b + 1)], device=self.device)
+            meta = build_gathered_metadata([s.block_table for s, _, _ in live], [a for _, a, _ in live], n,
+                                           r.block_size, r.scratch_block, self.device)
+            meta.slot_mapping = torch.full_like(meta.slot_mapping, r.scratch_block * r.block_size)
+            hidden = iter(r.model(ids, pos, meta).split(n))
+        empty = torch.zeros(0, self.head.config.hidden_size, dtype=self.dtype, device=self.device)
+        return [next(hidden) if b >= a else empty for _, a, b in rows]
 
     def _step_metas(self, seqs, L: np.ndarray) -> list[tuple[torch.Tensor, AttentionMetadata]]:
         """(positions ``[B]``, metadata) of the k - 1 draft steps, entry ``L - 1 + j`` per row: paged
