@@ -41,3 +41,33 @@ def test_paged_draft_steps_equal_the_gathered_ones(target, trained_head):  # noq
     paged.spec.proposer.paged = True
     assert _drafts(paged) == _drafts(gathered)
     assert paged.metrics["spec_accepted_tokens"] > 0
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph: ``replay`` runs the captured step on its buffers."""
+
+    replays = 0
+
+    def __init__(self, step, bs):
+        self.step, self.bs = step, bs
+
+    def replay(self):
+        _EagerGraph.replays += 1
+        self.step(self.bs)
+
+
+def test_graph_buffers_draft_what_the_gathered_path_drafts(target, trained_head, monkeypatch):  # noqa: F811
+    """The GPU graph path (static buffers per bucket, padding rows on the scratch block, inputs
+    copied in before each replay) with the capture replaced by an eager replay of the same step:
+    3 running rows replay the 4-row bucket."""
+    import asyncrl.engine.spec.eagle as eagle
+
+    monkeypatch.setattr(eagle, "capture_graphs", lambda sizes, step: [{b: _EagerGraph(step, b) for b in sizes}])
+    gathered = make_llm(target, speculative_config=_spec(trained_head))
+    gathered.spec.proposer.paged = False
+    graphs = make_llm(target, speculative_config=_spec(trained_head))
+    proposer = graphs.spec.proposer
+    proposer.paged = True
+    proposer._capture([1, 2, 4])
+    assert _drafts(graphs) == _drafts(gathered)
+    assert graphs.metrics["spec_accepted_tokens"] > 0 and _EagerGraph.replays == graphs.metrics["spec_steps"]
