@@ -8,7 +8,8 @@ passes). The timed prompts are not among the training prompts. Then, each in its
 (same run, same prompts):
 
   long tail:  batch 8 x 2,048 new tokens, greedy, on (i) spec_decode.py's repetitive prompts and
-              (ii) random prompts; off / n-gram / EAGLE trained (and EAGLE untrained on (ii))
+              (ii) random prompts; off / n-gram / EAGLE trained (and on (ii) only: EAGLE untrained,
+              and EAGLE trained with its draft steps eager instead of in CUDA graphs)
   workload a: batch 256, prompt 256, response 256, sampled; off / EAGLE trained (speculation stays
               off above ``disable_by_batch_size``: this measures that it costs nothing there)
 
@@ -28,6 +29,7 @@ from datetime import datetime, timezone
 import torch
 from spec_decode import quiet_upper_layers, timed
 
+import asyncrl.engine.spec.eagle as eagle_module
 from asyncrl.engine import LLM
 from asyncrl.engine.bench import SHAPES, build_random_hf
 from asyncrl.engine.models.config import ModelConfig
@@ -105,16 +107,18 @@ def main(argv=None) -> int:
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=torch.Generator().manual_seed(1)).tolist()
     a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, seed=0)
     eagle = lambda path: {"method": "eagle", "model": path, "num_speculative_tokens": args.k}  # noqa: E731
+    # eagle_eager: the head's draft steps without their CUDA graphs (one tail), before the graph row
     specs = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": args.k},
-             "eagle_untrained": eagle(f"{head_dir}/initial"), "eagle": eagle(head_dir)}
+             "eagle_untrained": eagle(f"{head_dir}/initial"), "eagle_eager": eagle(head_dir), "eagle": eagle(head_dir)}
     reference = {}
     for name, spec in specs.items():
         t0 = time.perf_counter()
+        eagle_module.GRAPHS = name != "eagle_eager"
         llm = LLM(hf, speculative_config=spec, **engine_kw)
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
         for tail, prompts in tails.items():
-            if name == "eagle_untrained" and tail == "repetitive":
-                continue  # the baseline row: one tail is enough (it costs ~2x "off" per run)
+            if name in ("eagle_untrained", "eagle_eager") and tail == "repetitive":
+                continue  # comparison rows: one tail is enough
             m0 = dict(llm.metrics)
             row[tail], tokens = timed(llm, prompts, tail_params, dev)
             reference.setdefault(tail, tokens)
@@ -127,6 +131,9 @@ def main(argv=None) -> int:
             row["a"], _ = timed(llm, a_prompts, a_params, dev)
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
+        if args.json:  # after every row: a later failure keeps what was measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
         llm.close()
         del llm
         gc.collect()
