@@ -2,7 +2,7 @@
 vs an untrained head and n-gram drafting, and what acceptance does as RL moves the policy.
 
 1. ``asyncrl train-draft quickstart`` on the SFT warm start (policy version 0): head v0.
-   Its ``train_draft.json`` holds, on 64 held-out prompts (greedy, and sampled at the rollout's
+   Its ``train_draft.json`` holds, on ``--eval-prompts`` held-out prompts (greedy, and sampled at the rollout's
    temperature 1.0), the acceptance rate and tokens per target pass of head v0, the untrained head
    it started from and n-gram drafting: same run, same prompts.
 2. For each checkpoint of an RL run of the quickstart (``--rl-run``: ``asyncrl train quickstart
@@ -36,11 +36,13 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--refresh-steps", type=int, default=100)
+    ap.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts per acceptance row")
     ap.add_argument("--out", default=None, help="where the heads go (default: a temp dir)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="eagle_quickstart_"))
-    common = [f"draft.prompts={args.prompts}", "trainer.device=cpu", "trainer.torch_threads=1"]
+    common = [f"draft.prompts={args.prompts}", f"draft.eval_prompts={args.eval_prompts}", "trainer.device=cpu",
+              "trainer.torch_threads=1"]
     results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": {}}
     results["rows"]["v0"] = train_draft(common + [f"draft.output={out / 'v0'}", f"draft.steps={args.steps}"])
     print("v0", json.dumps(results["rows"]["v0"]), flush=True)
