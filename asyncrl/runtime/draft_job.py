@@ -58,9 +58,10 @@ def acceptance(policy, prompts: list[list[int]], params: SamplingParams, specs: 
     from asyncrl.engine import LLM
 
     out = {}
+    batch = len(prompts) * params.n  # all admitted at once: every step speculates, every position is measured
     for name, spec in specs.items():
-        llm = LLM(policy, dtype=next(policy.parameters()).dtype, device=str(device),
-                  speculative_config={"disable_by_batch_size": 1 << 16, **spec})
+        llm = LLM(policy, dtype=next(policy.parameters()).dtype, device=str(device), max_num_seqs=max(batch, 16),
+                  speculative_config={"disable_by_batch_size": max(batch, 16), **spec})
         try:
             llm.generate(prompts, params)
             m = llm.metrics
