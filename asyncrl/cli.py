@@ -1,4 +1,4 @@
-"""``asyncrl train | sft | dpo | eval | print-config | bench``: parse arguments, call the library.
+"""``asyncrl train | sft | dpo | eval | train-draft | print-config | bench``: parse arguments, call the library.
 
 Every config subcommand takes an optional recipe (a path or a name under recipes/)
 followed by dotted overrides: ``asyncrl train quickstart rollout.n=4 algorithm.kl_coef=0.01``.
@@ -49,6 +49,12 @@ def _cmd_dpo(cfg) -> int:
     return 0
 
 
+def _cmd_train_draft(cfg) -> int:
+    from asyncrl.runtime.draft_job import run_train_draft
+    run_train_draft(cfg)
+    return 0
+
+
 def _cmd_print_config(cfg) -> int:
     print(config_to_yaml(cfg), end="")
     return 0
@@ -59,6 +65,8 @@ COMMANDS = {
     "sft": (_cmd_sft, "supervised fine-tuning on the task's demonstrations"),
     "eval": (_cmd_eval, "mean@k / pass@k / maj@k of model.path on a dataset's held-out set"),
     "dpo": (_cmd_dpo, "DPO on a jsonl of prompt/chosen/rejected against a frozen reference"),
+    "train-draft": (_cmd_train_draft, "train an EAGLE draft head on the policy's own samples (draft.*): "
+                                      "rollout.speculative.method=eagle"),
     "print-config": (_cmd_print_config, "print the resolved config tree"),
 }
 

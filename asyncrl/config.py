@@ -178,6 +178,25 @@ class SFTConfig:
 
 
 @dataclass
+class DraftConfig:
+    """``asyncrl train-draft``: an EAGLE draft head trained on the policy's own samples (engine/spec/eagle_head.py),
+    used as ``rollout.speculative.method=eagle rollout.speculative.model=<output>``."""
+
+    output: str = field_spec("draft_head", help="directory the head checkpoint (config.json + safetensors) goes to")
+    init: Optional[str] = field_spec(None, help="refresh: start from this head (trained on an earlier policy version)")
+    prompts: int = field_spec(512, ge=1, help="task prompts sampled by the engine (rollout.n samples each, "
+                                               "rollout.temperature / top_p / top_k / max_tokens)")
+    steps: int = field_spec(300, ge=1)
+    batch_size: int = field_spec(64, ge=1, help="sequences per step")
+    lr: float = field_spec(3e-3, gt=0, help="AdamW peak lr (5% warm-up, cosine to 10%)")
+    passes: int = field_spec(3, ge=1, le=16, help="training-time-test passes: how many chained drafts it learns")
+    label: str = field_spec("soft", choices=("soft", "token"), help="soft: match the policy's next-token "
+                            "distribution; token: the sample's own next token")
+    eval_prompts: int = field_spec(64, ge=0, help="held-out prompts for the acceptance report (0: skip it)")
+    num_speculative_tokens: int = field_spec(3, ge=1, le=16, help="k of the acceptance report")
+
+
+@dataclass
 class OpenAIServerConfig:
     """``rollout.backend=openai``: generate on an OpenAI-compatible server (asyncrl serve, vLLM,
     SGLang) with token-id prompts and logprobs (asyncrl/rollout/openai_backend.py)."""
@@ -199,11 +218,12 @@ class SpeculativeRolloutConfig:
     of vLLM's ``speculative_config``). Exact: tokens follow the policy's law and the returned
     log-probs are the policy's; it only changes speed (in the small-batch tail of a rollout)."""
 
-    method: str = field_spec("off", choices=("off", "ngram", "draft_model"),
+    method: str = field_spec("off", choices=("off", "ngram", "draft_model", "eagle"),
                              help="ngram: prompt lookup over the prompt, the sequence and its group; "
-                                  "draft_model: a small model of the same tokenizer (model)")
+                                  "draft_model: a small model of the same tokenizer (model); "
+                                  "eagle: a draft head on the policy's hidden states (model; asyncrl train-draft)")
     num_speculative_tokens: int = field_spec(4, ge=1, le=16, help="drafts per sequence per step")
-    model: Optional[str] = field_spec(None, help="draft_model: its checkpoint directory (fixed: not synced)")
+    model: Optional[str] = field_spec(None, help="draft_model / eagle: its checkpoint directory (fixed: not synced)")
     prompt_lookup_max: int = field_spec(4, ge=1, help="ngram: longest suffix matched")
     prompt_lookup_min: int = field_spec(2, ge=1, help="ngram: shortest suffix matched")
     draft_sampling: str = field_spec("greedy", choices=("greedy", "probabilistic"),
@@ -219,7 +239,7 @@ class SpeculativeRolloutConfig:
         out = {f: getattr(self, f) for f in ("method", "num_speculative_tokens", "prompt_lookup_max",
                                              "prompt_lookup_min", "draft_sampling", "disable_by_batch_size",
                                              "min_acceptance")}
-        return out | ({"model": self.model} if self.method == "draft_model" else {})
+        return out | ({"model": self.model} if self.method in ("draft_model", "eagle") else {})
 
 
 @dataclass
@@ -622,6 +642,7 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -3,16 +3,18 @@
     LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                    "prompt_lookup_max": 4})
     LLM(model, speculative_config={"method": "draft_model", "model": "path/to/small", ...})
+    LLM(model, speculative_config={"method": "eagle", "model": "path/to/head", ...})  # asyncrl train-draft
 
-The same keys are ``rollout.speculative.*`` in the training config. vLLM's ``"eagle"`` method
-(a draft head on the target's hidden states) is not implemented yet: it is refused by name.
+The same keys are ``rollout.speculative.*`` in the training config. ``eagle``: an EAGLE-style
+draft head on the target's last hidden states (spec/eagle_head.py); vLLM's ``eagle3`` (features
+fused from three layers) is refused by name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle")
 
 
 @dataclass
@@ -22,16 +24,16 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4          # ngram: longest suffix matched
     prompt_lookup_min: int = 2          # ngram: shortest suffix matched
     group_lookup: bool = True           # ngram: also match the request's sibling samples (GRPO group)
-    model: Any = None                   # draft_model: checkpoint dir of a model with the target's tokenizer
+    model: Any = None                   # draft_model: a model with the target's tokenizer; eagle: a head dir
     draft_sampling: str = "greedy"      # greedy: argmax drafts (one-hot rule); probabilistic: sampled, with q
     disable_by_batch_size: int = 32     # adaptive: speculate only while <= this many sequences run
     min_acceptance: float = 0.0         # a sequence stops drafting once its acceptance rate falls below this
     acceptance_window: int = 64         # ... measured over at least this many of its drafts
 
     def __post_init__(self):
-        if self.method == "eagle":
-            raise ValueError("speculative method 'eagle' is not implemented in asyncrl yet; use 'ngram' or "
-                             "'draft_model' (a small model of the same tokenizer)")
+        if self.method == "eagle3":
+            raise ValueError("speculative method 'eagle3' (features fused from three target layers) is not "
+                             "implemented in asyncrl yet; use 'eagle' (a head on the last hidden state)")
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
         if not 1 <= self.num_speculative_tokens <= 16:

@@ -31,6 +31,9 @@ def make_proposer(config: SpeculativeConfig, dtype, device, target_config):
         from asyncrl.engine.spec.ngram import NgramProposer
         return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min,
                              config.group_lookup)
+    if config.method == "eagle":
+        from asyncrl.engine.spec.eagle import EagleProposer
+        return EagleProposer(config, dtype, device, target_config)
     from asyncrl.engine.spec.draft_model import DraftModelProposer
     return DraftModelProposer(config, dtype, device, target_config)
 
@@ -82,6 +85,7 @@ class SpeculativeDecoder:
 
     @property
     def metrics(self) -> dict:
-        return dict(spec_steps=self.steps, spec_draft_tokens=self.drafted, spec_accepted_tokens=self.accepted,
+        return dict(spec_steps=self.steps, spec_rows=self.rows, spec_draft_tokens=self.drafted,
+                    spec_accepted_tokens=self.accepted,
                     spec_acceptance_rate=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
                     spec_tokens_per_target_pass=round((self.rows + self.accepted) / self.rows, 4) if self.rows else 0.0)

@@ -33,6 +33,39 @@ from asyncrl.engine.spec.config import SpeculativeConfig
 from asyncrl.engine.spec.verifier import DRAFT_SALT, salted
 
 
+def sampling_host(seqs, rows: int, k: int, probabilistic: bool) -> dict:
+    """Host arrays for drafting ``rows`` rows (padding past ``len(seqs)``): temp, top_p ``[rows]``
+    fp32, top_k ``[rows]`` int64 and noise keys ``[rows, k]`` of draft j at position ``L + j``
+    (greedy defaults when drafts are argmax)."""
+    B = len(seqs)
+    temp = np.zeros(rows, dtype=np.float32)
+    top_p = np.ones(rows, dtype=np.float32)
+    top_k = np.full(rows, -1, dtype=np.int64)
+    keys = np.zeros((rows, k), dtype=np.int64)
+    if probabilistic and B:
+        L = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
+        temp[:B] = [s.params.temperature for s in seqs]
+        top_p[:B] = [s.params.top_p for s in seqs]
+        top_k[:B] = [s.params.top_k for s in seqs]
+        keys[:B] = row_keys(np.array([s.seed for s in seqs], dtype=np.int64)[:, None],
+                            np.array([s.sample_index for s in seqs], dtype=np.int64)[:, None],
+                            L[:, None] + np.arange(k)[None, :])
+    return dict(temp=temp, top_p=top_p, top_k=top_k, keys=keys)
+
+
+def draft_tokens(logits: torch.Tensor, dev: dict, j: int, probabilistic: bool):
+    """Draft j of every row from the drafter's ``logits [rows, V]``: (tokens ``[rows]``, q
+    ``[rows, V]`` or None). Argmax drafts, or samples from the processed q (the request's
+    temperature / top-k / top-p, noise keyed as the sampler's on a salted stream)."""
+    if not probabilistic:
+        return logits.argmax(-1), None
+    logp = processed_logprobs(logits, dev["temp"], dev["top_k"], dev["top_p"], True)
+    noise = gumbel_noise(salted(dev["keys"][:, j], DRAFT_SALT), logits.shape[-1])
+    # greedy requests are verified by argmax match: their drafts are the draft's argmax
+    tok = torch.where(dev["temp"] <= 0, logits.argmax(-1), torch.argmax(logp + noise, -1))
+    return tok, logp.exp()
+
+
 def _attention_layers(model) -> list:
     return [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
 
@@ -133,18 +166,7 @@ class DraftModelProposer:
         ids = np.zeros((rows, 2), dtype=np.int64)
         if B:  # (an empty list would not broadcast to [0, 2]: the graph capture's padding-only round)
             ids[:B] = [s.token_ids[-2:] for s in seqs]
-        temp = np.zeros(rows, dtype=np.float32)
-        top_p = np.ones(rows, dtype=np.float32)
-        top_k = np.full(rows, -1, dtype=np.int64)
-        keys = np.zeros((rows, k), dtype=np.int64)
-        if self.probabilistic and B:
-            temp[:B] = [s.params.temperature for s in seqs]
-            top_p[:B] = [s.params.top_p for s in seqs]
-            top_k[:B] = [s.params.top_k for s in seqs]
-            keys[:B] = row_keys(np.array([s.seed for s in seqs], dtype=np.int64)[:, None],
-                                np.array([s.sample_index for s in seqs], dtype=np.int64)[:, None],
-                                L[:, None] + np.arange(k)[None, :])
-        return dict(ids=ids, pos=pos, slots=slots, bt=bt, temp=temp, top_p=top_p, top_k=top_k, keys=keys)
+        return dict(ids=ids, pos=pos, slots=slots, bt=bt, **sampling_host(seqs, rows, k, self.probabilistic))
 
     def _round_inputs(self, host: dict, seqs, rows: int):
         """Eager round: device inputs and per-forward metadata (paged on GPU, gathered on CPU)."""
@@ -173,19 +195,10 @@ class DraftModelProposer:
         for j in range(k):
             if j:
                 hidden = self.model(drafts[-1], dev["pos"][:, 1 + j], metas[j])
-            tok, q = self._draft(self.model.lm_head(hidden), dev, j)
+            tok, q = draft_tokens(self.model.lm_head(hidden), dev, j, self.probabilistic)
             drafts.append(tok)
             probs.append(q)
         return torch.stack(drafts, 1), (torch.stack(probs, 1) if self.probabilistic else None)
-
-    def _draft(self, logits: torch.Tensor, dev: dict, j: int):
-        if not self.probabilistic:
-            return logits.argmax(-1), None
-        logp = processed_logprobs(logits, dev["temp"], dev["top_k"], dev["top_p"], True)
-        noise = gumbel_noise(salted(dev["keys"][:, j], DRAFT_SALT), logits.shape[-1])
-        # greedy requests are verified by argmax match: their drafts are the draft's argmax
-        tok = torch.where(dev["temp"] <= 0, logits.argmax(-1), torch.argmax(logp + noise, -1))
-        return tok, logp.exp()
 
     # ---- CUDA graphs ------------------------------------------------------------------
     def _replay(self, host: dict, bs: int):

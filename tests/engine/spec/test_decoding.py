@@ -114,7 +114,7 @@ def _exact_pair_law(hf, prompt, t, k, p) -> dict:
     return law
 
 
-def assert_draft_follows_the_target_law(make, target, draft) -> None:
+def assert_draft_follows_the_target_law(make, target, draft, method: str = "draft_model") -> None:
     """8,192 completions of 4 tokens from ``make(target, ...)`` with a probabilistic ``draft``;
     tokens 2-3 come from the verify step (2 drafts each). Their pair law equals the exact one
     from HF forwards within 4x the total-variation distance's expected sampling noise."""
@@ -123,7 +123,7 @@ def assert_draft_follows_the_target_law(make, target, draft) -> None:
     t, k, p = 0.8, 5, 0.9
     prompt = REPETITIVE[0]
     llm = make(target, max_num_seqs=1024, speculative_config={
-        "method": "draft_model", "model": draft, "num_speculative_tokens": 3,
+        "method": method, "model": draft, "num_speculative_tokens": 3,
         "draft_sampling": "probabilistic", "disable_by_batch_size": 1024})
     outs = llm.generate([prompt] * 8, [SamplingParams(n=1024, temperature=t, top_k=k, top_p=p, max_tokens=4,
                                                       seed=s, ignore_eos=True) for s in range(8)])
@@ -150,8 +150,8 @@ def test_bad_speculative_config_is_named(target):
         make_llm(target, speculative_config={"method": "ngram", "num_tokens": 3})
     with pytest.raises(ValueError, match="speculative method must be one of"):
         make_llm(target, speculative_config={"method": "medusa"})
-    with pytest.raises(ValueError, match="'eagle' is not implemented"):
-        make_llm(target, speculative_config={"method": "eagle", "model": target})
+    with pytest.raises(ValueError, match="'eagle3' .* is not implemented"):
+        make_llm(target, speculative_config={"method": "eagle3", "model": target})
     with pytest.raises(ValueError, match="needs 'model'"):
         make_llm(target, speculative_config={"method": "draft_model"})
 

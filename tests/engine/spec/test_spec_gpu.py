@@ -37,3 +37,24 @@ def test_gpu_same_tokens_as_without_speculation(target, perturbed_draft, method)
 
 def test_gpu_probabilistic_draft_follows_the_target_law(target, perturbed_draft):  # noqa: F811
     assert_draft_follows_the_target_law(cuda_llm, target, perturbed_draft)
+
+
+
+def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
+    """EAGLE on CUDA: the head's paged single-token steps, the catch-up through the gathered path
+    and the target features read back from the verify graph; greedy and sampled equal speculation
+    off, and a probabilistic head follows the target's law. The head is trained on the CPU."""
+    from conftest import build_tiny
+    from test_eagle import _spec, train_tiny_head
+
+    target_dir = build_tiny("qwen3", tmp_path / "target")
+    head = train_tiny_head(target_dir, str(tmp_path / "head"))
+    prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
+    for params in (SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                   SamplingParams(temperature=1.0, top_k=20, max_tokens=40, seed=3, ignore_eos=True, n=2)):
+        off = cuda_llm(target_dir).generate(prompts, params)
+        llm = cuda_llm(target_dir, speculative_config=_spec(head))
+        on = llm.generate(prompts, params)
+        assert _tokens(on) == _tokens(off)
+        assert llm.metrics["spec_tokens_per_target_pass"] > 1.3
+    assert_draft_follows_the_target_law(cuda_llm, target_dir, head, method="eagle")

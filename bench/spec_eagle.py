@@ -1,0 +1,154 @@
+"""EAGLE speculation on one GPU (issue 23): a head trained inside the bench, then tokens/s vs off.
+
+A random-weight target has no text to learn from, so the bench does what ``asyncrl train-draft``
+does, on the target itself: the engine generates greedy continuations of ``--train-prompts``
+random prompts (``--train-len`` new tokens each; diversity is what generalises), and ``training/draft_head.train_head`` fits a
+fresh head to the target's features and next-token distributions (``--steps`` steps, 3 chained
+passes). The timed prompts are not among the training prompts. Then, each in its own engine
+(same run, same prompts):
+
+  long tail:  batch 8 x 2,048 new tokens, greedy, on (i) spec_decode.py's repetitive prompts and
+              (ii) random prompts; off / n-gram / EAGLE trained (and on (ii) only: EAGLE untrained,
+              and EAGLE trained with its draft steps eager instead of in CUDA graphs)
+  workload a: batch 256, prompt 256, response 256, sampled; off / EAGLE trained (speculation stays
+              off above ``disable_by_batch_size``: this measures that it costs nothing there)
+
+Each row prints acceptance, tokens per target pass and whether the tokens equal speculation off.
+
+    python bench/spec_eagle.py --json bench/results/spec_eagle_h200.json         # ~3-4 min, one H200
+    python bench/spec_eagle.py --quiet-upper 0.05 --json ...   # a target whose first layers decide its output
+    python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 30
+"""
+import argparse
+import gc
+import json
+import tempfile
+import time
+from datetime import datetime, timezone
+
+import torch
+from spec_decode import quiet_upper_layers, timed
+
+import asyncrl.engine.spec.eagle as eagle_module
+from asyncrl.engine import LLM
+from asyncrl.engine.bench import SHAPES, build_random_hf
+from asyncrl.engine.models.config import ModelConfig
+from asyncrl.engine.spec.eagle_head import new_head
+from asyncrl.training.draft_head import DraftSample, train_head
+from asyncrl.types import SamplingParams
+
+
+def train_on_target(hf, engine_kw: dict, args, out_dir: str) -> dict:
+    """Greedy samples of the target from random prompts -> a trained head in ``out_dir`` (+ an
+    untrained one in ``out_dir/initial``); returns the training record."""
+    g = torch.Generator().manual_seed(7)
+    prompts = torch.randint(1, hf.config.vocab_size, (args.train_prompts, 16), generator=g).tolist()
+    t0 = time.perf_counter()
+    llm = LLM(hf, **engine_kw)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args.train_len, ignore_eos=True))
+    llm.close()
+    del llm
+    gen_s = time.perf_counter() - t0
+    samples = [DraftSample(o.prompt_token_ids + c.token_ids, 16) for o in outs for c in o.outputs]
+    head = new_head(ModelConfig.from_module(hf), seed=0)
+    head.save(f"{out_dir}/initial")
+    head.to(hf.device)
+    log = lambda s, m: print(f"  step {s + 1} {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True) \
+        if s % max(1, args.steps // 10) == 0 else None  # noqa: E731
+    metrics = train_head(head, hf, samples, args.steps, args.batch_size, args.lr, passes=3, on_step=log,
+                         label=args.label)
+    head.save(out_dir)
+    return dict(samples=len(samples), sample_tokens=sum(len(s.token_ids) for s in samples),
+                generate_s=round(gen_s, 1), **metrics)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="qwen3-0.6b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--tail-batch", type=int, default=8)
+    ap.add_argument("--tail-tokens", type=int, default=2048)
+    ap.add_argument("--a-batch", type=int, default=256)
+    ap.add_argument("--a-len", type=int, default=256)
+    ap.add_argument("--train-prompts", type=int, default=512, help="distinct prompts: diversity, not length, "
+                    "is what lets the head generalise")
+    ap.add_argument("--train-len", type=int, default=128, help="new tokens per training sample")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--batch-size", type=int, default=32, help="sequences per training step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--label", default="token", choices=("soft", "token"),
+                    help="train-draft's draft.label: a random model's next-token distribution is nearly flat, so "
+                         "its greedy argmax (the sample's own token) is the signal")
+    ap.add_argument("--quiet-upper", type=float, default=None, metavar="SCALE",
+                    help="scale the residual writes of layers >= 2 by SCALE (spec_decode.py's quiet target)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    dev = args.device
+    cuda = dev.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    max_len = max(args.tail_tokens, args.train_len, 2 * args.a_len) + 128
+    hf = build_random_hf(args.shape, dtype, dev, max_len)
+    if args.quiet_upper is not None:
+        quiet_upper_layers(hf, 2, args.quiet_upper)
+    engine_kw = dict(dtype=dtype, device=dev, max_model_len=max_len, block_size=64 if cuda else 16)
+    head_dir = tempfile.mkdtemp(prefix="eagle_head_")
+    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
+                   shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, rows={})
+    results["train"] = train_on_target(hf, engine_kw, args, head_dir)
+    print("train", json.dumps(results["train"]), flush=True)
+
+    vocab = hf.config.vocab_size
+    pattern = torch.randint(1, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
+    tails = {"repetitive": [(pattern * 8)[i:] + [i + 1] for i in range(args.tail_batch)],
+             "random": torch.randint(1, vocab, (args.tail_batch, 16), generator=torch.Generator().manual_seed(3)).tolist()}
+    tail_params = SamplingParams(temperature=0, max_tokens=args.tail_tokens, ignore_eos=True)
+    a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=torch.Generator().manual_seed(1)).tolist()
+    a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, seed=0)
+    eagle = lambda path: {"method": "eagle", "model": path, "num_speculative_tokens": args.k}  # noqa: E731
+    # eagle_eager: the head's draft steps without their CUDA graphs (one tail), before the graph row
+    specs = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": args.k},
+             "eagle_untrained": eagle(f"{head_dir}/initial"), "eagle_eager": eagle(head_dir), "eagle": eagle(head_dir)}
+    reference = {}
+    for name, spec in specs.items():
+        t0 = time.perf_counter()
+        eagle_module.GRAPHS = name != "eagle_eager"
+        llm = LLM(hf, speculative_config=spec, **engine_kw)
+        row = dict(startup_s=round(time.perf_counter() - t0, 1))
+        for tail, prompts in tails.items():
+            if name in ("eagle_untrained", "eagle_eager") and tail == "repetitive":
+                continue  # comparison rows: one tail is enough
+            m0 = dict(llm.metrics)
+            row[tail], tokens = timed(llm, prompts, tail_params, dev)
+            reference.setdefault(tail, tokens)
+            row[tail]["same_tokens_as_off"] = tokens == reference[tail]
+            if "spec_steps" in row[tail]:  # (warm-up + timed run: the same greedy tokens twice)
+                rows = llm.metrics["spec_rows"] - m0["spec_rows"]
+                accepted = llm.metrics["spec_accepted_tokens"] - m0["spec_accepted_tokens"]
+                row[tail]["tokens_per_target_pass"] = round((rows + accepted) / max(rows, 1), 3)
+        if name in ("off", "eagle"):
+            row["a"], _ = timed(llm, a_prompts, a_params, dev)
+        results["rows"][name] = row
+        print(name, json.dumps(row), flush=True)
+        if args.json:  # after every row: a later failure keeps what was measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        llm.close()
+        del llm
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+    off = results["rows"]["off"]
+    results["speedup"] = {f"{tail}/{n}": round(r[tail]["tokens_per_s"] / off[tail]["tokens_per_s"], 3)
+                          for n, r in results["rows"].items() if n != "off" for tail in tails if tail in r}
+    results["speedup"]["a/eagle"] = round(results["rows"]["eagle"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
+    print(json.dumps(results["speedup"]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

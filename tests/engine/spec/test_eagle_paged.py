@@ -1,0 +1,73 @@
+"""The EAGLE head's GPU draft steps (paged K/V read in place by the Triton decode kernel, every
+step's inputs in one copy) draft exactly what the gathered CPU path drafts. Natively on a GPU;
+on CPU through the Triton interpreter (``TRITON_INTERPRET=1``), else skipped."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
+pytest.importorskip("triton")
+
+from conftest import make_llm, prompts_for  # noqa: E402
+from test_eagle import _spec, target, trained_head  # noqa: E402,F401
+sys_path_engine = os.path.join(os.path.dirname(__file__), "..")
+import sys  # noqa: E402
+sys.path.insert(0, sys_path_engine)
+from test_triton_decode import _interpreter_index_on_numpy_2  # noqa: E402,F401
+
+from asyncrl.types import SamplingParams  # noqa: E402
+
+
+def _drafts(llm) -> list:
+    proposer, seen = llm.spec.proposer, []
+    propose = proposer.propose
+
+    def recording(batch, budgets):
+        ids, counts, probs = propose(batch, budgets)
+        seen.append(ids.tolist())
+        return ids, counts, probs
+
+    proposer.propose = recording
+    llm.generate(prompts_for(4, [5, 7, 9]), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    return seen
+
+
+def test_paged_draft_steps_equal_the_gathered_ones(target, trained_head):  # noqa: F811
+    gathered = make_llm(target, speculative_config=_spec(trained_head))
+    gathered.spec.proposer.paged = False
+    paged = make_llm(target, speculative_config=_spec(trained_head))
+    paged.spec.proposer.paged = True
+    assert _drafts(paged) == _drafts(gathered)
+    assert paged.metrics["spec_accepted_tokens"] > 0
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph: ``replay`` runs the captured step on its buffers."""
+
+    replays = 0
+
+    def __init__(self, step, bs):
+        self.step, self.bs = step, bs
+
+    def replay(self):
+        _EagerGraph.replays += 1
+        self.step(self.bs)
+
+
+def test_graph_buffers_draft_what_the_gathered_path_drafts(target, trained_head, monkeypatch):  # noqa: F811
+    """The GPU graph path (static buffers per bucket, padding rows on the scratch block, inputs
+    copied in before each replay) with the capture replaced by an eager replay of the same step:
+    3 running rows replay the 4-row bucket."""
+    import asyncrl.engine.spec.eagle as eagle
+
+    monkeypatch.setattr(eagle, "capture_graphs", lambda sizes, step: [{b: _EagerGraph(step, b) for b in sizes}])
+    gathered = make_llm(target, speculative_config=_spec(trained_head))
+    gathered.spec.proposer.paged = False
+    graphs = make_llm(target, speculative_config=_spec(trained_head))
+    proposer = graphs.spec.proposer
+    proposer.paged = True
+    proposer._capture([1, 2, 4])
+    assert _drafts(graphs) == _drafts(gathered)
+    assert graphs.metrics["spec_accepted_tokens"] > 0 and _EagerGraph.replays == graphs.metrics["spec_steps"]
