@@ -149,8 +149,10 @@ class ModelRunner:
             act = self.config.max_num_batched_tokens * (c.hidden_size + c.intermediate_size) * 2 * 4 * 4
             act += self.config.max_num_seqs * c.vocab_size * 4 * 6
             budget = free - total * (1 - self.config.gpu_memory_utilization) - act
-            return max(16, min(want, int(budget // self._block_bytes())))
-        cap = int(self.config.kv_memory_gb_cpu * 2**30 // self._block_bytes())
+            return max(16, min(want, int(budget // max(self._block_bytes(), 1))))
+        # a model without full-attention layers (an all-Gated-DeltaNet Qwen3.5) stores nothing per
+        # block: its blocks only count tokens, so memory does not cap them
+        cap = int(self.config.kv_memory_gb_cpu * 2**30 // max(self._block_bytes(), 1))
         return max(16, min(want, cap))
 
     def _allocate_kv_cache(self) -> None:

@@ -68,6 +68,31 @@ def test_hybrid_long_prompt_crosses_delta_rule_chunks(family_dirs, family_hf):
     assert out.token_ids == hf_greedy(family_hf["qwen3_5"], prompt, 6)
 
 
+def test_a_hybrid_without_full_attention_layers_runs(tmp_path):
+    """Two Gated DeltaNet layers and no attention layer: no KV bytes per block (the pool is sized
+    by tokens, not memory), greedy equal to HF's forward without a cache (HF's generate cannot run it:
+    its cache asks an attention layer for the sequence length)."""
+    from transformers import AutoModelForCausalLM
+
+    config = family_config("qwen3_5")
+    config.num_hidden_layers, config.layer_types = 2, ["linear_attention"] * 2
+    torch.manual_seed(3)
+    hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.15)
+    hf.save_pretrained(str(tmp_path))
+    prompts = prompts_for(2, [3, 9])
+    outs = make_llm(str(tmp_path)).generate(prompts, SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+    for out, prompt in zip(outs, prompts):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(5):
+                ids.append(int(hf(torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+        assert out.completions[0].token_ids == ids[len(prompt):]
+
+
 def test_qwen3_5_multimodal_checkpoint_runs_its_text_model(tmp_path):
     """Released Qwen3.5 checkpoints are ``Qwen3_5ForConditionalGeneration`` (text under
     ``model.language_model.*``, a vision tower, the text numbers in ``text_config``): the engine

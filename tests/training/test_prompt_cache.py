@@ -74,13 +74,19 @@ def test_a_model_without_full_attention_runs_its_prompts_padded():
 
 
 @pytest.mark.gpu
-def test_shared_prompts_equal_repeated_prompts_on_cuda_with_the_fla_kernels():
+def test_shared_prompts_equal_repeated_prompts_on_cuda_with_the_fla_kernels(monkeypatch):
     """On CUDA transformers runs FLA's chunked delta rule (with an initial state in the
-    continuation) and causal-conv1d where installed: the same equality, bf16 model, fp32 head."""
+    continuation) and causal-conv1d where installed: the same equality, bf16 model, fp32 head.
+    (The path is off on CUDA until this passes: logprobs.HYBRID_PROMPT_SHARING_ON_CUDA.)"""
+    monkeypatch.setattr(logprobs_mod, "HYBRID_PROMPT_SHARING_ON_CUDA", True)
+    calls = []
+    real = logprobs_mod._shared_prefix_states
+    monkeypatch.setattr(logprobs_mod, "_shared_prefix_states", lambda *a: calls.append(1) or real(*a))
     model, vocab = _model(torch.bfloat16)
     model = model.cuda()
     ids, mask = (t.cuda() for t in _batch(vocab, 5))
     shared, repeated = _run(model, ids, mask, True), _run(model, ids, mask, False)
+    assert calls == [1]  # the shared path ran
     for got, want in zip(shared[:2], repeated[:2]):
         torch.testing.assert_close(got, want, rtol=0, atol=3e-2)  # bf16 activations, different grouping
     for name, grad in shared[2].items():
