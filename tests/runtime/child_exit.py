@@ -1,10 +1,12 @@
 """How a test checks that a rollout process stopped cleanly.
 
 The proof is the child's answer to "stop", sent after its workers and weight channel closed
-(``RolloutProcess.stopped_cleanly``), then its exit code. A forkserver child's exit code travels
-through the fork server; when that server is gone before it reported the code (CPython's
-forkserver dies under load, python/cpython#140867), multiprocessing reads 255. So a 255 passes
-only while that server is really gone: with the server running, a 255 is the child's own."""
+(``RolloutProcess.stopped_cleanly``), then its exit code, read under the child's lock
+(``RolloutProcess.exitcode``). Why the lock: a forkserver child's exit code is read from a pipe,
+and two threads reading it at once (close() joining while the receiver thread joined on EOF)
+made one of them read EOF, which multiprocessing records as 255 (CPython gh-130895): CI saw that
+255 twice. A 255 still passes if the fork server itself is gone (it then never wrote the code,
+python/cpython#140867); with the server running, a 255 is the child's own and fails."""
 import multiprocessing.forkserver as forkserver
 
 
@@ -20,11 +22,11 @@ def _running(pid) -> bool:
 def assert_stopped_cleanly(backend) -> None:
     """``backend`` (a closed ``RolloutProcess``) answered "stop" and exited 0 (or its exit code
     was lost with its fork server, see the module doc)."""
-    process = backend.process
-    assert backend.stopped_cleanly, f"the child did not answer 'stop' (exit code {process.exitcode})"
-    assert not process.is_alive()
-    if process.exitcode == 255:
+    code = backend.exitcode
+    assert backend.stopped_cleanly, f"the child did not answer 'stop' (exit code {code})"
+    assert code is not None, "the child is still running"
+    if code == 255:
         server = forkserver._forkserver._forkserver_pid
         assert not _running(server), f"exit code 255 while the fork server (pid {server}) runs: the child's own"
     else:
-        assert process.exitcode == 0
+        assert code == 0

@@ -196,3 +196,30 @@ def test_gpu_trainer_pushes_weights_to_the_rollout_process(cfg_of, tmp_path, tra
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert summary["steps"] == 4 and all(r["async/staleness_violations"] == 0 for r in rows)
     assert all(r["weight_sync/probe_gap"] < 1e-3 for r in rows[1:])
+
+
+def test_two_threads_joining_a_child_read_its_exit_code_once():
+    """close() joins while the receiver thread joins on EOF: unguarded, one of two concurrent
+    readers of a forkserver child's status reads EOF and multiprocessing records 255 (CPython
+    gh-130895; 59 of 150 such trials here). ``_Child.join`` reads it under the child's lock."""
+    import threading
+
+    import torch.multiprocessing as mp
+
+    from asyncrl.runtime.executors.process import _Child
+
+    ctx = mp.get_context("forkserver")
+    codes = []
+    for _ in range(30):
+        process = ctx.Process(target=time.sleep, args=(0.02,))
+        process.start()
+        conn, other = ctx.Pipe()
+        child = _Child(process, conn, 0, "a test child", None)
+        joins = [threading.Thread(target=child.join, args=(10.0,)) for _ in range(2)]
+        for t in joins:
+            t.start()
+        for t in joins:
+            t.join()
+        codes.append(child.exitcode)
+        conn.close(), other.close()
+    assert codes == [0] * 30

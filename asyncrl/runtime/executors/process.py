@@ -47,6 +47,7 @@ import signal
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing import connection as mp_connection
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -232,6 +233,26 @@ class _Child:
         self.lock, self.send_lock = threading.Lock(), threading.Lock()
         self.joining: Optional[Future] = None  # collective: the child announced it is joining
         self.ready: Optional[Future] = None    # its pid, once its backend is built
+        # one reader of the child's exit status at a time: two threads reading a forkserver child's
+        # status at once (close() joining while the receiver thread joins on EOF) make one of them
+        # read EOF, which multiprocessing records as exit code 255 (CPython gh-130895)
+        self.exit_lock = threading.Lock()
+
+    def is_alive(self) -> bool:
+        with self.exit_lock:
+            return self.process.is_alive()
+
+    def join(self, timeout: Optional[float]) -> None:
+        """Wait up to ``timeout`` for the exit (the sentinel's readiness: nothing read), then
+        read the status under the lock."""
+        mp_connection.wait([self.process.sentinel], timeout)
+        with self.exit_lock:
+            self.process.join(0)
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        with self.exit_lock:
+            return self.process.exitcode
 
     def register(self, call_id: int) -> Future:
         future: Future = Future()
@@ -268,7 +289,7 @@ class _Child:
             try:
                 return future.result(timeout=1.0)
             except TimeoutError:
-                if not self.process.is_alive():
+                if not self.is_alive():
                     raise self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
                 deadline.check()
 
@@ -280,7 +301,7 @@ class _Child:
                 return future.result(timeout=1.0)
             except TimeoutError:
                 waited += 1.0
-                if not self.process.is_alive():
+                if not self.is_alive():
                     raise self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
                 if waited >= timeout:
                     raise RolloutProcessError(f"{self.name} (pid {self.process.pid}) did not {what} within "
@@ -292,7 +313,7 @@ class _Child:
             try:
                 call_id, ok, payload = self.conn.recv()
             except (EOFError, OSError):
-                self.process.join(5.0)
+                self.join(5.0)
                 self.fail(RolloutProcessDied(f"{self.name} died; {self.exit_note()}"))
                 return
             if call_id is None:  # fatal: the child reports its traceback, then exits
@@ -308,7 +329,7 @@ class _Child:
                 future.set_exception(_child_error(*payload))
 
     def exit_note(self) -> str:
-        return f"pid {self.process.pid}, exit code {self.process.exitcode}{self.log_note()}"
+        return f"pid {self.process.pid}, exit code {self.exitcode}{self.log_note()}"
 
     def log_note(self) -> str:
         return f"; its log: {self.log_path}" if self.log_path is not None else ""
@@ -385,7 +406,12 @@ class RolloutProcess:
         return self._child.process
 
     def is_alive(self) -> bool:
-        return self._child.error is None and self._child.process.is_alive()
+        return self._child.error is None and self._child.is_alive()
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """The current child's exit code (None while it runs), read under its lock."""
+        return self._child.exitcode
 
     # ---- calls ------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
@@ -436,7 +462,7 @@ class RolloutProcess:
         (at once if it never became ready: it is not reading its pipe)."""
         self.closing = True
         child = self._child
-        if child.process.is_alive() and self.pid is not None:
+        if child.is_alive() and self.pid is not None:
             stop_id = next(self._ids)
             try:
                 stopped = child.register(stop_id)
@@ -445,10 +471,10 @@ class RolloutProcess:
                 self.stopped_cleanly = True
             except (RolloutProcessError, TimeoutError):
                 pass
-            child.process.join(timeout)
-        if child.process.is_alive():
+            child.join(timeout)
+        if child.is_alive():
             child.process.kill()
-            child.process.join(timeout)
+            child.join(timeout)
         child.conn.close()
 
     # ---- restarts ----------------------------------------------------------------------------
@@ -473,10 +499,10 @@ class RolloutProcess:
                                           f"group of {self.weights.members} replicas cannot take a new member "
                                           f"(runtime.weight_transport=shared can): {error}") from error
             self.restarts += 1
-            dead.process.join(1.0)
-            if dead.process.is_alive():  # unresponsive enough to count as dead: make sure it is
+            dead.join(1.0)
+            if dead.is_alive():  # unresponsive enough to count as dead: make sure it is
                 dead.process.kill()
-                dead.process.join(5.0)
+                dead.join(5.0)
             dead.conn.close()
             if self.weights.address is not None:
                 self.weights.rendezvous()  # a new group of the trainer and the new child
