@@ -63,6 +63,15 @@ def hf_greedy(hf, prompt, max_new_tokens, eos=3):
     return out[0, len(prompt):].tolist()
 
 
+def assert_same_completions(off, on, atol):
+    """Each completion of ``on`` is its twin in ``off``: log-probs within ``atol``, same versions
+    and finish reason (speculation on vs off: the target's law, the target's log-probs)."""
+    for a, b in zip(off, on):
+        for ca, cb in zip(a.outputs, b.outputs):
+            torch.testing.assert_close(torch.tensor(cb.logprobs), torch.tensor(ca.logprobs), atol=atol, rtol=0)
+            assert cb.versions == ca.versions and cb.finish_reason == ca.finish_reason
+
+
 def prompts_for(seed, lengths):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(4, VOCAB, (n,), generator=g).tolist() for n in lengths]
