@@ -143,9 +143,14 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     t0 = time.perf_counter()
     llm = LLM(hf, dtype=dtype, device=device, block_size=args.block_size, max_num_seqs=args.batch,
               max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
-              gpu_memory_utilization=args.gpu_memory_utilization, return_routed_experts=moe)
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              return_routed_experts=moe and not args.no_routed_experts)
     llm.generate([[1] * 16] * 4, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up outside the timing
     result["engine_startup_s"] = round(time.perf_counter() - t0, 1)
+    result["kv_blocks"] = len(llm.block_manager.blocks)  # x block_size = tokens the KV pool holds
+    result["returns_routed_experts"] = llm.config.return_routed_experts
+    print(shape, "engine startup", result["engine_startup_s"], "s; KV blocks", result["kv_blocks"], "x",
+          args.block_size, "tokens", flush=True)
     result["engine"] = run_engine(llm, prompts, params, device)
     print(shape, "engine", json.dumps(result["engine"]), flush=True)
     same = result["engine"]
@@ -160,7 +165,7 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     if args.profile:
         result["profile_ms_per_decode_step"] = profile_steps(llm, prompts, params, device, trace_steps=5, rows=20)
         print(shape, "ms per decode step:", json.dumps(result["profile_ms_per_decode_step"]), flush=True)
-    if moe:
+    if moe and not args.no_routed_experts:
         outs = llm.generate(prompts[:4], SamplingParams(n=2, temperature=1.0, max_tokens=32, seed=0, ignore_eos=True))
         llm.close()
         del llm
@@ -208,6 +213,9 @@ def main() -> int:
     ap.add_argument("--moe-hf-prompts", type=int, default=32, help="--hf-prompts for MoE shapes")
     ap.add_argument("--moe-hf-response", type=int, default=64, help="--hf-response for MoE shapes")
     ap.add_argument("--no-hf", action="store_true", help="engine only")
+    ap.add_argument("--no-routed-experts", action="store_true",
+                    help="MoE: the engine does not return the routed experts (its cost = the run with them "
+                         "minus this one); no routing check")
     ap.add_argument("--profile", action="store_true",
                     help="per-step phases and the top-20 CUDA kernels of one prefill and 5 decode steps")
     ap.add_argument("--warmup-runs", type=int, default=1,

@@ -119,6 +119,9 @@ def test_fla_packed_prefill_against_the_padded_path(monkeypatch):
         assert q.shape[0] == 1 and initial_state.shape[0] == len(cu_seqlens) - 1 and scale == q.shape[-1] ** -0.5
         lens = (cu_seqlens[1:] - cu_seqlens[:-1]).numpy()
         assert torch.equal(chunk_indices, torch.from_numpy(gated_delta.fla_chunk_indices(lens)))
+        # FLA takes Hk < HV heads as they are; transformers' torch function does only since ~5.2x
+        # (older ones, as on the GPU machine, need q and k repeated to HV heads first).
+        q, k = (t.repeat_interleave(v.shape[2] // t.shape[2], dim=2) for t in (q, k))
         outs, finals = [], []
         for i in range(len(cu_seqlens) - 1):
             s = slice(int(cu_seqlens[i]), int(cu_seqlens[i + 1]))
