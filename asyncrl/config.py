@@ -274,9 +274,14 @@ class RolloutConfig:
                                                         "(actor.routing_replay and the routing-mismatch metric)")
     speculative: SpeculativeRolloutConfig = field(default_factory=SpeculativeRolloutConfig)
     quantization: str = field_spec("none", choices=("none", "fp8"),
-                                   help="engine: fp8 = the decoder linears in blockwise e4m3 (128x128 weight blocks, "
-                                        "activations per token per 128 channels), re-quantized from the trainer's "
+                                   help="engine: fp8 = the decoder linears in e4m3 (scales: rollout.fp8_scaling), "
+                                        "re-quantized from the trainer's "
                                         "weights at every sync; needs algorithm.rollout_correction (TIS)")
+    fp8_scaling: str = field_spec("block", choices=("block", "channel"),
+                                  help="engine + rollout.quantization=fp8: block = 128x128 weight blocks and 1x128 "
+                                       "activation groups (DeepSeek-V3, llm-compressor FP8_BLOCK); channel = one scale "
+                                       "per output channel and per token (llm-compressor FP8_DYNAMIC, the rowwise-scaled "
+                                       "GEMM vLLM runs on Hopper); block stays the default until the H200 sweep picks")
     kv_cache_dtype: str = field_spec("auto", choices=("auto", "fp8"),
                                      help="engine: fp8 = K/V cached in e4m3 (scale 1.0, vLLM's default): half the "
                                           "KV bytes read per decode step, twice the tokens in the pool")

@@ -29,6 +29,9 @@ class EngineConfig:
     speculative_config: Any = None
     # "fp8": the decoder layers' linears in blockwise e4m3, re-quantized at every weight sync (fp8_linear.py)
     quantization: Optional[str] = None
+    # FP8 scales: "block" (128x128 weight blocks, 1x128 activation groups) or "channel" (per output channel
+    # x per token, the rowwise-scaled GEMM); "block" stays the default until the H200 sweep picks one
+    fp8_scaling: str = "block"
     kv_cache_dtype: Optional[str] = None  # "fp8": K/V stored in e4m3 (scale 1.0, as vLLM's default); None: model dtype
     # hybrid (Qwen3.5): the Gated DeltaNet state's storage dtype, vLLM's key and values ("float32", "bfloat16",
     # "float16"); None/"auto": the checkpoint's mamba_ssm_dtype, else float32 (state_pool.ssm_state_dtype)

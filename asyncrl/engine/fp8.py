@@ -43,14 +43,14 @@ def padded_k(k: int) -> int:
     return padded(k, K_ALIGN)
 
 
-def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+def scale_of(amax: torch.Tensor) -> torch.Tensor:
     # The divisor is a tensor on amax's device: PyTorch's CUDA kernels turn a division by a Python
     # scalar into a multiplication by its reciprocal (1 ulp off the IEEE quotient the Triton kernel
     # and the CPU compute; seen on the H200 as scales differing in the last bit).
     return amax.clamp(min=AMAX_FLOOR) / amax.new_tensor(FP8_MAX)
 
 
-def _to_fp8(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def to_fp8(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``values / scale`` rounded to e4m3 (fp32 division; clamped: 448.00003 must not become NaN)."""
     return (values / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
@@ -63,8 +63,8 @@ def quantize_weight(w: torch.Tensor, k_padded: int) -> tuple[torch.Tensor, torch
     rp = padded(rows, BLOCK)
     full = F.pad(w.float(), (0, k_padded - k, 0, rp - rows))
     blocks = full.view(rp // BLOCK, BLOCK, k_padded // BLOCK, BLOCK)
-    scale = _scale_of(blocks.abs().amax(dim=(1, 3)))                      # [Rb, Kb]
-    q = _to_fp8(blocks, scale[:, None, :, None]).view(rp, k_padded)
+    scale = scale_of(blocks.abs().amax(dim=(1, 3)))                      # [Rb, Kb]
+    q = to_fp8(blocks, scale[:, None, :, None]).view(rp, k_padded)
     return q, scale
 
 
@@ -80,8 +80,8 @@ def quantize_tokens(x: torch.Tensor, k_padded: int) -> tuple[torch.Tensor, torch
     channels (the torch reference of ``triton_fp8.quantize_tokens``)."""
     m, k = x.shape
     groups = F.pad(x.float(), (0, k_padded - k)).view(m, k_padded // BLOCK, BLOCK)
-    scale = _scale_of(groups.abs().amax(dim=2))                           # [M, Kb]
-    return _to_fp8(groups, scale[:, :, None]).view(m, k_padded), scale
+    scale = scale_of(groups.abs().amax(dim=2))                           # [M, Kb]
+    return to_fp8(groups, scale[:, :, None]).view(m, k_padded), scale
 
 
 def dequantize_tokens(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

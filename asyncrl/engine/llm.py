@@ -26,7 +26,7 @@ import torch
 
 from asyncrl.engine.block_manager import BlockManager
 from asyncrl.engine.config import EngineConfig
-from asyncrl.engine.fp8_linear import check_quantization
+from asyncrl.engine.fp8_linear import check_fp8_scaling, check_quantization
 from asyncrl.engine.lora import attach_adapter, is_peft_module, load_update
 from asyncrl.engine.model_runner import ModelRunner
 from asyncrl.engine.models import load_model
@@ -80,7 +80,8 @@ class LLM:
         in-memory HF ``*ForCausalLM`` module whose weights are copied (pass ``tokenizer``); a PEFT
         LoRA model serves its base with the adapter applied on the fly (engine/lora.py).
         ``lora``: a PEFT adapter directory to serve on top of ``model``.
-        ``quantization="fp8"``: blockwise e4m3 linears, re-quantized at each ``update_weights`` (fp8_linear.py);
+        ``quantization="fp8"``: e4m3 linears, re-quantized at each ``update_weights`` (fp8_linear.py), scaled
+        per ``fp8_scaling`` ("block": 128x128 weight blocks, the default; "channel": per output channel x per token);
         ``kv_cache_dtype="fp8"``: K/V cached in e4m3 (attention.py).
         ``engine_kwargs``: any ``EngineConfig`` field (block_size, num_kv_blocks, merge_lora, ...)."""
         if isinstance(model, str) and is_hub_id(model):
@@ -96,7 +97,8 @@ class LLM:
         self._check_speculative_tensor_parallel()
         self._check_quantization(model, lora)
         if self.config.tensor_parallel_size == 1:
-            self.model = load_model(model, dtype=dtype, device=device, quantization=self.config.quantization)
+            self.model = load_model(model, dtype=dtype, device=device, quantization=self.config.quantization,
+                                    fp8_scaling=self.config.fp8_scaling)
         else:
             if lora is not None or is_peft_module(model):
                 raise TensorParallelError("LoRA adapters are served at tensor_parallel_size=1 only "
@@ -172,6 +174,7 @@ class LLM:
     def _check_quantization(self, model, lora) -> None:
         """``quantization``: known, and not with a LoRA adapter (refused before anything is built)."""
         check_quantization(self.config.quantization)
+        check_fp8_scaling(self.config.fp8_scaling)
         if self.config.quantization is not None and (lora is not None or is_peft_module(model)):
             raise ValueError(f"quantization={self.config.quantization!r} with a LoRA adapter: not supported (the "
                              "adapter's base GEMM and merge need full-precision weights); serve the adapter "
@@ -205,7 +208,8 @@ class LLM:
         self.followers = TPFollowers.launch(source, config, dtype, device, self.config, self._max_model_len(config))
         try:
             shard = build_model(config, dtype, device, TensorParallel(self.config.tensor_parallel_size, 0,
-                                                                      self.followers.comm), self.config.quantization)
+                                                                      self.followers.comm), self.config.quantization,
+                                 self.config.fp8_scaling)
             return fill_weights(shard, tensors if source is not None else self.followers.broadcast_weights(tensors))
         except BaseException:
             self.followers.close()

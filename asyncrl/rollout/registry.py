@@ -60,6 +60,7 @@ def engine_options(rollout_cfg, lora_cfg=None) -> dict:
                "return_routed_experts": rollout_cfg.return_routed_experts,
                "speculative_config": rollout_cfg.speculative.engine_dict(),
                "quantization": None if rollout_cfg.quantization == "none" else rollout_cfg.quantization,
+               "fp8_scaling": rollout_cfg.fp8_scaling,
                "kv_cache_dtype": None if rollout_cfg.kv_cache_dtype == "auto" else rollout_cfg.kv_cache_dtype,
                "mamba_ssm_cache_dtype": None if rollout_cfg.mamba_ssm_cache_dtype == "auto"
                else rollout_cfg.mamba_ssm_cache_dtype}

@@ -39,17 +39,18 @@ def model_source(path) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]],
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
-                tp: TensorParallel = SINGLE, quantization: Optional[str] = None) -> CausalLM:
+                tp: TensorParallel = SINGLE, quantization: Optional[str] = None,
+                fp8_scaling: str = "block") -> CausalLM:
     """This rank's share of the model, allocated on ``device`` and not yet filled; ``quantization``
-    "fp8": the decoder layers' linears store blockwise e4m3 weights, quantized as they are filled
-    (engine/fp8_linear.py)."""
+    "fp8": the decoder layers' linears store e4m3 weights scaled per ``fp8_scaling`` (block / channel),
+    quantized as they are filled (engine/fp8_linear.py)."""
     with torch.device(device):
         cls = model_class(config)
         model = cls(config, tp) if tp.size > 1 else cls(config)
     model.to(dtype=dtype)
     # RoPE tables stay fp32: positions up to max_pos need the precision
     model.model.rotary_emb.float()
-    quantize_linears(model, quantization)  # after .to(dtype): it would cast the e4m3 weights
+    quantize_linears(model, quantization, fp8_scaling)  # after .to(dtype): it would cast the e4m3 weights
     return model
 
 
@@ -70,11 +71,12 @@ def fill_weights(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -
 
 
 def load_model(path, dtype: Optional[torch.dtype] = None, device: str | torch.device = "cpu",
-               tp: TensorParallel = SINGLE, quantization: Optional[str] = None) -> CausalLM:
+               tp: TensorParallel = SINGLE, quantization: Optional[str] = None,
+               fp8_scaling: str = "block") -> CausalLM:
     """Build from a checkpoint dir, or from an in-memory HF ``*ForCausalLM`` module (its
     config and state dict; e.g. the trainer's policy); ``tp``: this rank's share only.
 
     Parameters are allocated on ``device`` and filled from the checkpoint; every
     parameter must be filled (shards of fused ones each count)."""
     config, tensors, source_dtype = model_source(path)
-    return fill_weights(build_model(config, dtype or source_dtype, device, tp, quantization), tensors)
+    return fill_weights(build_model(config, dtype or source_dtype, device, tp, quantization, fp8_scaling), tensors)

@@ -203,7 +203,7 @@ def worker_main(rank: int, spec: WorkerSpec, device: str, conn) -> None:
         conn.send(("joining",))
         comm = TPComm.join(spec.port, rank, spec.size, device)
         model = build_model(spec.config, spec.dtype, device, TensorParallel(spec.size, rank, comm),
-                            spec.engine.quantization)
+                            spec.engine.quantization, spec.engine.fp8_scaling)
         if spec.source is not None:
             fill_weights(model, iter_safetensors(spec.source))
         else:
