@@ -2,13 +2,17 @@
 issue 4's workloads a and c, and each engine's mean |log-prob mismatch| against an HF bf16 forward of
 its own sampled tokens, in one run.
 
-  rows        bf16; fp8 = FP8 weights (``quantization="fp8"``); fp8_kv = FP8 weights and KV cache
+  rows        bf16; fp8 = FP8 weights (``quantization="fp8"``, ``fp8_scaling="block"``: 128x128 weight
+              blocks); fp8_channel = FP8 weights with ``fp8_scaling="channel"`` (per output channel x per
+              token, rowwise ``_scaled_mm``); fp8_kv / fp8_channel_kv = the same with the KV cache in FP8
               (``kv_cache_dtype="fp8"``); kv_fp8 (``--rows``) = the KV cache only
 
   gemm        the engine's four linears at Qwen3-0.6B's shapes, M = 256 (a decode step of workload a)
-              and 4,096: bf16 ``F.linear`` vs FP8 (Triton group quantization + ``F.scaled_mm``), us
+              and 4,096: bf16 ``F.linear`` vs FP8 block and channel (quantization + GEMM), GPU us per
+              call in CUDA graphs (bench/fp8_gemm_sweep.py has the full sweep)
   a           batch 256, prompt 256, response 256, T = 1, EOS ignored (one untimed run first)
-  c           nano-vllm's bench: 256 seqs, in/out lengths U[100, 1024], T = 0.6 (one untimed run first)
+  c           nano-vllm's bench: 256 seqs, in/out lengths U[100, 1024], T = 0.6 (one untimed run of its
+              first ``--c-warmup-seqs`` first: compiles and captures what the timed run needs)
   update      seconds of one ``update_weights`` of the whole model (FP8: re-quantized on arrival)
   mismatch    the first ``--mismatch-seqs`` completions of workload a: |log p_engine - log p_HF| per
               token (T = 1: the engine returns log-softmax of its logits), HF = the same bf16 weights
@@ -17,7 +21,8 @@ its own sampled tokens, in one run.
 Engines are built one after the other (bf16 first) from the same random-weight Qwen3-0.6B-shaped
 bf16 model (HF's initializer, std 0.02); ``--model DIR`` uses a real checkpoint instead.
 
-    python bench/fp8_rollout.py --json bench/results/fp8_rollout_h200.json        # ~2.5 min, one H200
+    python bench/fp8_rollout.py --json bench/results/fp8_rollout_h200.json        # ~2.5-3 min, one H200
+    python bench/fp8_rollout.py --workloads a --rows bf16,fp8,fp8_channel,fp8_channel_kv --no-gemm  # ~80 s
     python bench/fp8_rollout.py --device cpu --shape tiny --a-batch 8 --c-seqs 8 --c-max 64 --a-len 32  # CPU smoke
 """
 from __future__ import annotations
@@ -40,6 +45,8 @@ ROWS = {  # engine options of each row
     "fp8": {"quantization": "fp8"},                                   # FP8 weights (W8A8 linears)
     "kv_fp8": {"kv_cache_dtype": "fp8"},                              # FP8 KV cache only
     "fp8_kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},       # both
+    "fp8_channel": {"quantization": "fp8", "fp8_scaling": "channel"},  # per-channel x per-token FP8 weights
+    "fp8_channel_kv": {"quantization": "fp8", "fp8_scaling": "channel", "kv_cache_dtype": "fp8"},
 }
 
 
@@ -48,11 +55,12 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_generate(llm, prompts, params, device: str, warmup: int = 1):
-    """(tokens/s of one timed ``generate`` after ``warmup`` untimed ones, its outputs)."""
+def timed_generate(llm, prompts, params, device: str, warmup: int = 1, warmup_seqs: int | None = None):
+    """(tokens/s of one timed ``generate`` after ``warmup`` untimed ones of the first ``warmup_seqs``
+    prompts (None: all), its outputs)."""
     for _ in range(warmup):
         llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits across runs
-        llm.generate(prompts, params)
+        llm.generate(prompts[:warmup_seqs], params if isinstance(params, SamplingParams) else params[:warmup_seqs])
     llm.block_manager.set_namespace(llm.block_manager.namespace)
     sync(device)
     t0 = time.perf_counter()
@@ -94,21 +102,24 @@ def mismatch(hf, prompts, outs, seqs: int, batch: int = 8) -> dict:
 
 
 def gemm_times(device: str) -> dict:
-    """bf16 vs FP8 time (us) of the 0.6B shape's four linears, M = 256 and 4,096 (triton do_bench)."""
-    from triton.testing import do_bench
+    """bf16 vs FP8 block / channel GPU time (us, CUDA graphs) of the 0.6B shape's four linears, M = 256
+    and 4,096 (the engine's own paths: ``fp8.fp8_matmul_scaled_mm``, ``fp8_channel.matmul_scaled_mm``)."""
+    from fp8_gemm_sweep import SHAPES, graph_us  # bench/ is this script's directory
 
-    from asyncrl.engine.fp8 import fp8_matmul_scaled_mm, padded_k, quantize_weight
+    from asyncrl.engine import fp8, fp8_channel
 
     out = {}
-    for name, (n, k) in {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}.items():
+    for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
-        wq, ws = quantize_weight(w, padded_k(k))
+        bq, bs = fp8.quantize_weight(w, fp8.padded_k(k))
+        cq, cs = fp8_channel.quantize_rows(w, fp8_channel.padded_k(k))
         for m in (256, 4096):
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-            bf16 = do_bench(lambda: torch.nn.functional.linear(x, w))
-            fp8 = do_bench(lambda: fp8_matmul_scaled_mm(x, wq, ws))
-            out[f"{name}_m{m}"] = dict(bf16_us=round(bf16 * 1e3, 1), fp8_us=round(fp8 * 1e3, 1),
-                                       speedup=round(bf16 / fp8, 2))
+            bf16 = graph_us(lambda: torch.nn.functional.linear(x, w))
+            block = graph_us(lambda: fp8.fp8_matmul_scaled_mm(x, bq, bs))
+            channel = graph_us(lambda: fp8_channel.matmul_scaled_mm(x, cq, cs))
+            out[f"{name}_m{m}"] = dict(bf16_us=round(bf16, 1), block_us=round(block, 1), channel_us=round(channel, 1),
+                                       block_speedup=round(bf16 / block, 2), channel_speedup=round(bf16 / channel, 2))
     return out
 
 
@@ -118,9 +129,12 @@ def run_row(hf, options: dict, engine: dict, a, c, args) -> dict:
     t0 = time.perf_counter()
     llm = LLM(hf, gpu_memory_utilization=0.6, block_size=64 if dev.startswith("cuda") else 16, **engine, **options)
     row = dict(startup_s=round(time.perf_counter() - t0, 1))
+    workloads = args.workloads.split(",")
     try:
-        row["a"], outs = timed_generate(llm, *a, dev, args.warmup_runs)
-        row["c"], _ = timed_generate(llm, *c, dev, args.warmup_runs)
+        if "a" in workloads:
+            row["a"], outs = timed_generate(llm, *a, dev, args.warmup_runs)
+        if "c" in workloads:
+            row["c"], _ = timed_generate(llm, *c, dev, args.warmup_runs, args.c_warmup_seqs)
         row["update_weights_s"] = timed_update(llm, hf, dev)
     finally:
         llm.close()
@@ -128,7 +142,8 @@ def run_row(hf, options: dict, engine: dict, a, c, args) -> dict:
         gc.collect()
         if dev.startswith("cuda"):
             torch.cuda.empty_cache()
-    row["mismatch_vs_hf"] = mismatch(hf, a[0], outs, args.mismatch_seqs)
+    if "a" in workloads:
+        row["mismatch_vs_hf"] = mismatch(hf, a[0], outs, args.mismatch_seqs)
     return row
 
 
@@ -143,8 +158,11 @@ def main(argv=None) -> int:
     ap.add_argument("--c-max", type=int, default=1024, help="workload c: in/out lengths U[100, this]")
     ap.add_argument("--mismatch-seqs", type=int, default=64)
     ap.add_argument("--warmup-runs", type=int, default=1)
+    ap.add_argument("--c-warmup-seqs", type=int, default=48, help="workload c's untimed run: its first this many")
+    ap.add_argument("--workloads", default="a,c", help="a, c or a,c (the mismatch needs a)")
     ap.add_argument("--no-gemm", action="store_true")
-    ap.add_argument("--rows", default="bf16,fp8,fp8_kv", help=f"engines to run, of {sorted(ROWS)} (bf16 first)")
+    ap.add_argument("--rows", default="bf16,fp8,fp8_channel,fp8_kv,fp8_channel_kv",
+                    help=f"engines to run, of {sorted(ROWS)} (bf16 first)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     dev = args.device
@@ -183,12 +201,13 @@ def main(argv=None) -> int:
     ok = {name: r for name, r in results["rows"].items() if "error" not in r}
     if "bf16" in ok:
         results["over_bf16"] = {name: {w: round(r[w]["tokens_per_s"] / ok["bf16"][w]["tokens_per_s"], 3)
-                                       for w in ("a", "c")} for name, r in ok.items() if name != "bf16"}
+                                       for w in ("a", "c") if w in r} for name, r in ok.items() if name != "bf16"}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     print(json.dumps({"over_bf16": results.get("over_bf16"),
-                      "mean_abs_mismatch": {n: r["mismatch_vs_hf"]["mean_abs"] for n, r in ok.items()}}), flush=True)
+                      "mean_abs_mismatch": {n: r["mismatch_vs_hf"]["mean_abs"] for n, r in ok.items()
+                                            if "mismatch_vs_hf" in r}}), flush=True)
     return 0 if len(ok) == len(results["rows"]) else 1
 
 

@@ -1,11 +1,13 @@
-"""FP8 rollout on a GPU (Hopper or newer): the Triton token-group quantization equals the torch one,
-the ``F.scaled_mm`` blockwise GEMM equals the dequantize -> fp32 matmul reference (same e4m3 inputs:
-only accumulation order and the bf16 output rounding differ), and the engine with
-``quantization="fp8"`` in bf16 gives the same tokens with and without CUDA graphs and stays within
-FP8's error of the HF model. Skipped without CUDA or FP8 tensor cores."""
+"""FP8 rollout on a GPU (Hopper or newer): the Triton token-group and per-token quantizations equal
+the torch ones bit for bit, the ``F.scaled_mm`` blockwise and ``torch._scaled_mm`` rowwise GEMMs equal
+the dequantize -> fp32 matmul references (same e4m3 inputs: only accumulation order and the bf16
+output rounding differ), and the engine with ``quantization="fp8"`` (either ``fp8_scaling``) in bf16
+gives the same tokens with and without CUDA graphs and stays within FP8's error of the HF model.
+Skipped without CUDA or FP8 tensor cores."""
 import pytest
 import torch
 
+from asyncrl.engine import fp8_channel
 from asyncrl.engine.fp8 import (fp8_matmul_reference, fp8_matmul_scaled_mm, padded_k, quantize_tokens,
                                 quantize_weight)
 from asyncrl.types import SamplingParams
@@ -38,6 +40,38 @@ def test_triton_group_quantization_equals_torch(k):
         assert not q_t[m:].float().any()  # padding rows are zeros
 
 
+@pytest.mark.parametrize("k", [1024, 3072, 700])
+def test_triton_row_quantization_equals_torch(k):
+    from asyncrl.engine.triton_fp8 import quantize_rows_cuda
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for m in ROWS:
+        x = (torch.randn(m, k, device="cuda", generator=g) * torch.logspace(-3, 2, m, device="cuda")[:, None])
+        x = x.to(torch.bfloat16)
+        x[0] = 0  # an all-zero row
+        q, scale = fp8_channel.quantize_rows(x, fp8_channel.padded_k(k))
+        q_t, scale_t = quantize_rows_cuda(x, fp8_channel.padded_k(k))
+        assert torch.equal(scale_t, scale)
+        same = q_t.view(torch.uint8) == q.view(torch.uint8)
+        assert same.all(), f"m={m}: {(~same).sum().item()} of {same.numel()} e4m3 values differ"
+
+
+@pytest.mark.parametrize("n,k", SHAPES[:4] + [(208, 700)])
+def test_rowwise_scaled_mm_equals_the_reference(n, k):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    wq, ws = fp8_channel.quantize_rows(w, fp8_channel.padded_k(k))
+    for m in ROWS:
+        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+        fast = fp8_channel.matmul_scaled_mm(x, wq, ws)
+        ref = fp8_channel.matmul_reference(x, wq, ws)
+        assert fast.shape == ref.shape == (m, n) and fast.dtype == torch.bfloat16
+        torch.testing.assert_close(fast.float(), ref.float(), rtol=2 ** -7, atol=1e-3 * ref.float().abs().mean().item())
+        plain = x @ w.t()
+        rel = ((fast.float() - plain.float()).norm() / plain.float().norm()).item()
+        assert 1e-3 < rel < 0.08
+
+
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_scaled_mm_equals_the_reference(n, k):
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -55,12 +89,13 @@ def test_scaled_mm_equals_the_reference(n, k):
         assert 1e-3 < rel < 0.08  # FP8's error against the bf16 GEMM: present, a few percent
 
 
-def test_gpu_engine_fp8_graphs_equal_eager_and_track_the_model(tiny_dirs, hf_models):
+@pytest.mark.parametrize("scaling", ["block", "channel"])
+def test_gpu_engine_fp8_graphs_equal_eager_and_track_the_model(tiny_dirs, hf_models, scaling):
     from asyncrl.engine import LLM
 
     def llm(**kw):
         return LLM(tiny_dirs["qwen3"], dtype=torch.bfloat16, device="cuda", block_size=16, max_model_len=256,
-                   gpu_memory_utilization=0.3, quantization="fp8", **kw)
+                   gpu_memory_utilization=0.3, quantization="fp8", fp8_scaling=scaling, **kw)
 
     prompts = prompts_for(6, [5, 9, 7, 12])
     params = SamplingParams(n=2, temperature=1.0, max_tokens=24, seed=3, logprobs=True, ignore_eos=True)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from asyncrl.engine import LLM
-from asyncrl.engine.fp8 import dequantize_tokens, dequantize_weight, padded_k, quantize_tokens, quantize_weight
-from asyncrl.engine.fp8_linear import Fp8Linear
+from asyncrl.engine.fp8 import dequantize_tokens, quantize_tokens
+from asyncrl.engine.fp8_channel import dequantize_rows, quantize_rows
+from asyncrl.engine.fp8_linear import SCALINGS, Fp8Linear
 from asyncrl.engine.parallel.layers import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                             RowParallelLinear)
 from asyncrl.types import SamplingParams
@@ -23,15 +24,24 @@ LAYERS = {  # layer, {shard key: full HF tensor shape}
 }
 
 
+def quantized_input(x: torch.Tensor, scaling: str, k_padded: int) -> torch.Tensor:
+    """``x`` as the layer's GEMM sees it (quantized per token group / per token, dequantized)."""
+    if scaling == "block":
+        return dequantize_tokens(*quantize_tokens(x, k_padded))
+    return dequantize_rows(*quantize_rows(x, k_padded))
+
+
+@pytest.mark.parametrize("scaling", sorted(SCALINGS))
 @pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_each_layer_quantizes_its_shards_on_arrival(kind):
-    """Loaded with full HF tensors, the FP8 layer holds each shard quantized on its own (its rows
-    start a 128-row block) and computes x_q · W_qᵀ + b; against the plain fp32 layer the output moves
-    by FP8's error only."""
+def test_each_layer_quantizes_its_shards_on_arrival(kind, scaling):
+    """Loaded with full HF tensors, the FP8 layer holds each shard quantized on its own (block: its
+    rows start a 128-row block; channel: shards back to back) and computes x_q · W_qᵀ + b; against
+    the plain fp32 layer the output moves by FP8's error only."""
     build, shapes = LAYERS[kind]
     g = torch.Generator().manual_seed(0)
     tensors = {key: torch.randn(shape, generator=g) * 0.1 for key, shape in shapes.items()}
-    plain, fp8 = build(), Fp8Linear(build())
+    plain, fp8 = build(), Fp8Linear(build(), scaling)
+    recipe = SCALINGS[scaling]
     bias = torch.randn(plain.out_features if kind != "row" else 64, generator=g)
     for layer in (plain, fp8):
         for key, tensor in tensors.items():
@@ -42,16 +52,19 @@ def test_each_layer_quantizes_its_shards_on_arrival(kind):
                     layer.weight_loader("bias", bias[offset:offset + rows], key, "bias")
             else:
                 layer.weight_loader("bias", bias, None, "bias")
-    assert fp8.weight.dtype == torch.float8_e4m3fn and fp8.weight.shape[1] == padded_k(plain.in_features)
+    k_padded = recipe.padded_k(plain.in_features)
+    assert fp8.weight.dtype == torch.float8_e4m3fn and fp8.weight.shape[1] == k_padded
+    assert fp8.weight.shape[0] % recipe.rows_align == 0
     for key, tensor in tensors.items():  # shard by shard: exactly its own quantization
-        q, scale = quantize_weight(tensor, padded_k(plain.in_features))
-        first = fp8.starts[key]
-        assert first % 128 == 0
+        q, scale = recipe.quantize(tensor, k_padded)
+        first, block = fp8.starts[key], recipe.row_block
+        assert first % recipe.shard_align == 0
         assert torch.equal(fp8.weight[first:first + q.shape[0]].view(torch.uint8), q.view(torch.uint8))
-        assert torch.equal(fp8.weight_scale_inv[first // 128:(first + q.shape[0]) // 128], scale)
+        assert torch.equal(fp8.weight_scale_inv[first // block:(first + q.shape[0]) // block], scale)
+    if scaling == "channel":  # no padding between shards: the stored rows are the layer's, then zeros
+        assert fp8.keep is None and not fp8.weight[plain.out_features:].float().any()
     x = torch.randn(6, plain.in_features, generator=g)
-    xq, xs = quantize_tokens(x, padded_k(plain.in_features))
-    expected = dequantize_tokens(xq, xs)[:, :plain.in_features] @ fp8.dequantized().t()
+    expected = quantized_input(x, scaling, k_padded)[:, :plain.in_features] @ fp8.dequantized().t()
     if plain.bias is not None:
         expected = expected + plain.bias
     torch.testing.assert_close(fp8(x), expected, rtol=1e-5, atol=1e-5)
@@ -76,21 +89,26 @@ def mean_mismatch(llm, hf, prompts):
 
 def test_fp8_engine_generates_and_its_mismatch_is_measured(tiny_dirs, hf_models):
     """Mean |log p_engine - log p_HF| over the engine's own samples: fp32 ~1e-6, bf16 ~1e-2, FP8 a few
-    times to ~16x bf16 (measured: 7.6e-7, 0.015, 0.16 on this model)."""
+    times to ~16x bf16, with either scaling (measured: 8.4e-7, 0.015, block 0.16, channel 0.14 on
+    this model)."""
     hf, prompts = hf_models["qwen3"], prompts_for(0, [5, 9, 7, 12])
     plain = mean_mismatch(make_llm(tiny_dirs["qwen3"]), hf, prompts)
     bf16 = mean_mismatch(LLM(tiny_dirs["qwen3"], dtype=torch.bfloat16, device="cpu", block_size=4), hf, prompts)
-    fp8 = mean_mismatch(make_llm(tiny_dirs["qwen3"], quantization="fp8"), hf, prompts)
-    assert plain < 1e-4 < bf16 < fp8 < 0.5
-    assert 2 < fp8 / bf16 < 32
+    for scaling in SCALINGS:
+        llm = make_llm(tiny_dirs["qwen3"], quantization="fp8", fp8_scaling=scaling)
+        assert all(m.scaling.name == scaling for m in llm.model.modules() if isinstance(m, Fp8Linear))
+        fp8 = mean_mismatch(llm, hf, prompts)
+        assert plain < 1e-4 < bf16 < fp8 < 0.5, scaling
+        assert 2 < fp8 / bf16 < 32, scaling
 
 
-def test_weight_sync_requantizes(hf_models):
+@pytest.mark.parametrize("scaling", sorted(SCALINGS))
+def test_weight_sync_requantizes(hf_models, scaling):
     """``update_weights`` quantizes the new bf16/fp32 tensors on arrival: the stored e4m3 rows equal
     the new weights' own quantization, log-probs move, and sending the old weights back restores
     the first outputs exactly (nothing stale is kept)."""
     hf, prompts = hf_models["llama"], prompts_for(2, [6, 10])
-    llm = make_llm(hf, quantization="fp8")
+    llm = make_llm(hf, quantization="fp8", fp8_scaling=scaling)
     params = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=5, logprobs=True, ignore_eos=True)
     first = [(c.token_ids, c.logprobs) for o in llm.generate(prompts, params) for c in o.completions]
     original = {n: t.clone() for n, t in hf.state_dict().items()}
@@ -98,8 +116,10 @@ def test_weight_sync_requantizes(hf_models):
     moved = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in original.items()}
     llm.update_weights(moved.items(), version=1)
     layer = llm.model.model.layers[1].mlp.down_proj
-    q, scale = quantize_weight(moved["model.layers.1.mlp.down_proj.weight"], layer.weight.shape[1])
-    assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8)) and torch.equal(layer.weight_scale_inv, scale)
+    q, scale = SCALINGS[scaling].quantize(moved["model.layers.1.mlp.down_proj.weight"], layer.weight.shape[1])
+    rows = q.shape[0]
+    assert torch.equal(layer.weight[:rows].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(layer.weight_scale_inv[:scale.shape[0]], scale)
     second = [(c.token_ids, c.logprobs) for o in llm.generate(prompts, params) for c in o.completions]
     assert second != first
     llm.update_weights(original.items(), version=2)
@@ -126,6 +146,8 @@ def test_speculative_decoding_runs_on_the_fp8_model(tiny_dirs):
 def test_refused_by_name(tiny_dirs, tmp_path):
     with pytest.raises(ValueError, match="quantization='int4'.*knows"):
         make_llm(tiny_dirs["qwen3"], quantization="int4")
+    with pytest.raises(ValueError, match=r"fp8_scaling='tensor': the engine knows \('block', 'channel'\)"):
+        make_llm(tiny_dirs["qwen3"], quantization="fp8", fp8_scaling="tensor")
     with pytest.raises(ValueError, match="quantization='fp8' with a LoRA adapter"):
         make_llm(tiny_dirs["qwen3"], quantization="fp8", lora=str(tmp_path))
     from asyncrl.engine.models.config import ModelConfig
