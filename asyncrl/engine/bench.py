@@ -216,6 +216,8 @@ def parse_args(argv):
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--quantization", default=None, choices=("fp8",), help="engine: FP8 linears (engine/fp8_linear.py)")
+    ap.add_argument("--fp8-scaling", default="block", choices=("block", "channel"),
+                    help="engine + --quantization fp8: 128x128 weight blocks, or per output channel x per token")
     ap.add_argument("--kv-cache-dtype", default=None, choices=("fp8",), help="engine: FP8 KV cache")
     ap.add_argument("--warmup-runs", type=int, default=0,
                     help="untimed engine runs of each workload before the timed one (steady state)")
@@ -279,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                      enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
                      compile_sampler=not args.no_compile_sampler,
                      async_scheduling=False if args.no_async_scheduling else None,
-                     quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+                     quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                     fp8_scaling=args.fp8_scaling)
 
     def make_llm(**kw):
         t0 = time.perf_counter()
@@ -291,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), command="asyncrl bench rollout " + " ".join(argv or []),
                    device=torch.cuda.get_device_name() if dev.startswith("cuda") else platform.processor() or "cpu",
                    torch=torch.__version__, model=args.model or f"random {args.shape}", dtype=str(dtype),
-                   quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                   quantization=args.quantization, fp8_scaling=args.fp8_scaling, kv_cache_dtype=args.kv_cache_dtype,
                    block_size=block, workloads={})
     wl = set(args.workloads.split(","))
     print(f"asyncrl bench rollout on {results['device']}: {results['model']}, workloads {','.join(sorted(wl))} "

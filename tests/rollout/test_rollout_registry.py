@@ -89,6 +89,10 @@ def test_rollout_fp8_reaches_the_engine_and_needs_a_correction(tiny_policy):
     llm = build_backend("engine", model, tok, **engine_options(cfg.rollout)).llm
     assert isinstance(llm.model.model.layers[0].mlp.down_proj, Fp8Linear)
     assert llm.runner.kv_dtype == torch.float8_e4m3fn
+    assert llm.model.model.layers[0].mlp.down_proj.scaling.name == "block"  # the default
+    channel = load_config("quickstart", fp8 + ["rollout.fp8_scaling=channel"])
+    layer = build_backend("engine", model, tok, **engine_options(channel.rollout)).llm.model.model.layers[0].mlp.down_proj
+    assert layer.scaling.name == "channel" and layer.weight_scale_inv.shape == (layer.weight.shape[0], 1)
     default = build_backend("engine", model, tok, **engine_options(load_config("quickstart").rollout)).llm
     assert not isinstance(default.model.model.layers[0].mlp.down_proj, Fp8Linear)
     with pytest.raises(ValueError, match="rollout.quantization needs the asyncrl engine"):
