@@ -30,12 +30,14 @@ MAX_ROW = 1 << 16               # channels one program holds (a row of 65,536 fp
 @triton.jit
 def _round_to_e4m3(v):
     """``v`` (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even: between 2^e and 2^(e+1)
-    e4m3 steps by 2^(e-3); below 2^-6 (subnormals) by 2^-9. ``v / step`` is exact (a power of two)
-    and adding then subtracting 1.5 * 2^23 rounds it to an integer the IEEE way (|v / step| < 16)."""
+    e4m3 steps by 2^(e-3); below 2^-6 (subnormals) by 2^-9. ``|v| / step`` is exact (a power of two)
+    and adding then subtracting 1.5 * 2^23 rounds it to an integer the IEEE way (|v| / step < 16);
+    the sign is put back afterwards, so a tiny negative value becomes -0 as the hardware cast makes it."""
     bits = v.to(tl.int32, bitcast=True)
     exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
     step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    return ((v / step + 12582912.0) - 12582912.0) * step
+    rounded = ((tl.abs(v) / step + 12582912.0) - 12582912.0) * step
+    return rounded * tl.where(bits < 0, -1.0, 1.0)          # a product: -(+0) is -0 (0 - x would give +0)
 
 
 @triton.jit
