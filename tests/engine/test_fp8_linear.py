@@ -160,11 +160,13 @@ def test_refused_by_name(tiny_dirs, tmp_path):
 
 
 @pytest.mark.slow
-def test_tensor_parallel_fp8_engine(hf_models, monkeypatch):
+@pytest.mark.parametrize("scaling", sorted(SCALINGS))
+def test_tensor_parallel_fp8_engine(hf_models, monkeypatch, scaling):
     """TP=2 (gloo): each rank quantizes its own slice (row-parallel layers all-reduce, bias on rank
     0). Its 128-blocks cover other columns than TP=1's, so it matches the model within FP8's error,
     not TP=1 FP8 token for token: its mismatch against HF sits in TP=1 FP8's band (a lost all-reduce
-    or a rank left on old weights gives several nats), before and after a weight sync."""
+    or a rank left on old weights gives several nats), before and after a weight sync. ``channel``:
+    a row-parallel rank's scales cover its own slice of K only, also within the band."""
     import copy
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -173,8 +175,8 @@ def test_tensor_parallel_fp8_engine(hf_models, monkeypatch):
     with torch.no_grad():
         for p in moved.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    one = make_llm(hf, quantization="fp8")
-    two = make_llm(hf, quantization="fp8", tensor_parallel_size=2)
+    one = make_llm(hf, quantization="fp8", fp8_scaling=scaling)
+    two = make_llm(hf, quantization="fp8", fp8_scaling=scaling, tensor_parallel_size=2)
     try:
         for target in (hf, moved):
             if target is moved:
