@@ -22,35 +22,26 @@ SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (200, 700)]
 ROWS = [1, 3, 4, 37, 256, 2048]
 
 
+@pytest.mark.parametrize("scaling", ["block", "channel"])
 @pytest.mark.parametrize("k", [1024, 3072, 700])
-def test_triton_group_quantization_equals_torch(k):
-    from asyncrl.engine.triton_fp8 import quantize_tokens_cuda
+def test_triton_quantization_equals_torch(k, scaling):
+    """Per token per 128 channels (block: rows padded to 4, scales M-major) and per token (channel)."""
+    from asyncrl.engine.triton_fp8 import quantize_rows_cuda, quantize_tokens_cuda
 
     g = torch.Generator(device="cuda").manual_seed(0)
     for m in ROWS:
         x = (torch.randn(m, k, device="cuda", generator=g) * torch.logspace(-3, 2, m, device="cuda")[:, None])
         x = x.to(torch.bfloat16)
         x[0, :128] = 0  # an all-zero group
-        q, scale = quantize_tokens(x, padded_k(k))
-        q_t, scale_t = quantize_tokens_cuda(x, padded_k(k))
-        assert q_t.shape[0] % 4 == 0 and scale_t.shape == (padded_k(k) // 128, q_t.shape[0])
-        assert torch.equal(scale_t.t()[:m], scale)
-        same = q_t[:m].view(torch.uint8) == q.view(torch.uint8)
-        assert same.all(), f"m={m}: {(~same).sum().item()} of {same.numel()} e4m3 values differ"
-        assert not q_t[m:].float().any()  # padding rows are zeros
-
-
-@pytest.mark.parametrize("k", [1024, 3072, 700])
-def test_triton_row_quantization_equals_torch(k):
-    from asyncrl.engine.triton_fp8 import quantize_rows_cuda
-
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for m in ROWS:
-        x = (torch.randn(m, k, device="cuda", generator=g) * torch.logspace(-3, 2, m, device="cuda")[:, None])
-        x = x.to(torch.bfloat16)
-        x[0] = 0  # an all-zero row
-        q, scale = fp8_channel.quantize_rows(x, fp8_channel.padded_k(k))
-        q_t, scale_t = quantize_rows_cuda(x, fp8_channel.padded_k(k))
+        if scaling == "block":
+            q, scale = quantize_tokens(x, padded_k(k))
+            q_t, scale_t = quantize_tokens_cuda(x, padded_k(k))
+            assert q_t.shape[0] % 4 == 0 and scale_t.shape == (padded_k(k) // 128, q_t.shape[0])
+            assert not q_t[m:].float().any()  # padding rows are zeros
+            q_t, scale_t = q_t[:m], scale_t.t()[:m]
+        else:
+            q, scale = fp8_channel.quantize_rows(x, fp8_channel.padded_k(k))
+            q_t, scale_t = quantize_rows_cuda(x, fp8_channel.padded_k(k))
         assert torch.equal(scale_t, scale)
         same = q_t.view(torch.uint8) == q.view(torch.uint8)
         assert same.all(), f"m={m}: {(~same).sum().item()} of {same.numel()} e4m3 values differ"
