@@ -4,8 +4,8 @@ its own sampled tokens, in one run.
 
   rows        bf16; fp8 = FP8 weights (``quantization="fp8"``, ``fp8_scaling="block"``: 128x128 weight
               blocks); fp8_channel = FP8 weights with ``fp8_scaling="channel"`` (per output channel x per
-              token, rowwise ``_scaled_mm``); fp8_kv / fp8_channel_kv = the same with the KV cache in FP8
-              (``kv_cache_dtype="fp8"``); kv_fp8 (``--rows``) = the KV cache only
+              token, rowwise ``_scaled_mm``); kv_fp8 = the KV cache only in FP8 (``kv_cache_dtype="fp8"``);
+              fp8_channel_kv = channel weights and the FP8 KV cache; fp8_kv (``--rows``) = block + KV
 
   gemm        the engine's four linears at Qwen3-0.6B's shapes, M = 256 (a decode step of workload a)
               and 4,096: bf16 ``F.linear`` vs FP8 block and channel (quantization + GEMM), GPU us per
@@ -158,10 +158,10 @@ def main(argv=None) -> int:
     ap.add_argument("--c-max", type=int, default=1024, help="workload c: in/out lengths U[100, this]")
     ap.add_argument("--mismatch-seqs", type=int, default=64)
     ap.add_argument("--warmup-runs", type=int, default=1)
-    ap.add_argument("--c-warmup-seqs", type=int, default=48, help="workload c's untimed run: its first this many")
+    ap.add_argument("--c-warmup-seqs", type=int, default=64, help="workload c's untimed run: its first this many")
     ap.add_argument("--workloads", default="a,c", help="a, c or a,c (the mismatch needs a)")
     ap.add_argument("--no-gemm", action="store_true")
-    ap.add_argument("--rows", default="bf16,fp8,fp8_channel,fp8_kv,fp8_channel_kv",
+    ap.add_argument("--rows", default="bf16,fp8,fp8_channel,kv_fp8,fp8_channel_kv",
                     help=f"engines to run, of {sorted(ROWS)} (bf16 first)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

@@ -66,6 +66,9 @@ RULES: list[Rule] = [
      lambda c: "rollout.quantization / rollout.kv_cache_dtype = fp8 samples from a quantized copy of the policy, whose "
                "log-probs differ from the trainer's: set algorithm.rollout_correction.level=token (truncated "
                "importance sampling; verl's FP8 rollout needs it to match bf16 accuracy)"),
+    (lambda c: c.rollout.fp8_scaling != "block" and c.rollout.quantization != "fp8",
+     lambda c: f"rollout.fp8_scaling={c.rollout.fp8_scaling} scales FP8 weights, but rollout.quantization="
+               f"{c.rollout.quantization} keeps them unquantized: set rollout.quantization=fp8 or drop fp8_scaling"),
     (lambda c: c.critic.freeze_actor_steps > 0 and not c.critic.enable,
      lambda c: "critic.freeze_actor_steps trains only the critic for the first steps: it needs critic.enable=true"),
     # -- the async runtime (docs/async.md) --

@@ -90,7 +90,10 @@ def test_rollout_fp8_reaches_the_engine_and_needs_a_correction(tiny_policy):
     assert isinstance(llm.model.model.layers[0].mlp.down_proj, Fp8Linear)
     assert llm.runner.kv_dtype == torch.float8_e4m3fn
     assert llm.model.model.layers[0].mlp.down_proj.scaling.name == "block"  # the default
+    with pytest.raises(ConfigError, match="rollout.fp8_scaling=channel scales FP8 weights, but rollout.quantization=none"):
+        validate_config(load_config("quickstart", ["rollout.fp8_scaling=channel"]))
     channel = load_config("quickstart", fp8 + ["rollout.fp8_scaling=channel"])
+    validate_config(channel)
     layer = build_backend("engine", model, tok, **engine_options(channel.rollout)).llm.model.model.layers[0].mlp.down_proj
     assert layer.scaling.name == "channel" and layer.weight_scale_inv.shape == (layer.weight.shape[0], 1)
     default = build_backend("engine", model, tok, **engine_options(load_config("quickstart").rollout)).llm
