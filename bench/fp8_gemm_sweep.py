@@ -17,12 +17,18 @@ time of the blockwise path goes. One H200, < 1 min.
             eager_us: 200 eager calls, wall clock over a synchronize (host launch work included: when it
             exceeds graph_us the call is host-bound)
   error     rel_err_vs_bf16 = ||y - y_bf16||_F / ||y_bf16||_F, rel_err_vs_fp32 against the fp32 product
+  kv        the engine's paged decode attention (one layer, 16 q / 8 kv heads, D 128, block 64) with a
+            bf16 vs an e4m3 KV cache at workload (a)'s decode (256 x 260 / 384 / 512) and (c)'s full
+            batch (256 x 1000): graph_us and TB/s of K/V bytes read (``--no-kv`` skips it)
+  step_ms   workload (a)'s mid decode step (batch 256, context 384) estimated from these: 28 x (the
+            layer's four linears at M = 256 + one attention layer), per linear scheme x KV dtype
 
     python bench/fp8_gemm_sweep.py --json bench/results/fp8_gemm_sweep_h200.json
 
 Look at ``layer_us`` (the four linears of one decoder layer summed, graph_us of ``full``) and its
 ``speedup_vs_bf16`` per scheme and M: the scheme to make the engine's default is the one above 1.0 at
-M = 256.
+M = 256. ``step_ms`` says how much of a decode step FP8 weights and the FP8 KV cache can move (the
+LM head, norms, RoPE, sampling and host work are not in it).
 """
 from __future__ import annotations
 
@@ -159,9 +165,44 @@ def measure(name: str, parts, x: torch.Tensor, w: torch.Tensor) -> dict:
     return row
 
 
+KV_SHAPES = [(256, 260), (256, 384), (256, 512), (256, 1000)]  # (batch, context)
+LAYERS = 28                                                      # Qwen3-0.6B
+
+
+def kv_attention() -> dict:
+    """The paged decode kernel on a bf16 vs an e4m3 cache (same values, rounded), GPU us per call."""
+    from paged_decode_sweep import D, HKV, case  # bench/ is this script's directory
+
+    from asyncrl.engine.triton_decode import paged_decode_attention
+
+    out = {}
+    for batch, context in KV_SHAPES:
+        q, kc, vc, bt, lens = case(batch, context)
+        row = {}
+        for name, dtype in (("bf16", torch.bfloat16), ("fp8", fp8.FP8)):
+            k, v = kc.to(dtype), vc.to(dtype)
+            us = graph_us(lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5))
+            row[f"{name}_us"] = round(us, 2)
+            row[f"{name}_tb_per_s"] = round(2 * batch * context * HKV * D * k.element_size() / (us * 1e-6) / 1e12, 2)
+        row["fp8_speedup"] = round(row["bf16_us"] / row["fp8_us"], 3)
+        out[f"b{batch}_ctx{context}"] = row
+        print(f"kv       B={batch:4d} ctx={context:5d} {json.dumps(row)}", flush=True)
+    return out
+
+
+def step_estimate(results: dict) -> dict:
+    """ms of workload (a)'s mid decode step's linears + attention, per linear scheme x KV dtype."""
+    layer, kv = results["layer_us"].get("m256", {}), results.get("kv", {}).get("b256_ctx384")
+    if not layer or not kv:
+        return {}
+    return {f"{scheme}+kv_{dtype}": round(LAYERS * (row["us"] + kv[f"{dtype}_us"]) / 1e3, 3)
+            for scheme, row in layer.items() for dtype in ("bf16", "fp8")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="256,4096", help="rows (tokens) of the input")
+    ap.add_argument("--no-kv", action="store_true", help="skip the paged decode attention on bf16 vs FP8 K/V")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
@@ -189,7 +230,13 @@ def main(argv=None) -> int:
         bf16 = per_scheme.get("bf16")
         results["layer_us"][f"m{m}"] = {name: dict(us=us, speedup_vs_bf16=round(bf16 / us, 3) if bf16 else None)
                                        for name, us in per_scheme.items()}
-    print(json.dumps({"layer_us": results["layer_us"]}, indent=1), flush=True)
+    if not args.no_kv:
+        try:
+            results["kv"] = kv_attention()
+        except Exception as err:  # noqa: BLE001 - reported, the GEMM numbers stand
+            results["kv"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
+        results["step_ms"] = step_estimate(results)
+    print(json.dumps({k: results.get(k) for k in ("layer_us", "step_ms")}, indent=1), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
