@@ -19,7 +19,9 @@ time of the blockwise path goes. One H200, < 1 min.
   error     rel_err_vs_bf16 = ||y - y_bf16||_F / ||y_bf16||_F, rel_err_vs_fp32 against the fp32 product
   kv        the engine's paged decode attention (one layer, 16 q / 8 kv heads, D 128, block 64) with a
             bf16 vs an e4m3 KV cache at workload (a)'s decode (256 x 260 / 384 / 512) and (c)'s full
-            batch (256 x 1000): graph_us and TB/s of K/V bytes read (``--no-kv`` skips it)
+            batch (256 x 1000): graph_us and TB/s of K/V bytes read with the engine's launch, and the
+            best of a few larger tiles per dtype (e4m3 tiles are half the bytes: a bigger BLOCK_N may
+            be what lets them pay; ``ASYNCRL_DECODE_LAUNCH`` sets it in the engine). ``--no-kv`` skips it
   step_ms   workload (a)'s mid decode step (batch 256, context 384) estimated from these: 28 x (the
             layer's four linears at M = 256 + one attention layer), per linear scheme x KV dtype
 
@@ -169,11 +171,15 @@ KV_SHAPES = [(256, 260), (256, 384), (256, 512), (256, 1000)]  # (batch, context
 LAYERS = 28                                                      # Qwen3-0.6B
 
 
+KV_LAUNCHES = [(128, 4, 2), (128, 8, 2), (128, 8, 3)]  # (block_n, warps, stages) tried beside the engine's
+
+
 def kv_attention() -> dict:
-    """The paged decode kernel on a bf16 vs an e4m3 cache (same values, rounded), GPU us per call."""
+    """The paged decode kernel on a bf16 vs an e4m3 cache (same values, rounded), GPU us per call:
+    the engine's launch (``{dtype}_us``) and the best of :data:`KV_LAUNCHES` (``{dtype}_best``)."""
     from paged_decode_sweep import D, HKV, case  # bench/ is this script's directory
 
-    from asyncrl.engine.triton_decode import paged_decode_attention
+    from asyncrl.engine.triton_decode import DECODE_LAUNCH, DecodeLaunch, paged_decode_attention
 
     out = {}
     for batch, context in KV_SHAPES:
@@ -184,6 +190,16 @@ def kv_attention() -> dict:
             us = graph_us(lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5))
             row[f"{name}_us"] = round(us, 2)
             row[f"{name}_tb_per_s"] = round(2 * batch * context * HKV * D * k.element_size() / (us * 1e-6) / 1e12, 2)
+            tried = {}
+            for spec in KV_LAUNCHES:
+                launch = DecodeLaunch(*spec, kv_splits=DECODE_LAUNCH.kv_splits)
+                try:
+                    tried[spec] = graph_us(lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch))
+                except Exception:  # noqa: BLE001 - e.g. out of shared memory: that launch is not a candidate
+                    continue
+            if tried:
+                best = min(tried, key=tried.get)
+                row[f"{name}_best"] = dict(launch=",".join(map(str, best)), us=round(tried[best], 2))
         row["fp8_speedup"] = round(row["bf16_us"] / row["fp8_us"], 3)
         out[f"b{batch}_ctx{context}"] = row
         print(f"kv       B={batch:4d} ctx={context:5d} {json.dumps(row)}", flush=True)
