@@ -69,10 +69,11 @@ def _table_tiles():
     return rows + [default_tiles(n * 8, 8) for n in (1, 16, 48, 300)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["bf16"] + (["fp32"] if not CUDA else []))
 def test_every_table_tile_equals_torch_experts(dtype):
     """Every row of the tile table (and each default bucket) through the Triton kernels, on a shape
-    where its tiles overhang N and K (masks) and most of its blocks are padding or empty."""
+    where its tiles overhang N and K (masks) and most of its blocks are padding or empty. fp32 only
+    in the interpreter (on a GPU each row would compile twice more; fp32 is covered above)."""
     E, K, H, I = SHAPES["E8-top2"]
     args, ref = _moe_inputs(64, E, K, H, I, DTYPES[dtype][0], seed=1)
     for tiles in _table_tiles():
