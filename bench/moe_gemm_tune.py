@@ -15,6 +15,7 @@ router logits (routing as the engine computes it). For T = 32, 256 (decode batch
 3. prints the fastest variant per size and the ``TILE_TABLE`` row to paste.
 
     python bench/moe_gemm_tune.py --json out.json [--no-sweep]      # ~1-2 min on one H200
+    python bench/moe_gemm_tune.py --offline    # no GPU: each tile's shared memory and registers on sm90
 
 Exits 1 if a variant's error is out of bf16's range (mean > 2e-2 of the mean magnitude).
 """
@@ -45,7 +46,7 @@ G = GemmTile
 CANDIDATES = {  # Triton tiles tried besides the table's row, per token count
     32: (T_(16, G(32, 128, 4, 4), G(64, 128, 4, 4)), T_(16, G(64, 64, 4, 4), G(64, 64, 4, 4)),
          T_(16, G(128, 128, 4, 2), G(256, 128, 4, 2)), T_(16, G(64, 256, 4, 2), G(128, 256, 4, 2))),
-    256: (T_(16, G(64, 128, 4, 3), G(128, 128, 4, 3)), T_(32, G(64, 128, 4, 3), G(128, 128, 4, 3)),
+    256: (T_(16, G(64, 128, 4, 3), G(128, 128, 4, 3)), T_(32, G(128, 128, 4, 2), G(256, 128, 4, 2)),  # vLLM's
           T_(32, G(64, 64, 4, 4), G(128, 64, 4, 4)), T_(64, G(64, 128, 4, 2), G(128, 128, 4, 2))),
     16384: (T_(128, G(64, 64, 8, 4), G(128, 64, 8, 4)), T_(64, G(128, 64, 4, 4), G(128, 64, 4, 4)),
             T_(128, G(128, 64, 8, 3), G(128, 128, 8, 3))),  # + the table's own Triton tiles
@@ -184,12 +185,63 @@ def paste_row(result: dict) -> str:
     return f"fastest {best['variant']} {best['us_per_layer']} us; the row for {result['pairs']} pairs: {tiles!r}"
 
 
+# ---- offline: compile for sm90 without a GPU ---------------------------------------------------
+def offline_report() -> int:
+    """Compile every table row and candidate of the 30B shape for sm90 (``triton.compile`` with an
+    explicit target and the 16-byte alignment hints the launcher gives torch tensors; ptxas from
+    the triton wheel) and print shared memory, registers and stack per thread (0 LOCAL = no
+    spills). Needs no GPU: checks a table edit before the GPU run."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from asyncrl.engine.triton_moe import _moe_gemm_kernel
+    from asyncrl.engine.triton_moe_tiles import TILE_TABLE
+
+    kernel = _moe_gemm_kernel
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    ptrs = ("a_ptr", "w_ptr", "c_ptr", "weight_ptr")
+    sig = {n: "*bf16" for n in ptrs} | {"pairs_ptr": "*i32", "block_expert_ptr": "*i32"}
+    sig |= {n: "i32" for n in ("num_pairs", "N", "a_row_div", "stride_am", "stride_we", "stride_wn", "stride_cm")}
+    aligned = [n for n in sig if n not in ("num_pairs", "a_row_div")]
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    seen = set()
+    tiles = [t for _, t in TILE_TABLE[(E, INTER, H)]] + [t for ts in CANDIDATES.values() for t in ts]
+    for t in tiles:
+        for name, tile, k, gated in (("up", t.up, H, True), ("down", t.down, INTER, False)):
+            if (t.block_m, tile, gated) in seen:
+                continue
+            seen.add((t.block_m, tile, gated))
+            consts = {"K": k, "GATED": gated, "MUL_WEIGHT": not gated, "DOT_FP32": False, "BLOCK_M": t.block_m,
+                      "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k}
+            src = ASTSource(kernel, sig | {n: "constexpr" for n in consts}, consts, attrs)
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                      options={"num_warps": tile.num_warps, "num_stages": tile.num_stages})
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(compiled.asm["cubin"])
+                f.flush()
+                usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True,
+                                       text=True).stdout
+            regs = " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
+                            if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
+            print(f"M{t.block_m:<4} {name:<4} {tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages}: "
+                  f"shared {compiled.metadata.shared // 1024} KiB, {regs}", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-sweep", action="store_true", help="old vs the table's row only")
     ap.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
+    ap.add_argument("--offline", action="store_true",
+                    help="no GPU: compile the tiles for sm90 and print shared memory and registers")
     args = ap.parse_args()
+    if args.offline:
+        return offline_report()
     start = time.time()
     results = [bench_size(T, not args.no_sweep) for T in args.tokens]
     print("\nfastest per size (paste the winning tiles into triton_moe_tiles.TILE_TABLE[(128, 768, 2048)]):")

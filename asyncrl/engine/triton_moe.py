@@ -260,8 +260,11 @@ def experts_grouped_mm(x, w13, w2, weights, ids) -> torch.Tensor:
     order = torch.argsort(flat, stable=True)  # sorted row -> pair
     counts = torch.zeros(E, dtype=torch.int64, device=ids.device).index_add_(0, flat, torch.ones_like(flat))
     offs = counts.cumsum(0).to(torch.int32)
-    gate_up = torch._grouped_mm(x[order // top_k], w13.transpose(1, 2), offs=offs)
-    y = torch._grouped_mm(silu_mul(gate_up), w2.transpose(1, 2), offs=offs)
+    # one expression: the gathered x and gate_up are freed as soon as each is consumed (peak
+    # per pair: H + 2I elements, then I + H; the Triton path holds I + H)
+    h = silu_mul(torch._grouped_mm(x[order // top_k], w13.transpose(1, 2), offs=offs))
+    y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs)
+    del h
     row_of_pair = torch.empty_like(order)
     row_of_pair[order] = torch.arange(order.numel(), device=ids.device)
     return sum_topk(y, top_k, x.dtype, rows=row_of_pair, weights=weights.reshape(-1).contiguous())
