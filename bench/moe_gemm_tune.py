@@ -40,6 +40,7 @@ from asyncrl.engine.triton_moe_tiles import GemmTile, MoeTiles, pick_tiles
 
 E, TOP_K, H, INTER = 128, 8, 2048, 768
 DEVICE = "cuda"
+HBM_BYTES_PER_S = 4.8e12  # H200's HBM3e peak: the decode floor printed with each size
 TOKENS = (32, 256, 16384)
 T_ = MoeTiles  # short names for the candidate lists
 G = GemmTile
@@ -154,7 +155,10 @@ def bench_size(T: int, sweep: bool) -> dict:
     ref = moe_experts_torch(x.float(), w13.float(), w2.float(), weights.float(), ids)
     rep = 200 if T >= 4096 else 60
     table = pick_tiles(T * TOP_K, E, INTER, H)
-    print(f"T={T} ({T * TOP_K} pairs, {ids.unique().numel()} experts hit), table row: {table}", flush=True)
+    hit = ids.unique().numel()
+    floor_us = hit * 3 * INTER * H * 2 / HBM_BYTES_PER_S * 1e6
+    print(f"T={T} ({T * TOP_K} pairs, {hit} experts hit: their weights alone take {floor_us:.0f} us at "
+          f"{HBM_BYTES_PER_S / 1e12:.1f} TB/s), table row: {table}", flush=True)
     align_us = do_bench(lambda: align_pairs(ids, E, table.block_m), warmup=10, rep=rep, return_mode="median") * 1e3
     print(f"  align_pairs alone (block_m {table.block_m}): {align_us:.1f} us", flush=True)
     rows = [row("old fused_moe (main b6a8d3c)", old_fused_moe, args, ref, T, rep),
@@ -168,8 +172,10 @@ def bench_size(T: int, sweep: bool) -> dict:
                             args, ref, T, rep, "grouped_mm"))
     del ref
     torch.cuda.empty_cache()
-    return {"tokens": T, "pairs": T * TOP_K, "experts_hit": ids.unique().numel(), "align_us": round(align_us, 1),
-            "table": str(table), "rows": rows}
+    for r in rows:
+        r["vs_old"] = round(rows[0]["us_per_layer"] / r["us_per_layer"], 2)
+    return {"tokens": T, "pairs": T * TOP_K, "experts_hit": hit, "weight_floor_us": round(floor_us, 1),
+            "align_us": round(align_us, 1), "table": str(table), "rows": rows}
 
 
 def paste_row(result: dict) -> str:

@@ -83,10 +83,11 @@ def test_every_table_tile_equals_torch_experts(dtype):
     _assert_close(experts_triton(*args, MoeTiles(16, GemmTile(32, 64), GemmTile(64, 32))), ref, DTYPES[dtype][1])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ["bf16"] + (["fp32"] if not CUDA else []))
 @pytest.mark.parametrize("T", [1, 100])
 def test_grouped_mm_backend_equals_torch_experts(T, dtype):
-    """``torch._grouped_mm`` GEMMs (CPU or CUDA) with the Triton SiLU*mul and gathered top-k sum."""
+    """``torch._grouped_mm`` GEMMs (CPU or CUDA; the engine uses them for bf16 on sm90+ only) with
+    the Triton SiLU*mul and gathered top-k sum; T = 1 leaves 120 of the 128 experts empty."""
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip("torch without _grouped_mm")
     E, K, H, I = SHAPES["E128-top8"]
