@@ -196,10 +196,12 @@ def _moe_gemm(a, w, out, sorted_pairs, block_expert, block_m: int, tile: GemmTil
         except OutOfResources as err:
             if stages <= 1:
                 raise
-            stages -= 1
-            warnings.warn(f"fused MoE tile {tile} (K={K}, {a.dtype}) does not fit ({err}); "
+            stages, too_big = stages - 1, err
+    if key not in _STAGES_THAT_FIT:
+        _STAGES_THAT_FIT[key] = stages
+        if stages != tile.num_stages:
+            warnings.warn(f"fused MoE tile {tile} (K={K}, {a.dtype}) does not fit ({too_big}); "
                           f"using num_stages={stages}: fix its row in triton_moe_tiles.TILE_TABLE")
-    _STAGES_THAT_FIT[key] = stages
 
 
 def sum_topk(y: torch.Tensor, top_k: int, out_dtype: torch.dtype, rows=None, weights=None) -> torch.Tensor:

@@ -5,6 +5,7 @@ On a GPU they run natively; on CPU with ``TRITON_INTERPRET=1`` (and triton insta
 checks run through the Triton interpreter; otherwise the module is skipped.
 """
 import os
+import warnings
 
 import pytest
 import torch
@@ -93,6 +94,39 @@ def test_grouped_mm_backend_equals_torch_experts(T, dtype):
     E, K, H, I = SHAPES["E128-top8"]
     args, ref = _moe_inputs(T, E, K, H, I, DTYPES[dtype][0], seed=3)
     _assert_close(experts_grouped_mm(*args), ref, DTYPES[dtype][1])
+
+
+def test_tile_too_big_for_shared_memory_drops_stages_once(monkeypatch):
+    """A table row whose pipeline does not fit (Triton raises OutOfResources at launch) runs with
+    fewer stages, says so once, and later calls go straight to the stages that fit."""
+    from triton.runtime.errors import OutOfResources
+
+    from asyncrl.engine import triton_moe as tm
+
+    real, tried = tm._moe_gemm_kernel, []
+
+    class TooBigAbove2Stages:
+        def __getitem__(self, grid):
+            def launch(*args, num_stages, **kw):
+                tried.append(num_stages)
+                if num_stages > 2:
+                    raise OutOfResources(232448 * num_stages // 4, 232448, "shared memory")
+                return real[grid](*args, num_stages=num_stages, **kw)
+            return launch
+
+    monkeypatch.setattr(tm, "_moe_gemm_kernel", TooBigAbove2Stages())
+    monkeypatch.setattr(tm, "_STAGES_THAT_FIT", {})
+    E, K, H, I = SHAPES["E8-top2"]
+    args, ref = _moe_inputs(7, E, K, H, I, torch.float32, seed=6)
+    tiles = MoeTiles(16, GemmTile(64, 64, 4, 4), GemmTile(64, 64, 4, 2))
+    with pytest.warns(UserWarning, match="num_stages=2: fix its row in triton_moe_tiles.TILE_TABLE"):
+        _assert_close(experts_triton(*args, tiles), ref, 1e-5)
+    assert tried == [4, 3, 2, 2]  # up: 4 -> 3 -> 2; down fits at 2
+    tried.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_close(experts_triton(*args, tiles), ref, 1e-5)
+    assert tried == [2, 2]
 
 
 def test_sum_topk_adds_in_order_in_fp32():
