@@ -167,7 +167,7 @@ def bench_size(T: int, sweep: bool) -> dict:
         table_triton = MoeTiles(table.block_m, table.up, table.down)
         for cand in (table_triton,) + CANDIDATES.get(T, ()):
             rows.append(row(describe(cand), lambda *a, c=cand: experts_triton(*a, c), args, ref, T, rep, cand))
-        if grouped_mm_supported(x, w13):
+        if grouped_mm_supported(x, w13, w2):
             rows.append(row("grouped_mm (torch._grouped_mm + Triton SiLU*mul / top-k sum)", experts_grouped_mm,
                             args, ref, T, rep, "grouped_mm"))
     del ref

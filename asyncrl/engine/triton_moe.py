@@ -245,12 +245,13 @@ def experts_triton(x, w13, w2, weights, ids, tiles: MoeTiles) -> torch.Tensor:
     return sum_topk(y, top_k, x.dtype)
 
 
-def grouped_mm_supported(x: torch.Tensor, w13: torch.Tensor) -> bool:
+def grouped_mm_supported(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """``torch._grouped_mm`` runs CUTLASS's grouped GEMM (no host sync) for bf16 on sm90+; its
-    operands need 16-byte-aligned rows (I and H multiples of 8)."""
+    operands need 16-byte-aligned starts and rows (I and H multiples of 8)."""
     return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
             and torch.cuda.get_device_capability(x.device)[0] >= 9
-            and w13.shape[1] % 16 == 0 and w13.shape[2] % 8 == 0)
+            and w13.shape[1] % 16 == 0 and w13.shape[2] % 8 == 0
+            and w13.data_ptr() % 16 == 0 and w2.data_ptr() % 16 == 0)
 
 
 def experts_grouped_mm(x, w13, w2, weights, ids) -> torch.Tensor:
@@ -281,6 +282,6 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     E, two_i, H = w13.shape
     if tiles is None:
         tiles = pick_tiles(T * top_k, E, two_i // 2, H)
-    if tiles.backend == "grouped_mm" and grouped_mm_supported(x, w13):
+    if tiles.backend == "grouped_mm" and grouped_mm_supported(x, w13, w2):
         return experts_grouped_mm(x, w13, w2, weights, ids)
     return experts_triton(x, w13, w2, weights, ids, tiles)
