@@ -21,6 +21,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from asyncrl.engine.triton_moe_align import moe_align_block_size
+
 BLOCK_M = 16  # rows (pairs) per tile when experts get few pairs each: decode
 BLOCK_M_LARGE = 64  # ... and when they get many: prefill (vLLM's configs also grow BLOCK_M with M)
 
@@ -112,7 +114,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     T, top_k = ids.shape
     E, two_i, H = w13.shape
     block_m = pick_block_m(T * top_k, E)
-    sorted_pairs, block_expert = align_pairs(ids, E, block_m)
+    sorted_pairs, block_expert = moe_align_block_size(ids, E, block_m)  # Triton; align_pairs: torch reference
     x = x.contiguous()
     gate_up = torch.empty(T * top_k, two_i, dtype=x.dtype, device=x.device)
     _grouped_gemm(x, w13, gate_up, sorted_pairs, block_expert, block_m, top_k)

@@ -34,7 +34,17 @@ from asyncrl.engine.models.decoder import MLP, Attention, CausalLM, DecoderModel
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits ``[T, E]`` -> (weights ``[T, K]`` in the logits' dtype, expert ids ``[T, K]``
-    int64), as transformers: fp32 softmax, top-k, renormalised iff ``renormalize``."""
+    int64): one fused Triton launch on CUDA (``triton_moe_align.fused_route``), torch elsewhere."""
+    if logits.is_cuda:
+        from asyncrl.engine.triton_moe_align import fused_route
+
+        return fused_route(logits, top_k, renormalize)
+    return route_torch(logits, top_k, renormalize)
+
+
+def route_torch(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference path, transformers' router verbatim: fp32 softmax, top-k, renormalised iff
+    ``renormalize``, cast back to the logits' dtype."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
