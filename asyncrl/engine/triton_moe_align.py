@@ -81,10 +81,12 @@ def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[to
         return weights, ids
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     block_e = triton.next_power_of_2(E)
-    block_t = max(1, min(32, 4096 // block_e))
+    # 512 logits per program, one warp per row at E = 128: sm_90 ptxas gives 32 registers (a 32 x 128
+    # tile: 255, and 4x the code)
+    block_t = max(1, min(16, 512 // block_e))
     _route_kernel[(triton.cdiv(T, block_t),)](logits, weights, ids, T, E, logits.stride(0), TOP_K=top_k,
                                               K_PAD=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-                                              BLOCK_T=block_t, BLOCK_E=block_e)
+                                              BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4)
     return weights, ids
 
 
@@ -127,11 +129,11 @@ def _place_kernel(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, M, num_chunk
         offs = c * CHUNK + s + tl.arange(0, SUB)
         valid = offs < M
         e = tl.load(ids_ptr + offs, mask=valid, other=-1).to(tl.int32)
-        onehot = (e[:, None] == experts[None, :]).to(tl.int32)  # [SUB, BLOCK_E]
-        earlier = tl.cumsum(onehot, axis=0) - onehot  # same-expert pairs before this one in the sub-tile
-        dst = tl.sum((earlier + base[None, :]) * onehot, axis=1)
+        onehot = (experts[:, None] == e[None, :]).to(tl.int32)  # [BLOCK_E, SUB]: scan along the last axis
+        earlier = tl.cumsum(onehot, axis=1) - onehot  # same-expert pairs before this one in the sub-tile
+        dst = tl.sum((earlier + base[:, None]) * onehot, axis=0)
         tl.store(pairs_ptr + dst, offs.to(tl.int32), mask=valid)
-        base += tl.sum(onehot, axis=0)
+        base += tl.sum(onehot, axis=1)
     j = tl.arange(0, BLOCK_M)
     if c == 0:
         pad = (seg_start + total)[:, None] + j[None, :]  # [BLOCK_E, BLOCK_M]: each run's padding
@@ -161,17 +163,20 @@ def moe_align_block_size(ids: torch.Tensor, num_experts: int, block_m: int) -> t
         return (torch.zeros(P, dtype=torch.int32, device=ids.device),
                 torch.full((P // block_m,), -1, dtype=torch.int32, device=ids.device))
     block_e = triton.next_power_of_2(num_experts)
-    sub = max(16, min(64, 8192 // block_e))
+    # [E, SUB] one-hot tiles of 4,096 ints over 8 warps: 80 registers on sm_90, no spills (SUB 64: 250)
+    sub = max(8, min(32, 4096 // block_e))
     chunk = max(4 * sub, triton.next_power_of_2(triton.cdiv(M, 128)))  # <= 128 chunks: one wave of programs
     num_chunks = triton.cdiv(M, chunk)
+    assert num_chunks <= 128, num_chunks  # CHUNKS_PAD's bound
     counts = torch.empty(num_chunks, block_e, dtype=torch.int32, device=ids.device)
     sorted_pairs = torch.empty(P, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(P // block_m, dtype=torch.int32, device=ids.device)
     flat = flat.contiguous()
-    _count_kernel[(num_chunks,)](flat, counts, M, CHUNK=chunk, SUB=sub, BLOCK_E=block_e)
+    _count_kernel[(num_chunks,)](flat, counts, M, CHUNK=chunk, SUB=sub, BLOCK_E=block_e, num_warps=8)
     num_blocks = P // block_m
     _place_kernel[(num_chunks,)](flat, counts, sorted_pairs, block_expert, M, num_chunks, num_blocks,
                                  CHUNK=chunk, SUB=sub, BLOCK_E=block_e, BLOCK_M=block_m,
                                  CHUNKS_PAD=max(16, triton.next_power_of_2(num_chunks)), ROWS=16,
-                                 BLOCKS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(num_blocks, num_chunks)))
+                                 BLOCKS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(num_blocks, num_chunks)),
+                                 num_warps=8)
     return sorted_pairs, block_expert
