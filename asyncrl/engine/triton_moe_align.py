@@ -107,11 +107,12 @@ def _count_kernel(ids_ptr, counts_ptr, M, CHUNK: tl.constexpr, SUB: tl.constexpr
 @triton.jit
 def _place_kernel(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, M, num_chunks, num_blocks,
                   CHUNK: tl.constexpr, SUB: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
-                  CHUNKS_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+                  CHUNKS_PAD: tl.constexpr, ROWS: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr,
+                  BLOCK_TILE: tl.constexpr, PAD_TILE: tl.constexpr):
     """Chunk c's pairs to ``seg_start[e] + (pairs of e in chunks < c) + (rank among e's in c)``;
     program c also writes ``block_expert`` (and the all-sentinel tail) of its share of the blocks,
     program 0 the pads of each run. Loops have constexpr bounds (the interpreter's ``range``
-    cannot take a runtime bound under numpy 2)."""
+    cannot take a runtime bound under numpy 2) and 2-D tiles stay <= ~4k elements."""
     c = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     total = tl.zeros([BLOCK_E], dtype=tl.int32)
@@ -134,18 +135,20 @@ def _place_kernel(ids_ptr, counts_ptr, pairs_ptr, block_expert_ptr, M, num_chunk
         dst = tl.sum((earlier + base[:, None]) * onehot, axis=0)
         tl.store(pairs_ptr + dst, offs.to(tl.int32), mask=valid)
         base += tl.sum(onehot, axis=1)
-    j = tl.arange(0, BLOCK_M)
-    if c == 0:
-        pad = (seg_start + total)[:, None] + j[None, :]  # [BLOCK_E, BLOCK_M]: each run's padding
-        tl.store(pairs_ptr + pad, tl.full([BLOCK_E, BLOCK_M], 0, tl.int32) + M, mask=pad < seg_end[:, None])
+    if c == 0:  # each run's padding, BLOCK_E x PAD_TILE slots at a time
+        for j0 in range(0, BLOCK_M, PAD_TILE):
+            pad = (seg_start + total)[:, None] + j0 + tl.arange(0, PAD_TILE)[None, :]
+            tl.store(pairs_ptr + pad, tl.full([BLOCK_E, PAD_TILE], 0, tl.int32) + M, mask=pad < seg_end[:, None])
     end = tl.sum(padded, axis=0)
-    b = c * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
-    start = b * BLOCK_M
-    expert = tl.sum((seg_end[None, :] <= start[:, None]).to(tl.int32), axis=1)  # searchsorted(seg_end, right)
-    tl.store(block_expert_ptr + b, tl.where(start < end, expert, -1), mask=b < num_blocks)
-    tail = start[:, None] + j[None, :]  # blocks past the last run: all sentinel
-    tl.store(pairs_ptr + tail, tl.full([BLOCKS_PER_PROGRAM, BLOCK_M], 0, tl.int32) + M,
-             mask=(tail >= end) & (b < num_blocks)[:, None])
+    j = tl.arange(0, BLOCK_M)
+    for b0 in range(0, BLOCKS_PER_PROGRAM, BLOCK_TILE):  # this program's blocks, BLOCK_TILE at a time
+        b = c * BLOCKS_PER_PROGRAM + b0 + tl.arange(0, BLOCK_TILE)
+        start = b * BLOCK_M
+        expert = tl.sum((seg_end[None, :] <= start[:, None]).to(tl.int32), axis=1)  # searchsorted(seg_end, right)
+        tl.store(block_expert_ptr + b, tl.where(start < end, expert, -1), mask=b < num_blocks)
+        tail = start[:, None] + j[None, :]  # blocks past the last run: all sentinel
+        tl.store(pairs_ptr + tail, tl.full([BLOCK_TILE, BLOCK_M], 0, tl.int32) + M,
+                 mask=(tail >= end) & (b < num_blocks)[:, None])
 
 
 def padded_size(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -174,9 +177,11 @@ def moe_align_block_size(ids: torch.Tensor, num_experts: int, block_m: int) -> t
     flat = flat.contiguous()
     _count_kernel[(num_chunks,)](flat, counts, M, CHUNK=chunk, SUB=sub, BLOCK_E=block_e, num_warps=8)
     num_blocks = P // block_m
+    per_program = triton.next_power_of_2(triton.cdiv(num_blocks, num_chunks))
+    tile = max(1, 4096 // block_e)  # 2-D tiles of <= 4,096 ints (E = 512 at batch 1: 481 blocks in one program)
     _place_kernel[(num_chunks,)](flat, counts, sorted_pairs, block_expert, M, num_chunks, num_blocks,
                                  CHUNK=chunk, SUB=sub, BLOCK_E=block_e, BLOCK_M=block_m,
                                  CHUNKS_PAD=max(16, triton.next_power_of_2(num_chunks)), ROWS=16,
-                                 BLOCKS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(num_blocks, num_chunks)),
-                                 num_warps=8)
+                                 BLOCKS_PER_PROGRAM=per_program, BLOCK_TILE=min(per_program, tile),
+                                 PAD_TILE=min(block_m, tile), num_warps=8)
     return sorted_pairs, block_expert

@@ -50,13 +50,14 @@ def test_fused_route_ties_keep_the_smallest_index():
 
 
 @pytest.mark.parametrize("T,K,E,block_m", [(3, 2, 4, 2), (37, 2, 8, 16), (256, 8, 128, 16), (700, 8, 16, 64),
-                                           (1, 1, 5, 16),
+                                           (1, 1, 5, 16), (1, 10, 512, 16), (3, 8, 256, 64),
                                            pytest.param(4200, 8, 128, 64, marks=pytest.mark.skipif(
                                                not CUDA, reason="prefill size: 33,600 pairs, 512-pair chunks; "
                                                "slow in the interpreter"))])
 def test_align_equals_torch_reference(T, K, E, block_m):
     """Element for element: pairs by expert in ascending pair order, pads, block -> expert;
-    700 x 8 pairs span several chunks (launch 2 adds the earlier chunks' counts)."""
+    700 x 8 pairs span several chunks (launch 2 adds the earlier chunks' counts); 512 experts at
+    batch 1: 481 blocks in one program, written in tiles (Qwen3.5-MoE's expert counts)."""
     g = torch.Generator().manual_seed(T)
     skew = torch.rand(E, generator=g) ** 3  # some experts hot, some never hit
     ids = torch.multinomial(skew.expand(T, E), K, generator=g).to(DEVICE)
