@@ -30,6 +30,8 @@ Checked against the torch versions under ``TRITON_INTERPRET=1`` on CPU
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -38,9 +40,11 @@ import triton.language as tl
 # ---- route: softmax -> top-k -> renormalise ---------------------------------------------------
 @triton.jit
 def _route_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, stride_t,
-                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr,
+                  slots_ptr, record_ptr, stride_rs, record_col,
+                  TOP_K: tl.constexpr, K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr, RECORD: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Rows ``[pid * BLOCK_T, +BLOCK_T)``: weights/ids ``[T, TOP_K]`` from logits ``[T, E]``."""
+    """Rows ``[pid * BLOCK_T, +BLOCK_T)``: weights/ids ``[T, TOP_K]`` from logits ``[T, E]``;
+    ``RECORD``: the ids also (int16) at ``record[slots[t], record_col, :]`` (routing replay)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_E)
     row_ok = rows < T
@@ -67,11 +71,18 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, T, E, stride_t,
     ok = row_ok[:, None] & (slot[None, :] < TOP_K)
     tl.store(weights_ptr + out, top_p.to(weights_ptr.dtype.element_ty), mask=ok)
     tl.store(ids_ptr + out, top_i.to(tl.int64), mask=ok)
+    if RECORD:
+        kv_slot = tl.load(slots_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        at = kv_slot[:, None] * stride_rs + record_col * TOP_K + slot[None, :]
+        tl.store(record_ptr + at, top_i.to(record_ptr.dtype.element_ty), mask=ok)
 
 
-def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool,
+                record: Optional[tuple[torch.Tensor, torch.Tensor, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits ``[T, E]`` -> (weights ``[T, K]`` in the logits' dtype, ids ``[T, K]`` int64),
-    as ``moe.route_torch`` (transformers' router) in one launch."""
+    as ``moe.route_torch`` (transformers' router) in one launch. ``record = (buffer [S, L, K] int16,
+    slots [T], column)``: the ids are also written at ``buffer[slots, column]`` (routing replay's
+    record, ``SparseMoeBlock``; no separate cast and index_put)."""
     T, E = logits.shape
     if not 0 < top_k <= E:
         raise ValueError(f"top_k={top_k} must be in 1..num_experts={E}")
@@ -84,9 +95,17 @@ def fused_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[to
     # 512 logits per program, one warp per row at E = 128: sm_90 ptxas gives 32 registers (a 32 x 128
     # tile: 255, and 4x the code)
     block_t = max(1, min(16, 512 // block_e))
-    _route_kernel[(triton.cdiv(T, block_t),)](logits, weights, ids, T, E, logits.stride(0), TOP_K=top_k,
+    if record is not None:
+        buffer, slots, column = record
+        if buffer.shape[2] != top_k or buffer.stride(2) != 1 or buffer.stride(1) != top_k:
+            raise ValueError(f"routing record buffer {tuple(buffer.shape)} must be contiguous [slots, layers, {top_k}]")
+        rec = (slots, buffer, buffer.stride(0), column)
+    else:
+        rec = (ids, ids, 0, 0)  # unused (RECORD=False)
+    _route_kernel[(triton.cdiv(T, block_t),)](logits, weights, ids, T, E, logits.stride(0), *rec, TOP_K=top_k,
                                               K_PAD=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-                                              BLOCK_T=block_t, BLOCK_E=block_e, num_warps=4)
+                                              RECORD=record is not None, BLOCK_T=block_t, BLOCK_E=block_e,
+                                              num_warps=4)
     return weights, ids
 
 

@@ -74,3 +74,20 @@ def test_align_hand_example():
     # flat ids [2, 0, 2, 1, 0, 2]: expert 0 pairs 1, 4 | expert 1: pair 3 + pad (6) | expert 2: 0, 2, 5 + pad
     assert pairs.tolist()[:8] == [1, 4, 3, 6, 0, 2, 5, 6]
     assert block_expert.tolist()[:4] == [0, 1, 2, 2] and set(block_expert.tolist()[4:]) == {-1}
+
+
+def test_fused_route_records_the_ids_at_their_slots():
+    """Routing replay's record written by the routing kernel: ``buffer[slots, column] = ids`` as
+    int16, other slots and layers untouched (the torch path does the same with an index_put)."""
+    from asyncrl.engine.models.moe import route
+
+    logits = torch.randn(6, 16, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    slots = torch.tensor([9, 3, 4, 0, 11, 7], device=DEVICE)
+    buffer = torch.full((12, 3, 4), -7, dtype=torch.int16, device=DEVICE)
+    _, ids = fused_route(logits, 4, True, (buffer, slots, 1))
+    expected = torch.full((12, 3, 4), -7, dtype=torch.int16)
+    expected[slots.cpu(), 1] = ids.cpu().to(torch.int16)
+    assert torch.equal(buffer.cpu(), expected)
+    torch_buffer = torch.full((12, 3, 4), -7, dtype=torch.int16)
+    route(logits.cpu(), 4, True, (torch_buffer, slots.cpu(), 1))
+    assert torch.equal(torch_buffer, expected)
