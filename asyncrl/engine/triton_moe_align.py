@@ -14,6 +14,8 @@ monotonic, so the chosen set is torch's (``topk`` on the probabilities also keep
 indices of a value tied at the k-th place) and the order is by value, ties by index (torch's
 CUDA bitonic sort leaves tied values in an unspecified order). The probabilities are computed
 in fp32 like torch's, with another exp and summation order: a few fp32 ulps apart at most.
+With ``record`` it also writes routing replay's int16 ids at the tokens' KV slots (what
+``SparseMoeBlock`` did with a cast and an ``index_put`` per layer).
 
 ``moe_align_block_size(ids, E, block_m)``: vLLM's ``moe_align_block_size`` idea (re-implemented):
 the ``T*K`` (token, k) pairs grouped by expert, each expert's run padded to ``block_m`` with the
