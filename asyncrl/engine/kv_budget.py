@@ -48,8 +48,8 @@ class KvBudget:
     def line(self, block_size: int) -> str:
         """One line for the engine's start: where the memory went and what the pool got."""
         capped = "max_num_seqs x max_model_len" if self.blocks == self.wanted_blocks else "memory"
-        return (f"KV pool: weights {self.weights / GB:.1f} GB, free {self.free / GB:.1f} of {self.total / GB:.1f} GB, "
-                f"reserve {self.reserve / GB:.1f} GB, activation headroom {self.activations / GB:.1f} GB -> "
+        return (f"KV pool: weights {self.weights / GB:.1f} GiB, free {self.free / GB:.1f} of {self.total / GB:.1f} GiB, "
+                f"reserve {self.reserve / GB:.1f} GiB, activation headroom {self.activations / GB:.1f} GiB -> "
                 f"{self.blocks} blocks x {block_size} = {self.blocks * block_size:,} tokens "
                 f"({self.block_bytes / 2**20:.2f} MiB/block; capped by {capped})")
 

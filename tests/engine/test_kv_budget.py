@@ -38,8 +38,8 @@ def test_budget_blocks_from_free_memory():
     b = KvBudget(weights=61 * GB, free=79 * GB, total=140 * GB, reserve=14 * GB, activations=3 * GB,
                  block_bytes=block, wanted_blocks=100_000)
     assert b.blocks == (62 * GB) // block == 10581  # 62 GiB / 6 MiB
-    assert b.line(64).startswith("KV pool: weights 61.0 GB, free 79.0 of 140.0 GB, reserve 14.0 GB, "
-                                 "activation headroom 3.0 GB -> 10581 blocks x 64 = 677,184 tokens")
+    assert b.line(64).startswith("KV pool: weights 61.0 GiB, free 79.0 of 140.0 GiB, reserve 14.0 GiB, "
+                                 "activation headroom 3.0 GiB -> 10581 blocks x 64 = 677,184 tokens")
     assert KvBudget(0, 79 * GB, 140 * GB, 14 * GB, 3 * GB, block, 2304).blocks == 2304  # workload (a) fits
     assert KvBudget(0, 10 * GB, 140 * GB, 14 * GB, 3 * GB, block, 2304).blocks == 16  # nothing left: the floor
 
