@@ -5,7 +5,9 @@
 ``free`` is the driver's free memory *after* PyTorch's caching allocator has handed its cached
 blocks back, plus what stays reserved-but-unallocated (fragments of segments still in use, which
 activations can reuse): ``mem_get_info`` alone counts cached-but-free blocks as used, so
-temporaries of the load (or an fp32 model built and then cast) would shrink the pool.
+temporaries of the load (or an fp32 model built and then cast) would shrink the pool. Cached
+blocks of anything else in the process count as free too (a colocated trainer that already ran a
+step): ``gpu_memory_utilization`` is what leaves the trainer its share, as in vLLM.
 
 ``activations`` is a per-token estimate of a prefill of ``max_num_batched_tokens`` tokens through
 the widest MLP, plus the fp32 logits of a full decode batch. An MoE layer holds, per token,
