@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from asyncrl.engine.triton_moe_align import moe_align_block_size
 from asyncrl.engine.triton_moe_tiles import GemmTile, MoeTiles, default_tiles, pick_tiles
 
 # triton 3.6's interpreter computes tl.dot on bf16 operands wrongly (bit patterns as integers):
@@ -235,7 +236,7 @@ def experts_triton(x, w13, w2, weights, ids, tiles: MoeTiles) -> torch.Tensor:
     """The routed experts' output ``[T, H]`` through the three Triton kernels (module docstring)."""
     T, top_k = ids.shape
     E, two_i, H = w13.shape
-    sorted_pairs, block_expert = align_pairs(ids, E, tiles.block_m)
+    sorted_pairs, block_expert = moe_align_block_size(ids, E, tiles.block_m)  # align_pairs: the torch reference
     x = x.contiguous()
     h = torch.empty(T * top_k, two_i // 2, dtype=x.dtype, device=x.device)
     _moe_gemm(x, w13, h, sorted_pairs, block_expert, tiles.block_m, tiles.up, top_k, gated=True)
