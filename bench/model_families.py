@@ -11,7 +11,8 @@ bf16 weights built from configs (no download):
 HF runs the same prompts as one static batch with its best kernels (FLA for the delta rule when
 ``fla-core`` is installed, ``grouped_mm`` experts). HF's part can be capped (``--hf-prompts``,
 ``--hf-response``; for MoE shapes ``--moe-hf-prompts`` / ``--moe-hf-response``, on by default:
-HF's 30B at batch 256 x 256 takes minutes): the engine then also runs that capped workload, and
+HF's 30B at batch 256 x 256 takes minutes; ``--moe-hf-prompts 256 --moe-hf-response 256`` runs it
+uncapped, and a capped run prints bounds on that time): the engine then also runs that capped workload, and
 the speedup is taken at equal size (batch and length), as the output says; the engine's full
 workload-(a) number is reported beside it. The 30B model's weights (61 GB) exist once on the GPU at
 a time: HF generates first, its weights move to host memory while the engine (a copy) runs, and
@@ -122,6 +123,16 @@ def hf_size(shape: str, args) -> tuple[int, int]:
     return min(prompts or args.batch, args.batch), min(response or args.response, args.response)
 
 
+def hf_full_estimate(hf: dict, args) -> dict:
+    """Bounds on HF generate's time for the uncapped workload from a capped run: ``low`` if a
+    step's time did not grow with the batch (launch-bound decode: only the step count scales),
+    ``high`` if time grew with the tokens (compute-bound). Run ``--moe-hf-prompts/--moe-hf-response``
+    at the workload's size to measure it."""
+    steps = args.response / hf["response"]
+    return dict(low=round(hf["seconds"] * steps, 1),
+                high=round(hf["seconds"] * steps * args.batch / hf["batch"], 1))
+
+
 def bench_shape(shape: str, args, device: str, dtype) -> dict:
     from asyncrl.engine import LLM
 
@@ -149,6 +160,10 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     result["engine_startup_s"] = round(time.perf_counter() - t0, 1)
     result["kv_blocks"] = len(llm.block_manager.blocks)  # x block_size = tokens the KV pool holds
     result["returns_routed_experts"] = llm.config.return_routed_experts
+    budget = llm.runner.kv_budget  # GPU: the sizing's numbers (weights, free, headroom), one line
+    if budget is not None:
+        result["kv_budget"] = budget.line(args.block_size)
+        print(shape, result["kv_budget"], flush=True)
     print(shape, "engine startup", result["engine_startup_s"], "s; KV blocks", result["kv_blocks"], "x",
           args.block_size, "tokens", flush=True)
     result["engine"] = run_engine(llm, prompts, params, device)
@@ -158,6 +173,10 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
         same = result["engine_at_hf_size"] = run_engine(
             llm, prompts[:hf_n], SamplingParams(temperature=1.0, max_tokens=hf_out, ignore_eos=True), device)
         print(shape, f"engine at HF's size ({hf_n} x {hf_out} out)", json.dumps(same), flush=True)
+    if not args.no_hf and capped:
+        result["hf_full_workload_estimate_s"] = hf_full_estimate(result["hf_generate"], args)
+        print(shape, "HF on the full workload would take (s, bounds from the capped run):",
+              result["hf_full_workload_estimate_s"], flush=True)
     if not args.no_hf:
         result["speedup"] = round(same["tokens_per_s"] / result["hf_generate"]["tokens_per_s"], 2)
         result["speedup_at"] = f"{hf_n} prompts x {hf_out} out" + (" (HF capped)" if capped else "")

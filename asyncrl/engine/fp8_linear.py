@@ -95,7 +95,8 @@ class Fp8Linear(nn.Module):
         k_padded = self.scaling.padded_k(self.in_features)
         self.weight = nn.Parameter(torch.zeros(start, k_padded, dtype=FP8, device=device), requires_grad=False)
         scale_shape = (start // self.scaling.row_block, self.scaling.scale_cols(k_padded))
-        self.register_buffer("weight_scale_inv", torch.ones(scale_shape, device=device), persistent=False)
+        self.register_buffer("weight_scale_inv", torch.ones(scale_shape, dtype=torch.float32, device=device),
+                             persistent=False)
         self.bias = base.bias
         keep = torch.cat([torch.arange(rows) + self.starts[key] for key, (_, rows) in self.shard_rows.items()])
         # output columns to keep: None when they are the first out_features (no padding, or padding

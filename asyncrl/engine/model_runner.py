@@ -22,6 +22,7 @@ MoE models can record the experts chosen per token (``RoutingRecorder``, routing
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import Optional
@@ -34,12 +35,15 @@ from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.fp8 import check_fp8_device
+from asyncrl.engine.kv_budget import KvBudget, activation_bytes, device_memory, module_bytes
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
 from asyncrl.engine.sampler import Sampler, row_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
 from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, ssm_state_dtype, state_host_arrays
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -97,6 +101,7 @@ class ModelRunner:
                            if linear else None)
         # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
         self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
+        self.kv_budget: Optional[KvBudget] = None  # GPU sizing from memory: its numbers
         self.num_blocks = self._num_kv_blocks()
         if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
             self.num_blocks = self.tp.comm.min_int(self.num_blocks)
@@ -136,20 +141,20 @@ class ModelRunner:
 
     def _num_kv_blocks(self) -> int:
         """Explicit, else enough for max_num_seqs full-length sequences, capped by memory
-        (GPU: free memory x utilisation minus activation headroom; CPU: kv_memory_gb_cpu)."""
+        (GPU: ``kv_budget.KvBudget``, logged in one line and kept as ``self.kv_budget``;
+        CPU: kv_memory_gb_cpu)."""
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         want = self.config.max_num_seqs * ((self.max_model_len + self.block_size - 1) // self.block_size)
         if self.is_cuda:
-            torch.cuda.synchronize()
-            free, total = torch.cuda.mem_get_info(self.device)
-            # headroom for activations: prefill of the token budget through the gathered
-            # path and the fp32 logits of a full decode batch
-            c = self.model.config
-            act = self.config.max_num_batched_tokens * (c.hidden_size + c.intermediate_size) * 2 * 4 * 4
-            act += self.config.max_num_seqs * c.vocab_size * 4 * 6
-            budget = free - total * (1 - self.config.gpu_memory_utilization) - act
-            return max(16, min(want, int(budget // max(self._block_bytes(), 1))))
+            free, total = device_memory(self.device)
+            act = activation_bytes(self.model.config, self.dtype.itemsize, self.config.max_num_batched_tokens,
+                                   self.config.max_num_seqs)
+            self.kv_budget = KvBudget(module_bytes(self.model), free, total,
+                                      int(total * (1 - self.config.gpu_memory_utilization)), act,
+                                      self._block_bytes(), want)
+            logger.info("%s", self.kv_budget.line(self.block_size))
+            return self.kv_budget.blocks
         # a model without full-attention layers (an all-Gated-DeltaNet Qwen3.5) stores nothing per
         # block: its blocks only count tokens, so memory does not cap them
         cap = int(self.config.kv_memory_gb_cpu * 2**30 // max(self._block_bytes(), 1))

@@ -7,6 +7,7 @@ from typing import Iterable, Iterator, Optional
 
 import torch
 from safetensors import safe_open
+from torch.overrides import TorchFunctionMode
 
 from asyncrl.engine.fp8_linear import quantize_linears
 from asyncrl.engine.lora import base_tensors, is_peft_module
@@ -38,13 +39,38 @@ def model_source(path) -> tuple[ModelConfig, Iterable[tuple[str, torch.Tensor]],
     return config, iter_safetensors(path), getattr(torch, config.torch_dtype.replace("torch.", ""), torch.float32)
 
 
+class AllocateIn(TorchFunctionMode):
+    """Factory calls without a dtype (``torch.empty/zeros/ones``: what ``nn.Linear``,
+    ``nn.Embedding`` and ``nn.Parameter(torch.ones(d))`` allocate with) make ``dtype`` tensors.
+
+    Why: a model built in the default fp32 and then cast takes 2x its bf16 size on the device at
+    once (Qwen3-30B-A3B: 122 GB of fp32 parameters for 61 GB of bf16), and the freed fp32 blocks
+    stay in PyTorch's caching allocator, where ``mem_get_info`` counts them as used (the KV pool
+    got 6.5 GB of an H200's ~60 free). Unlike ``torch.set_default_dtype`` this mode is
+    thread-local: a trainer thread building tensors meanwhile keeps fp32. Explicit dtypes (the
+    fp32 RoPE tables) are left alone."""
+
+    _FACTORIES = (torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn)
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._FACTORIES and kwargs.get("dtype") is None:
+            kwargs["dtype"] = self.dtype
+        return func(*args, **kwargs)
+
+
 def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.device = "cpu",
                 tp: TensorParallel = SINGLE, quantization: Optional[str] = None,
                 fp8_scaling: str = "block") -> CausalLM:
-    """This rank's share of the model, allocated on ``device`` and not yet filled; ``quantization``
-    "fp8": the decoder layers' linears store e4m3 weights scaled per ``fp8_scaling`` (block / channel),
-    quantized as they are filled (engine/fp8_linear.py)."""
-    with torch.device(device):
+    """This rank's share of the model, allocated on ``device`` in ``dtype`` (each parameter
+    once: ``AllocateIn``) and not yet filled; ``quantization`` "fp8": the decoder layers' linears
+    store e4m3 weights scaled per ``fp8_scaling`` (block / channel), quantized as they are filled
+    (engine/fp8_linear.py)."""
+    with torch.device(device), AllocateIn(dtype):
         cls = model_class(config)
         model = cls(config, tp) if tp.size > 1 else cls(config)
     model.to(dtype=dtype)

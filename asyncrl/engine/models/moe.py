@@ -32,9 +32,26 @@ from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import MLP, Attention, CausalLM, DecoderModel, RMSNorm, RotaryEmbedding
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(logits: torch.Tensor, top_k: int, renormalize: bool,
+          record: Optional[tuple[torch.Tensor, torch.Tensor, int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits ``[T, E]`` -> (weights ``[T, K]`` in the logits' dtype, expert ids ``[T, K]``
-    int64), as transformers: fp32 softmax, top-k, renormalised iff ``renormalize``."""
+    int64): one fused Triton launch on CUDA (``triton_moe_align.fused_route``), torch elsewhere.
+    ``record = (buffer [S, L_moe, K] int16, slots [T], column)``: the ids are also written at
+    ``buffer[slots, column]`` (routing replay)."""
+    if logits.is_cuda:
+        from asyncrl.engine.triton_moe_align import fused_route
+
+        return fused_route(logits, top_k, renormalize, record)
+    weights, ids = route_torch(logits, top_k, renormalize)
+    if record is not None:
+        buffer, slots, column = record
+        buffer[slots, column] = ids.to(buffer.dtype)
+    return weights, ids
+
+
+def route_torch(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference path, transformers' router verbatim: fp32 softmax, top-k, renormalised iff
+    ``renormalize``, cast back to the logits' dtype."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -114,9 +131,10 @@ class SparseMoeBlock(nn.Module):
         self.moe_index = 0
 
     def forward(self, x: torch.Tensor, meta: Optional[AttentionMetadata] = None) -> torch.Tensor:
-        weights, ids = route(F.linear(x, self.gate.weight), self.top_k, self.renormalize)
+        record = None
         if self.routing_buffer is not None and meta is not None:
-            self.routing_buffer[meta.slot_mapping, self.moe_index] = ids.to(self.routing_buffer.dtype)
+            record = (self.routing_buffer, meta.slot_mapping, self.moe_index)
+        weights, ids = route(F.linear(x, self.gate.weight), self.top_k, self.renormalize, record)
         out = moe_experts(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
