@@ -22,7 +22,7 @@ Engines are built one after the other (bf16 first) from the same random-weight Q
 bf16 model (HF's initializer, std 0.02); ``--model DIR`` uses a real checkpoint instead.
 
     python bench/fp8_rollout.py --json bench/results/fp8_rollout_h200.json        # ~2.5-3 min, one H200
-    python bench/fp8_rollout.py --workloads a --rows bf16,fp8,fp8_channel,fp8_channel_kv --no-gemm  # ~80 s
+    python bench/fp8_rollout.py --workloads a --rows bf16,fp8_channel,fp8_channel_kv --no-gemm  # ~85 s (+~17 s a row)
     python bench/fp8_rollout.py --device cpu --shape tiny --a-batch 8 --c-seqs 8 --c-max 64 --a-len 32  # CPU smoke
 """
 from __future__ import annotations
