@@ -19,6 +19,7 @@ prefix chunks into its online softmax state before normalising (no merge kernel)
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -216,16 +217,41 @@ class DecodeLaunch:
     kv_splits: int = 0
     max_kv_splits: int = 16
     programs_per_sm: int = 4
+    # Opt-in variants (issue 23, GPU numbers pending; bench/paged_decode_variants.py measures them):
+    # "packed" = several kv heads per program (triton_decode_packed.py), one query token per sequence
+    # only (speculative verify steps keep "base"). block_n / num_warps / num_stages apply to it too.
+    variant: str = "base"
+    heads_per_program: int = 0   # packed: kv heads per program, 0 = fill 16 rows (group 2 -> 8)
+    persistent_per_sm: int = 0   # packed: >0 = persistent grid of SMs x this, looping over work items
+    fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
+
+
+# The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
+# 16-token tiles of all 8 kv heads (32 KiB of bf16 K per tile), 8 warps for the [16, 1024] fp32
+# accumulator (64 registers a thread), 2 stages (128 KiB of shared memory).
+PACKED_LAUNCH = DecodeLaunch(block_n=16, num_warps=8, num_stages=2, variant="packed", fp8_block_n=32)
 
 
 def _launch_from_env() -> DecodeLaunch:
     """``ASYNCRL_DECODE_LAUNCH="block_n,num_warps,num_stages[,kv_splits]"`` overrides the
     default (bench/paged_decode_sweep.py prints the best measured one in this form)."""
     raw = os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
-    if not raw:
-        return DecodeLaunch()
-    parts = [int(x) for x in raw.split(",")]
-    return DecodeLaunch(*parts)
+    launch = DecodeLaunch(*[int(x) for x in raw.split(",")]) if raw else DecodeLaunch()
+    return _variant_from_env(launch, bool(raw))
+
+
+def _variant_from_env(launch: DecodeLaunch, shaped: bool) -> DecodeLaunch:
+    """``ASYNCRL_DECODE_VARIANT="packed[,heads_per_program[,persistent_per_sm[,fp8_block_n]]]"``
+    switches on an opt-in variant (``PACKED_LAUNCH``'s shape unless ``ASYNCRL_DECODE_LAUNCH`` set one)."""
+    raw = os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip()
+    if not raw or raw == "base":
+        return launch
+    name, *nums = raw.split(",")
+    if name != "packed":
+        raise ValueError(f"ASYNCRL_DECODE_VARIANT={raw!r}: the variants are 'base' and 'packed'")
+    base = launch if shaped else PACKED_LAUNCH
+    fields = dict(zip(("heads_per_program", "persistent_per_sm", "fp8_block_n"), map(int, nums)))
+    return dataclasses.replace(base, variant="packed", **fields)
 
 
 DECODE_LAUNCH = _launch_from_env()
@@ -251,6 +277,11 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     group = H // hkv
     launch = launch or DECODE_LAUNCH
     assert cascade is None or qlen == 1, "cascade decode takes one query token per sequence"
+    if launch.variant == "packed" and qlen == 1:
+        from asyncrl.engine.triton_decode_packed import launch_packed
+        return launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, launch, cascade)
+    if launch.variant not in ("base", "packed"):
+        raise ValueError(f"DecodeLaunch.variant={launch.variant!r}: the variants are 'base' and 'packed'")
     # split-KV only without cascade: the cascade merge of prefix parts happens in the one program per row
     splits = 1 if cascade is not None else kv_splits_for(B, hkv, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
@@ -318,11 +349,12 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
                              tiles: torch.Tensor, scale: float, splits: int | None = None,
                              programs_per_sm: int | None = None, prefix_block_n: int | None = None,
-                             prefix_warps: int | None = None) -> torch.Tensor:
+                             prefix_warps: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
     suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
     active tile count, then ``cascade.py``'s tile rows). Rows with ``suffix_start == 0``
-    get plain paged decode. The launch shape is fixed by ``tiles.shape`` (graph-safe)."""
+    get plain paged decode. The launch shape is fixed by ``tiles.shape`` (graph-safe). ``launch``:
+    the suffix decode's (default ``DECODE_LAUNCH``)."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
@@ -342,4 +374,4 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         PAGE=page, BLOCK_N=prefix_block_n or PREFIX_BLOCK_N, HKV=hkv, SPLITS=splits,
         IEEE=q.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          cascade=(suffix_start, po, pl))
+                          cascade=(suffix_start, po, pl), launch=launch)
