@@ -75,7 +75,7 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + dd[None, :], mask=own, other=0.0)
         m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, HP * BLOCK_D], dtype=tl.float32)
+        acc = tl.zeros([HP * BLOCK_D, ROWS], dtype=tl.float32)  # transposed: V is the dot's A (see module doc)
         for start in range(first, last, BLOCK_N):
             tok = start + n
             kmask = tok < last
@@ -84,7 +84,10 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
             else:
                 blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kv_col[None, :]
-            tmask = kmask[:, None] & cmask[None, :]
+            if D == BLOCK_D:  # no column mask: its constancy would cap the copy width (see below)
+                tmask = kmask[:, None]
+            else:
+                tmask = kmask[:, None] & cmask[None, :]
             k = tl.load(K + off, mask=tmask, other=0.0).to(Q.dtype.element_ty)  # [BLOCK_N, HP*BLOCK_D]
             if IEEE:  # fp32 queries (tests): no tf32 rounding
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -97,9 +100,9 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
             l = l * alpha + tl.sum(p, 1)
             v = tl.load(V + off, mask=tmask, other=0.0).to(Q.dtype.element_ty)
             if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+                acc = acc * alpha[None, :] + tl.dot(tl.trans(v), tl.trans(p.to(v.dtype)), input_precision="ieee")
             else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                acc = acc * alpha[None, :] + tl.dot(tl.trans(v), tl.trans(p.to(v.dtype)))
             m = m_new
         if CASCADE:  # merge the shared prefix's SPLITS parts by LSE (as the base kernel does)
             pmask = rmask & (first > 0)
@@ -110,16 +113,16 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
                 m_new = tl.maximum(m, lse_p)
                 alpha = tl.exp(m - m_new)
                 beta = tl.exp(lse_p - m_new)
-                acc = acc * alpha[:, None] + o_p * beta[:, None]
+                acc = acc * alpha[None, :] + tl.trans(o_p * beta[:, None])
                 l = l * alpha + beta
                 m = m_new
         if KV_SPLITS > 1:  # partial (out, lse) of this chunk; an empty chunk writes lse = -inf
             lsafe = tl.where(l > 0, l, 1.0)
             rows = sid * stride_pos + b * stride_pot + heads * stride_poh
-            tl.store(SO + rows[:, None] + dd[None, :], acc / lsafe[:, None], mask=own)
+            tl.store(SO + rows[:, None] + dd[None, :], tl.trans(acc / lsafe[None, :]), mask=own)
             tl.store(SL + sid * stride_pls + b * stride_plt + heads, m + tl.log(lsafe), mask=rmask)
         else:
-            out = acc / l[:, None]
+            out = tl.trans(acc / l[None, :])
             tl.store(O + b * stride_ot + heads[:, None] * stride_oh + dd[None, :], out.to(O.dtype.element_ty),
                      mask=own)
 

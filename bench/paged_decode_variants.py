@@ -1,0 +1,203 @@
+"""Paged-decode attention variants vs the engine's kernel, bf16 and e4m3 K/V (issue 23, GPU).
+
+One attention layer of a Qwen3-0.6B-shaped model (16 q heads, 8 kv heads: GQA 2, D 128, block 64),
+K/V blocks scattered over the pool (``paged_decode_sweep.case``). Shapes: workload (a)'s decode
+(batch 256 x context 260 / 384 / 512) and workload (c)'s tail (batch 8 / 64 x 1,500 / 2,300).
+Variants (``VARIANTS``): the engine's launch (``base``), the base kernel with a 128-token tile,
+and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 2 / 1 kv heads per
+program (8: all heads of a sequence, 16 filled ``tl.dot`` rows; 1: the base kernel's work split but
+16-byte copies of an e4m3 V tile), 16 / 32 / 64-token tiles, and persistent grids. Each is timed in a CUDA graph
+(``triton.testing.do_bench_cudagraph``, GPU time only), checked against ``base`` on the same cache
+(max abs diff, bf16 output), and reported in us and TB/s of K/V bytes read. Last lines: per regime
+((a) = its three shapes summed, (c) = its four) and K/V dtype, the fastest variant, its speed-up
+over ``base``, and the environment that makes the engine use it.
+
+    python bench/paged_decode_variants.py --json bench/results/paged_decode_variants_h200.json  # ~1-2 min
+    python bench/paged_decode_variants.py --offline   # no GPU: registers / shared memory / load width on sm90
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from asyncrl.engine.triton_decode import PACKED_LAUNCH, DecodeLaunch  # noqa: E402
+
+H, HKV, D, PAGE = 16, 8, 128, 64
+REGIMES = {"a": [(256, 260), (256, 384), (256, 512)],
+           "c": [(8, 1500), (8, 2300), (64, 1500), (64, 2300)]}
+_P = PACKED_LAUNCH
+VARIANTS = {
+    "base": DecodeLaunch(),
+    "base tile128 w8 s2": DecodeLaunch(128, 8, 2),
+    "packed": _P,  # 8 kv heads per program, tile 16 (e4m3: 32), 8 warps, 2 stages
+    "packed fp8tile16": dataclasses.replace(_P, fp8_block_n=16),
+    "packed 4 heads": dataclasses.replace(_P, heads_per_program=4),
+    "packed 4 heads fp8tile16": dataclasses.replace(_P, heads_per_program=4, fp8_block_n=16),
+    "packed 4 heads tile32": dataclasses.replace(_P, heads_per_program=4, block_n=32, fp8_block_n=64),
+    "packed 2 heads tile32 w4": dataclasses.replace(_P, heads_per_program=2, block_n=32, fp8_block_n=64, num_warps=4),
+    "packed 1 head tile64 w4 s3": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1),
+    "packed 1 head persistent 4/SM": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1, persistent_per_sm=4),
+    "packed 4 heads persistent 2/SM": dataclasses.replace(_P, heads_per_program=4, persistent_per_sm=2),
+    "packed persistent 1/SM": dataclasses.replace(_P, persistent_per_sm=1),
+}
+
+
+def env_for(launch: DecodeLaunch) -> str:
+    """The environment that makes the engine (``DECODE_LAUNCH``) run ``launch``."""
+    shape = f"ASYNCRL_DECODE_LAUNCH={launch.block_n},{launch.num_warps},{launch.num_stages},{launch.kv_splits}"
+    if launch.variant == "base":
+        return shape
+    return (f"{shape} ASYNCRL_DECODE_VARIANT={launch.variant},{launch.heads_per_program},"
+            f"{launch.persistent_per_sm},{launch.fp8_block_n}")
+
+
+def measure() -> dict:
+    from paged_decode_sweep import case
+    from triton.testing import do_bench_cudagraph
+
+    from asyncrl.engine.triton_decode import paged_decode_attention
+
+    rows = []
+    for regime, shapes in REGIMES.items():
+        for batch, context in shapes:
+            q, kc, vc, bt, lens = case(batch, context)
+            for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+                k, v = kc.to(dtype), vc.to(dtype)
+                kv_bytes = 2 * batch * context * HKV * D * k.element_size()
+                ref = paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=VARIANTS["base"]).float()
+                for name, launch in VARIANTS.items():
+                    row = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1],
+                               variant=name)
+                    try:
+                        fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch)  # noqa: E731
+                        row["max_abs_diff"] = (fn().float() - ref).abs().max().item()
+                        us = do_bench_cudagraph(fn, rep=20) * 1e3
+                    except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
+                        row["error"] = repr(exc)[:200]
+                        rows.append(row)
+                        print(f"{regime} {batch:4d} x {context:5d} {row['kv']:14s} {name:24s} ERROR {row['error']}")
+                        continue
+                    row.update(us=round(us, 2), tb_per_s=round(kv_bytes / (us * 1e-6) / 1e12, 3))
+                    rows.append(row)
+                    print(f"{regime} {batch:4d} x {context:5d} {row['kv']:14s} {name:24s} {us:8.1f} us "
+                          f"{row['tb_per_s']:5.2f} TB/s  diff {row['max_abs_diff']:.1e}", flush=True)
+    return rows
+
+
+def pick(rows: list[dict]) -> list[dict]:
+    """Per (regime, kv dtype): summed us per variant over the regime's shapes; the fastest correct one."""
+    picks = []
+    for regime, shapes in REGIMES.items():
+        for kv in sorted({r["kv"] for r in rows}):
+            totals = {}
+            for name in VARIANTS:
+                got = [r for r in rows if r["regime"] == regime and r["kv"] == kv and r["variant"] == name]
+                if len(got) == len(shapes) and all("us" in r and r["max_abs_diff"] < 5e-2 for r in got):
+                    totals[name] = sum(r["us"] for r in got)
+            best = min(totals, key=totals.get)
+            picks.append(dict(regime=regime, kv=kv, base_us=round(totals["base"], 1), best=best,
+                              best_us=round(totals[best], 1), speedup=round(totals["base"] / totals[best], 3),
+                              env=env_for(VARIANTS[best])))
+    return picks
+
+
+def offline_report() -> int:
+    """Compile each variant's kernel for sm90 without a GPU (``triton.compile`` with an explicit
+    target and the 16-byte alignment the launcher gives torch tensors) and print its shared memory,
+    registers, spills, and the widest global / async-copy load in its PTX (16-byte = wide vectors)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from asyncrl.engine.triton_decode import _paged_decode_kernel
+    from asyncrl.engine.triton_decode_packed import _packed_decode_kernel, heads_per_program
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for name, launch in VARIANTS.items():
+        if launch.persistent_per_sm and name != "packed persistent 1/SM":
+            continue  # the same tiles as its non-persistent twin
+        for kv in ("bf16", "fp8e4nv"):
+            kernel = _packed_decode_kernel if launch.variant == "packed" else _paged_decode_kernel
+            ptrs = {"Q": "*bf16", "K": f"*{kv}", "V": f"*{kv}", "O": "*bf16", "BT": "*i32", "CL": "*i32",
+                    "START": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16"}
+            sig = {a: ptrs.get(a, "i32") for a in kernel.arg_names if a.isupper() or a.startswith("stride")}
+            sig = {a: t for a, t in sig.items() if a in ptrs or a.startswith("stride")}
+            sig |= {"scale": "fp32"} | ({"total_items": "i32"} if launch.variant == "packed" else {})
+            block_n = launch.fp8_block_n if (kv != "bf16" and launch.fp8_block_n) else launch.block_n
+            common = dict(GROUP=H // HKV, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=block_n, IEEE=False, CASCADE=False,
+                          SPLITS=1, KV_SPLITS=1)
+            if launch.variant == "packed":
+                hp = heads_per_program(H // HKV, HKV, launch.heads_per_program)
+                consts = common | dict(HP=hp, HGROUPS=HKV // hp, ROWS=max(16, hp * H // HKV),
+                                       PERSISTENT=bool(launch.persistent_per_sm))
+            else:
+                consts = common | dict(BLOCK_G=16, QLEN=1)
+            sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
+            aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
+            attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+            try:
+                compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                                          options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+            except Exception as exc:  # noqa: BLE001
+                print(f"{name:24s} {kv:8s} FAILED to compile: {repr(exc)[:300]}")
+                continue
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(compiled.asm["cubin"])
+                f.flush()
+                usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True,
+                                       text=True).stdout
+            regs = " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
+                            if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
+            ptx = compiled.asm["ptx"]
+            cp_async = sorted({int(x, 0) for x in re.findall(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)", ptx)})
+            ld = sorted({m for m in re.findall(r"ld\.global(?:\.\w+)*?\.(v\d)\.", ptx)})
+            print(f"{name:24s} {kv:8s} tile {block_n:3d} w{launch.num_warps} s{launch.num_stages}: shared "
+                  f"{compiled.metadata.shared // 1024} KiB, {regs}; cp.async bytes {cp_async}, ld.global vectors {ld}",
+                  flush=True)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--offline", action="store_true", help="no GPU: compile for sm90, print resources")
+    args = ap.parse_args()
+    if args.offline:
+        return offline_report()
+    t0 = time.time()
+    rows = measure()
+    picks = pick(rows)
+    for p in picks:
+        print(f"PICK regime ({p['regime']}) kv {p['kv']}: {p['best']} {p['best_us']} us vs base {p['base_us']} us "
+              f"= {p['speedup']}x; {p['env']}")
+    bf16_a = next(p for p in picks if p["regime"] == "a" and p["kv"] == "bfloat16")
+    fp8_a = next(p for p in picks if p["regime"] == "a" and p["kv"] == "float8_e4m3fn")
+    print(f"(a) fastest e4m3 vs fastest bf16: {bf16_a['best_us'] / fp8_a['best_us']:.2f}x "
+          f"(the K/V byte term halves: <= 2x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bench": "paged_decode_variants", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "seconds": round(time.time() - t0, 1), "shape": dict(H=H, HKV=HKV, D=D, PAGE=PAGE),
+                       "variants": {k: dataclasses.asdict(v) for k, v in VARIANTS.items()},
+                       "rows": rows, "picks": picks}, f, indent=1)
+    bad = [r for r in rows if r.get("max_abs_diff", 0) >= 5e-2]
+    print(f"done in {time.time() - t0:.0f} s" + (f"; DISAGREE with base: {bad}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
