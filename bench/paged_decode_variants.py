@@ -38,16 +38,15 @@ _P = PACKED_LAUNCH
 VARIANTS = {
     "base": DecodeLaunch(),
     "base tile128 w8 s2": DecodeLaunch(128, 8, 2),
-    "packed": _P,  # 8 kv heads per program, tile 16 (e4m3: 32), 8 warps, 2 stages
-    "packed fp8tile16": dataclasses.replace(_P, fp8_block_n=16),
-    "packed 4 heads": dataclasses.replace(_P, heads_per_program=4),
-    "packed 4 heads fp8tile16": dataclasses.replace(_P, heads_per_program=4, fp8_block_n=16),
+    "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
+    "packed fp8tile32": dataclasses.replace(_P, fp8_block_n=32),
+    "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed 4 heads tile32": dataclasses.replace(_P, heads_per_program=4, block_n=32, fp8_block_n=64),
     "packed 2 heads tile32 w4": dataclasses.replace(_P, heads_per_program=2, block_n=32, fp8_block_n=64, num_warps=4),
     "packed 1 head tile64 w4 s3": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1),
     "packed 1 head persistent 4/SM": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1, persistent_per_sm=4),
-    "packed 4 heads persistent 2/SM": dataclasses.replace(_P, heads_per_program=4, persistent_per_sm=2),
-    "packed persistent 1/SM": dataclasses.replace(_P, persistent_per_sm=1),
+    "packed persistent 2/SM": dataclasses.replace(_P, persistent_per_sm=2),
+    "packed 8 heads persistent 1/SM": dataclasses.replace(_P, heads_per_program=8, persistent_per_sm=1),
 }
 
 
@@ -127,7 +126,7 @@ def offline_report() -> int:
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for name, launch in VARIANTS.items():
-        if launch.persistent_per_sm and name != "packed persistent 1/SM":
+        if launch.persistent_per_sm and name != "packed persistent 2/SM":
             continue  # the same tiles as its non-persistent twin
         for kv in ("bf16", "fp8e4nv"):
             kernel = _packed_decode_kernel if launch.variant == "packed" else _paged_decode_kernel

@@ -221,15 +221,16 @@ class DecodeLaunch:
     # "packed" = several kv heads per program (triton_decode_packed.py), one query token per sequence
     # only (speculative verify steps keep "base"). block_n / num_warps / num_stages apply to it too.
     variant: str = "base"
-    heads_per_program: int = 0   # packed: kv heads per program, 0 = fill 16 rows (group 2 -> 8)
+    heads_per_program: int = 0   # packed: kv heads per program, 0 = auto (D 128, group 2 -> 4)
     persistent_per_sm: int = 0   # packed: >0 = persistent grid of SMs x this, looping over work items
     fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
-# 16-token tiles of all 8 kv heads (32 KiB of bf16 K per tile), 8 warps for the [16, 1024] fp32
-# accumulator (64 registers a thread), 2 stages (128 KiB of shared memory).
-PACKED_LAUNCH = DecodeLaunch(block_n=16, num_warps=8, num_stages=2, variant="packed", fp8_block_n=32)
+# 16-token tiles of 4 kv heads (16 KiB of bf16 K per tile), 8 warps, 2 stages: 102 registers (bf16)
+# / 128 (e4m3) a thread and 64 / 40 KiB of shared memory on sm90, two programs per SM
+# (bench/paged_decode_variants.py --offline). GPU timing pending: that script picks per regime.
+PACKED_LAUNCH = DecodeLaunch(block_n=16, num_warps=8, num_stages=2, variant="packed", fp8_block_n=16)
 
 
 def _launch_from_env() -> DecodeLaunch:

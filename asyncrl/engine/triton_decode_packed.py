@@ -6,15 +6,17 @@ zeros, each program reads only 256 B of K per token, and at short contexts a pro
 4-5 tiles, so the pipeline prologue dominates (bench/RESULTS.md, "Decode-kernel launch sweep").
 
 Here a program owns ``HP`` kv heads of one sequence (``HP * GROUP <= ROWS`` rows, ROWS >= 16, e.g.
-8 kv heads x 2 q heads = 16 rows, all filled). K/V tiles are ``[BLOCK_N tokens, HP * BLOCK_D]``:
-with ``HP`` = all kv heads a tile is one contiguous run of the page (a token's heads are adjacent in
-the ``[N, page, Hkv, D]`` cache), read with wide vector loads. The query is laid out block-diagonally,
+4 kv heads x 2 q heads = 8 rows; 8 x 2 = 16 fills them, but see ``MAX_COLUMNS``). K/V tiles are
+``[BLOCK_N tokens, HP * BLOCK_D]``: a token's heads are adjacent in the ``[N, page, Hkv, D]`` cache,
+so each token's row of the tile is one contiguous run, copied in 16-byte ``cp.async`` pieces. The query is laid out block-diagonally,
 ``q_bd[r, c] = q[r, c % BLOCK_D]`` where column ``c`` belongs to row ``r``'s kv head, else 0, so ONE
 ``tl.dot(q_bd, k^T)`` gives every row the scores against its own head's keys (the zeros make the
 other heads' columns vanish; the tensor cores have ~10x the FLOPs this needs at 4.8 TB/s). The PV
-product ``p @ v`` is ``[ROWS, HP * BLOCK_D]``; each row keeps only its own head's columns at the
-store. Fewer, longer-lived programs: at batch 256 and 8 kv heads, 256 programs each walking the
-whole context in tiles of 16 (bf16) or 32 (e4m3: the same bytes per tile) tokens.
+product is computed transposed, ``acc^T += v^T @ p^T`` (``[HP * BLOCK_D, ROWS]``), and each row keeps
+only its own head's columns at the store. Transposed because as the dot's B operand an e4m3 V tile
+was copied in 8-byte pieces (the shared layout's vector is 8 elements), as the A operand in 16-byte
+ones like K (sm90 PTX, ``--offline``). Fewer, longer-lived programs: at batch 256 and 8 kv heads, 256 programs each walking the
+whole context in tiles of 16 tokens.
 
 ``PERSISTENT``: the grid is ``min(items, SMs x per_sm)`` programs looping over the work items
 (sequence, head group, KV split) -- programs stay resident and the launch does not depend on the
@@ -127,15 +129,23 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
                      mask=own)
 
 
-def heads_per_program(group: int, hkv: int, requested: int = 0) -> int:
+# Columns (heads x padded head dim) of a program's K/V tile and transposed accumulator, at most:
+# 512 keeps the [512, 16] fp32 accumulator at 32 registers a thread with 8 warps, so two programs fit
+# an SM (sm90 offline compile, bench/paged_decode_variants.py --offline: 4 heads x 128 = 102
+# registers bf16 / 128 e4m3 at a 16-token tile; 8 heads x 128 = 222 / 241, one program per SM).
+MAX_COLUMNS = 512
+
+
+def heads_per_program(group: int, hkv: int, requested: int = 0, block_d: int = 128) -> int:
     """kv heads per program: ``requested``, else the most (a power of 2 dividing ``hkv``) whose
-    ``HP * group`` rows fit one 16-row ``tl.dot`` (group 2 -> 8, group 4 -> 4, group >= 16 -> 1)."""
+    ``HP * group`` rows fit one 16-row ``tl.dot`` and whose ``HP * block_d`` columns stay within
+    ``MAX_COLUMNS`` (D 128: group 1, 2, 4 -> 4, group 8 -> 2, group >= 16 -> 1)."""
     if requested:
         if hkv % requested:
             raise ValueError(f"heads_per_program={requested} does not divide the {hkv} kv heads")
         return requested
     hp = 1
-    while hp * 2 * group <= 16 and hkv % (hp * 2) == 0:
+    while hp * 2 * group <= 16 and hkv % (hp * 2) == 0 and hp * 2 * block_d <= MAX_COLUMNS:
         hp *= 2
     return hp
 
@@ -149,7 +159,8 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
-    hp = heads_per_program(group, hkv, launch.heads_per_program)
+    block_d = max(16, triton.next_power_of_2(D))
+    hp = heads_per_program(group, hkv, launch.heads_per_program, block_d)
     hgroups = hkv // hp
     splits = 1 if cascade is not None else kv_splits_for(B, hgroups, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
@@ -160,7 +171,6 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
         po, pl = so, sl
     else:
         so, sl = po, pl
-    block_d = max(16, triton.next_power_of_2(D))
     block_n = launch.fp8_block_n if (launch.fp8_block_n and k_cache.element_size() == 1) else launch.block_n
     items = B * hgroups * splits
     grid = min(items, _programs(q.device, launch.persistent_per_sm)) if launch.persistent_per_sm else items

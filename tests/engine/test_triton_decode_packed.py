@@ -115,8 +115,9 @@ def test_packed_verify_step_falls_back_to_base():
 
 
 def test_heads_per_program_and_env_switch(monkeypatch):
-    assert [heads_per_program(gq, 8) for gq in (1, 2, 4, 8, 16)] == [8, 8, 4, 2, 1]
-    assert heads_per_program(2, 4) == 4 and heads_per_program(2, 6) == 2
+    assert [heads_per_program(gq, 8) for gq in (1, 2, 4, 8, 16)] == [4, 4, 4, 2, 1]  # D 128: <= 512 columns
+    assert [heads_per_program(gq, 8, block_d=64) for gq in (1, 2, 4)] == [8, 8, 4]
+    assert heads_per_program(2, 4, block_d=16) == 4 and heads_per_program(2, 6, block_d=16) == 2
     with pytest.raises(ValueError, match="does not divide the 8 kv heads"):
         heads_per_program(2, 8, requested=3)
     monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "packed,4,2")
