@@ -6,7 +6,8 @@ K/V blocks scattered over the pool (``paged_decode_sweep.case``). Shapes: worklo
 Variants (``VARIANTS``): the engine's launch (``base``), the base kernel with a 128-token tile,
 and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 2 / 1 kv heads per
 program (8: all heads of a sequence, 16 filled ``tl.dot`` rows; 1: the base kernel's work split but
-16-byte copies of an e4m3 V tile), 16 / 32 / 64-token tiles, and persistent grids. Each is timed in a CUDA graph
+16-byte copies of an e4m3 V tile), 16 / 32 / 64-token tiles, the block-table row in registers
+("table": lets 3-4 stages pipeline 2-3 tiles ahead), and persistent grids. Each is timed in a CUDA graph
 (``triton.testing.do_bench_cudagraph``, GPU time only), checked against ``base`` on the same cache
 (max abs diff, bf16 output), and reported in us and TB/s of K/V bytes read. Last lines: per regime
 ((a) = its three shapes summed, (c) = its four) and K/V dtype, the fastest variant, its speed-up
@@ -34,19 +35,23 @@ from asyncrl.engine.triton_decode import PACKED_LAUNCH, DecodeLaunch  # noqa: E4
 H, HKV, D, PAGE = 16, 8, 128, 64
 REGIMES = {"a": [(256, 260), (256, 384), (256, 512)],
            "c": [(8, 1500), (8, 2300), (64, 1500), (64, 2300)]}
-_P = PACKED_LAUNCH
+_P = DecodeLaunch(16, 8, 2, variant="packed", fp8_block_n=16)  # the packed kernel, table looked up per tile
+_T = PACKED_LAUNCH  # _P + the block table in registers, 3 stages (2 tiles ahead): the env's default
 VARIANTS = {
     "base": DecodeLaunch(),
     "base tile128 w8 s2": DecodeLaunch(128, 8, 2),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed fp8tile32": dataclasses.replace(_P, fp8_block_n=32),
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
-    "packed 4 heads tile32": dataclasses.replace(_P, heads_per_program=4, block_n=32, fp8_block_n=64),
     "packed 2 heads tile32 w4": dataclasses.replace(_P, heads_per_program=2, block_n=32, fp8_block_n=64, num_warps=4),
     "packed 1 head tile64 w4 s3": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1),
+    "packed table s3 (PACKED_LAUNCH)": _T,
+    "packed table s4": dataclasses.replace(_T, num_stages=4),
+    "packed table s3 fp8tile32": dataclasses.replace(_T, fp8_block_n=32),
+    "packed table 1 head tile64 w4 s4": dataclasses.replace(_T, heads_per_program=1, block_n=64, fp8_block_n=64,
+                                                            num_warps=4, num_stages=4),
+    "packed table s3 persistent 2/SM": dataclasses.replace(_T, persistent_per_sm=2),
     "packed 1 head persistent 4/SM": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1, persistent_per_sm=4),
-    "packed persistent 2/SM": dataclasses.replace(_P, persistent_per_sm=2),
-    "packed 8 heads persistent 1/SM": dataclasses.replace(_P, heads_per_program=8, persistent_per_sm=1),
 }
 
 
@@ -56,7 +61,7 @@ def env_for(launch: DecodeLaunch) -> str:
     if launch.variant == "base":
         return shape
     return (f"{shape} ASYNCRL_DECODE_VARIANT={launch.variant},{launch.heads_per_program},"
-            f"{launch.persistent_per_sm},{launch.fp8_block_n}")
+            f"{launch.persistent_per_sm},{launch.fp8_block_n},{int(launch.table_in_registers)}")
 
 
 def measure() -> dict:
@@ -126,7 +131,7 @@ def offline_report() -> int:
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for name, launch in VARIANTS.items():
-        if launch.persistent_per_sm and name != "packed persistent 2/SM":
+        if launch.persistent_per_sm and name != "packed table s3 persistent 2/SM":
             continue  # the same tiles as its non-persistent twin
         for kv in ("bf16", "fp8e4nv"):
             kernel = _packed_decode_kernel if launch.variant == "packed" else _paged_decode_kernel
@@ -141,7 +146,8 @@ def offline_report() -> int:
             if launch.variant == "packed":
                 hp = heads_per_program(H // HKV, HKV, launch.heads_per_program)
                 consts = common | dict(HP=hp, HGROUPS=HKV // hp, ROWS=max(16, hp * H // HKV),
-                                       PERSISTENT=bool(launch.persistent_per_sm))
+                                       PERSISTENT=bool(launch.persistent_per_sm),
+                                       BT_REGS=16 if launch.table_in_registers else 0)  # (a): <= 9 blocks
             else:
                 consts = common | dict(BLOCK_G=16, QLEN=1)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}

@@ -224,13 +224,16 @@ class DecodeLaunch:
     heads_per_program: int = 0   # packed: kv heads per program, 0 = auto (D 128, group 2 -> 4)
     persistent_per_sm: int = 0   # packed: >0 = persistent grid of SMs x this, looping over work items
     fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
+    table_in_registers: bool = False  # packed: load the block-table row once (lets the pipeliner go deeper)
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
-# 16-token tiles of 4 kv heads (16 KiB of bf16 K per tile), 8 warps, 2 stages: 102 registers (bf16)
-# / 128 (e4m3) a thread and 64 / 40 KiB of shared memory on sm90, two programs per SM
-# (bench/paged_decode_variants.py --offline). GPU timing pending: that script picks per regime.
-PACKED_LAUNCH = DecodeLaunch(block_n=16, num_warps=8, num_stages=2, variant="packed", fp8_block_n=16)
+# 16-token tiles of 4 kv heads (16 KiB of bf16 K per tile), 8 warps, 3 stages with the block-table
+# row in registers (2 tiles ahead): 104 registers a thread (bf16; 160 e4m3) and 96 KiB (48) of shared
+# memory on sm90, two bf16 programs per SM (bench/paged_decode_variants.py --offline). Picked by
+# those resources, not timed yet: that script times it against the alternatives per regime.
+PACKED_LAUNCH = DecodeLaunch(block_n=16, num_warps=8, num_stages=3, variant="packed", fp8_block_n=16,
+                             table_in_registers=True)
 
 
 def _launch_from_env() -> DecodeLaunch:
@@ -242,7 +245,7 @@ def _launch_from_env() -> DecodeLaunch:
 
 
 def _variant_from_env(launch: DecodeLaunch, shaped: bool) -> DecodeLaunch:
-    """``ASYNCRL_DECODE_VARIANT="packed[,heads_per_program[,persistent_per_sm[,fp8_block_n]]]"``
+    """``ASYNCRL_DECODE_VARIANT="packed[,heads_per_program[,persistent_per_sm[,fp8_block_n[,table_in_registers]]]]"``
     switches on an opt-in variant (``PACKED_LAUNCH``'s shape unless ``ASYNCRL_DECODE_LAUNCH`` set one)."""
     raw = os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip()
     if not raw or raw == "base":
@@ -251,7 +254,10 @@ def _variant_from_env(launch: DecodeLaunch, shaped: bool) -> DecodeLaunch:
     if name != "packed":
         raise ValueError(f"ASYNCRL_DECODE_VARIANT={raw!r}: the variants are 'base' and 'packed'")
     base = launch if shaped else PACKED_LAUNCH
-    fields = dict(zip(("heads_per_program", "persistent_per_sm", "fp8_block_n"), map(int, nums)))
+    fields = dict(zip(("heads_per_program", "persistent_per_sm", "fp8_block_n", "table_in_registers"),
+                      map(int, nums)))
+    if "table_in_registers" in fields:
+        fields["table_in_registers"] = bool(fields["table_in_registers"])
     return dataclasses.replace(base, variant="packed", **fields)
 
 

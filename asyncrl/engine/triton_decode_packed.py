@@ -18,6 +18,9 @@ was copied in 8-byte pieces (the shared layout's vector is 8 elements), as the A
 ones like K (sm90 PTX, ``--offline``). Fewer, longer-lived programs: at batch 256 and 8 kv heads, 256 programs each walking the
 whole context in tiles of 16 tokens.
 
+``BT_REGS``: the block-table row is read once per work item (see ``MAX_TABLE_REGS``), so the
+pipeline can run ``num_stages - 1`` tiles ahead: the "more stages" lever for short contexts.
+
 ``PERSISTENT``: the grid is ``min(items, SMs x per_sm)`` programs looping over the work items
 (sequence, head group, KV split) -- programs stay resident and the launch does not depend on the
 batch's shape beyond ``items``.
@@ -42,7 +45,7 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
                           GROUP: tl.constexpr, HP: tl.constexpr, HGROUPS: tl.constexpr, ROWS: tl.constexpr,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                           IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
-                          KV_SPLITS: tl.constexpr, PERSISTENT: tl.constexpr):
+                          KV_SPLITS: tl.constexpr, PERSISTENT: tl.constexpr, BT_REGS: tl.constexpr):
     """Work item w = (sequence b, head group hg, KV chunk sid), w = (b * HGROUPS + hg) * KV_SPLITS + sid.
     Row r (< HP * GROUP) is q head ``hg * HP * GROUP + r`` (kv head ``hg * HP + r // GROUP``);
     column c is head dim ``c % BLOCK_D`` of kv head ``hg * HP + c // BLOCK_D``."""
@@ -74,6 +77,9 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
             last = tl.minimum(first + span, ctx)
         heads = hg * (HP * GROUP) + r                        # q head of each row
         kv_col = (hg * HP + col_head) * stride_kh + dd       # cache offset of each column within a token
+        if BT_REGS > 0:
+            bt_idx = tl.arange(0, BT_REGS)
+            bt_row = tl.load(BT + b * stride_bt + bt_idx, mask=bt_idx < tl.cdiv(last, PAGE), other=0)
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + dd[None, :], mask=own, other=0.0)
         m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l = tl.zeros([ROWS], dtype=tl.float32)
@@ -81,7 +87,9 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
         for start in range(first, last, BLOCK_N):
             tok = start + n
             kmask = tok < last
-            if PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
+            if BT_REGS > 0:  # the row's table is in registers: no load on the K/V address chain
+                blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+            elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
                 blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
             else:
                 blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
@@ -129,6 +137,13 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
                      mask=own)
 
 
+# ``table_in_registers``: the program loads its sequence's block-table row once (at most this many
+# blocks; wider tables fall back to a lookup per tile) and picks each tile's block from registers.
+# With the lookup in the loop, each K/V address depends on a load of the same iteration and Triton
+# 3.6 pipelines one tile ahead whatever num_stages says; without it, num_stages - 1 tiles (sm90
+# TTGIR: K/V buffers 1/2 -> 2/3 at 3 stages, 3/4 at 4).
+MAX_TABLE_REGS = 256
+
 # Columns (heads x padded head dim) of a program's K/V tile and transposed accumulator, at most:
 # 512 keeps the [512, 16] fp32 accumulator at 32 registers a thread with 8 warps, so two programs fit
 # an SM (sm90 offline compile, bench/paged_decode_variants.py --offline: 4 heads x 128 = 102
@@ -173,6 +188,9 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
         so, sl = po, pl
     block_n = launch.fp8_block_n if (launch.fp8_block_n and k_cache.element_size() == 1) else launch.block_n
     items = B * hgroups * splits
+    bt_regs = 0  # the block-table row in registers: up to MAX_TABLE_REGS blocks (a register per ~2 thread)
+    if launch.table_in_registers and page % block_n == 0 and block_tables.shape[1] <= MAX_TABLE_REGS:
+        bt_regs = max(16, triton.next_power_of_2(block_tables.shape[1]))
     grid = min(items, _programs(q.device, launch.persistent_per_sm)) if launch.persistent_per_sm else items
     _packed_decode_kernel[(max(1, grid),)](
         q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale, items,
@@ -182,7 +200,7 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
         GROUP=group, HP=hp, HGROUPS=hgroups, ROWS=max(16, triton.next_power_of_2(hp * group)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
         CASCADE=cascade is not None, SPLITS=po.shape[0], KV_SPLITS=splits,
-        PERSISTENT=bool(launch.persistent_per_sm), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        PERSISTENT=bool(launch.persistent_per_sm), BT_REGS=bt_regs, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(B, H)](
             so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),

@@ -34,8 +34,10 @@ D, PAGE = 16, 4
 VARIANTS = [
     ("packed", DecodeLaunch(block_n=4, variant="packed")),
     ("packed, tile over 2 blocks, fp8 tile 16", DecodeLaunch(block_n=8, variant="packed", fp8_block_n=16)),
-    ("packed, split-KV 2", DecodeLaunch(block_n=4, kv_splits=2, variant="packed")),
-    ("packed, persistent", DecodeLaunch(block_n=4, kv_splits=1, variant="packed", persistent_per_sm=1)),
+    ("packed, split-KV 2, table in registers", DecodeLaunch(block_n=4, kv_splits=2, variant="packed",
+                                                            table_in_registers=True)),
+    ("packed, persistent, table in registers", DecodeLaunch(block_n=4, kv_splits=1, variant="packed",
+                                                            persistent_per_sm=1, table_in_registers=True)),
     ("packed, 1 head per program, persistent, split 4",
      DecodeLaunch(block_n=4, kv_splits=4, variant="packed", heads_per_program=1, persistent_per_sm=1)),
 ]
@@ -109,7 +111,8 @@ def test_packed_cascade_equals_base_cascade_and_float64(kv_dtype, packed_calls):
     dev = [t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
     args = (*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5)
     base = cascade_decode_attention(*args, launch=DecodeLaunch(block_n=4))
-    out = cascade_decode_attention(*args, launch=DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1))
+    out = cascade_decode_attention(*args, launch=DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1,
+                                                              table_in_registers=True))
     ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
     torch.testing.assert_close(out.cpu(), base.cpu(), rtol=0, atol=1e-5)
     torch.testing.assert_close(out.cpu().double(), ref, rtol=0, atol=1e-5)
@@ -134,9 +137,12 @@ def test_heads_per_program_and_env_switch(monkeypatch):
     assert heads_per_program(2, 4, block_d=16) == 4 and heads_per_program(2, 6, block_d=16) == 2
     with pytest.raises(ValueError, match="does not divide the 8 kv heads"):
         heads_per_program(2, 8, requested=3)
-    monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "packed,4,2")
+    monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "packed,4,2,32,1")
     launch = _variant_from_env(DecodeLaunch(), shaped=False)
-    assert (launch.variant, launch.heads_per_program, launch.persistent_per_sm, launch.block_n) == ("packed", 4, 2, 16)
+    assert (launch.variant, launch.heads_per_program, launch.persistent_per_sm, launch.block_n, launch.fp8_block_n,
+            launch.table_in_registers, launch.num_stages) == ("packed", 4, 2, 16, 32, True, 3)
+    monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "packed,0,0,0,0")
+    assert not _variant_from_env(DecodeLaunch(), shaped=False).table_in_registers
     assert _variant_from_env(DecodeLaunch(block_n=32), shaped=True).block_n == 32
     monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "fast")
     with pytest.raises(ValueError, match="the variants are 'base' and 'packed'"):
@@ -148,8 +154,8 @@ def test_heads_per_program_and_env_switch(monkeypatch):
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8_KV], ids=["bf16", "e4m3"])
 def test_gpu_packed_bf16_at_the_06b_shape_equals_base(kv_dtype):
     """bf16 queries at the Qwen3-0.6B shape (16 q / 8 kv heads, D 128, block 64), the engine's
-    launches: the packed variant (and its persistent / split forms) equals the base kernel within
-    bf16 rounding and the float64 reference."""
+    launches: the packed variant (its default, persistent, split, 8-head and 1-head forms) equals the
+    base kernel within bf16 rounding and the float64 reference."""
     from asyncrl.engine.triton_decode import PACKED_LAUNCH
     import dataclasses
 
@@ -171,7 +177,9 @@ def test_gpu_packed_bf16_at_the_06b_shape_equals_base(kv_dtype):
     lens = lens.cuda()
     base = paged_decode_attention(q, kc, vc, bt, lens, scale, launch=DecodeLaunch())
     for launch in (PACKED_LAUNCH, dataclasses.replace(PACKED_LAUNCH, persistent_per_sm=2),
-                   dataclasses.replace(PACKED_LAUNCH, kv_splits=4), dataclasses.replace(PACKED_LAUNCH, num_stages=3)):
+                   dataclasses.replace(PACKED_LAUNCH, kv_splits=4),
+                   dataclasses.replace(PACKED_LAUNCH, table_in_registers=False, num_stages=2, heads_per_program=8),
+                   DecodeLaunch(64, 4, 4, variant="packed", heads_per_program=1, table_in_registers=True)):
         out = paged_decode_attention(q, kc, vc, bt, lens, scale, launch=launch)
         torch.testing.assert_close(out.float(), base.float(), rtol=0, atol=2e-2, msg=lambda m: f"{launch}: {m}")
         torch.testing.assert_close(out.double().cpu(), ref, rtol=0, atol=2e-2, msg=lambda m: f"{launch}: {m}")
