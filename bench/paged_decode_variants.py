@@ -4,16 +4,16 @@ One attention layer of a Qwen3-0.6B-shaped model (16 q heads, 8 kv heads: GQA 2,
 K/V blocks scattered over the pool (``paged_decode_sweep.case``). Shapes: workload (a)'s decode
 (batch 256 x context 260 / 384 / 512) and workload (c)'s tail (batch 8 / 64 x 1,500 / 2,300).
 Variants (``VARIANTS``): the engine's launch (``base``), the base kernel with a 128-token tile,
-and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 2 / 1 kv heads per
+and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 1 kv heads per
 program (8: all heads of a sequence, 16 filled ``tl.dot`` rows; 1: the base kernel's work split but
 16-byte copies of an e4m3 V tile), 16 / 32 / 64-token tiles, the block-table row in registers
-("table": lets 3-4 stages pipeline 2-3 tiles ahead), and persistent grids. Each is timed in a CUDA graph
-(``triton.testing.do_bench_cudagraph``, GPU time only), checked against ``base`` on the same cache
+("table": lets 3-4 stages pipeline 2-3 tiles ahead), and persistent grids. Each is timed in a CUDA
+graph (``triton.testing.do_bench_cudagraph``, GPU time only), checked against ``base`` on the same cache
 (max abs diff, bf16 output), and reported in us and TB/s of K/V bytes read. Last lines: per regime
 ((a) = its three shapes summed, (c) = its four) and K/V dtype, the fastest variant, its speed-up
 over ``base``, and the environment that makes the engine use it.
 
-    python bench/paged_decode_variants.py --json bench/results/paged_decode_variants_h200.json  # ~1-2 min
+    python bench/paged_decode_variants.py --json bench/results/paged_decode_variants_h200.json  # ~2-3 min
     python bench/paged_decode_variants.py --offline   # no GPU: registers / shared memory / load width on sm90
 """
 from __future__ import annotations
@@ -41,9 +41,7 @@ VARIANTS = {
     "base": DecodeLaunch(),
     "base tile128 w8 s2": DecodeLaunch(128, 8, 2),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
-    "packed fp8tile32": dataclasses.replace(_P, fp8_block_n=32),
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
-    "packed 2 heads tile32 w4": dataclasses.replace(_P, heads_per_program=2, block_n=32, fp8_block_n=64, num_warps=4),
     "packed 1 head tile64 w4 s3": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1),
     "packed table s3 (PACKED_LAUNCH)": _T,
     "packed table s4": dataclasses.replace(_T, num_stages=4),
@@ -167,7 +165,8 @@ def offline_report() -> int:
             regs = " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
                             if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
             ptx = compiled.asm["ptx"]
-            cp_async = sorted({int(x, 0) for x in re.findall(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)", ptx)})
+            copies = re.findall(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)", ptx)
+            cp_async = sorted({int(x, 0) for x in copies})
             ld = sorted({m for m in re.findall(r"ld\.global(?:\.\w+)*?\.(v\d)\.", ptx)})
             print(f"{name:24s} {kv:8s} tile {block_n:3d} w{launch.num_warps} s{launch.num_stages}: shared "
                   f"{compiled.metadata.shared // 1024} KiB, {regs}; cp.async bytes {cp_async}, ld.global vectors {ld}",
@@ -194,7 +193,8 @@ def main() -> int:
           f"(the K/V byte term halves: <= 2x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bench": "paged_decode_variants", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            json.dump({"bench": "paged_decode_variants",
+                       "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "seconds": round(time.time() - t0, 1), "shape": dict(H=H, HKV=HKV, D=D, PAGE=PAGE),
                        "variants": {k: dataclasses.asdict(v) for k, v in VARIANTS.items()},

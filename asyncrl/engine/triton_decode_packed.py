@@ -8,15 +8,16 @@ zeros, each program reads only 256 B of K per token, and at short contexts a pro
 Here a program owns ``HP`` kv heads of one sequence (``HP * GROUP <= ROWS`` rows, ROWS >= 16, e.g.
 4 kv heads x 2 q heads = 8 rows; 8 x 2 = 16 fills them, but see ``MAX_COLUMNS``). K/V tiles are
 ``[BLOCK_N tokens, HP * BLOCK_D]``: a token's heads are adjacent in the ``[N, page, Hkv, D]`` cache,
-so each token's row of the tile is one contiguous run, copied in 16-byte ``cp.async`` pieces. The query is laid out block-diagonally,
-``q_bd[r, c] = q[r, c % BLOCK_D]`` where column ``c`` belongs to row ``r``'s kv head, else 0, so ONE
-``tl.dot(q_bd, k^T)`` gives every row the scores against its own head's keys (the zeros make the
-other heads' columns vanish; the tensor cores have ~10x the FLOPs this needs at 4.8 TB/s). The PV
-product is computed transposed, ``acc^T += v^T @ p^T`` (``[HP * BLOCK_D, ROWS]``), and each row keeps
-only its own head's columns at the store. Transposed because as the dot's B operand an e4m3 V tile
-was copied in 8-byte pieces (the shared layout's vector is 8 elements), as the A operand in 16-byte
-ones like K (sm90 PTX, ``--offline``). Fewer, longer-lived programs: at batch 256 and 8 kv heads, 256 programs each walking the
-whole context in tiles of 16 tokens.
+so each token's row of the tile is one contiguous run, copied in 16-byte ``cp.async`` pieces. The
+query is laid out block-diagonally, ``q_bd[r, c] = q[r, c % BLOCK_D]`` where column ``c`` belongs
+to row ``r``'s kv head, else 0, so ONE ``tl.dot(q_bd, k^T)`` gives every row the scores against its
+own head's keys (the zeros make the other heads' columns vanish; the tensor cores have ~10x the
+FLOPs this needs at 4.8 TB/s). The PV product is computed transposed, ``acc^T += v^T @ p^T``
+(``[HP * BLOCK_D, ROWS]``), and each row keeps only its own head's columns at the store.
+Transposed because as the dot's B operand an e4m3 V tile was copied in 8-byte pieces (the shared
+layout's vector is 8 elements), as the A operand in 16-byte ones like K (sm90 PTX, ``--offline``).
+Fewer, longer-lived programs: at batch 256, 8 kv heads and 4 per program, 512 programs each walk
+the whole context in tiles of 16 tokens (the base kernel: 2,048 programs of 4-8 tiles of 64).
 
 ``BT_REGS``: the block-table row is read once per work item (see ``MAX_TABLE_REGS``), so the
 pipeline can run ``num_stages - 1`` tiles ahead: the "more stages" lever for short contexts.
@@ -200,7 +201,8 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
         GROUP=group, HP=hp, HGROUPS=hgroups, ROWS=max(16, triton.next_power_of_2(hp * group)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
         CASCADE=cascade is not None, SPLITS=po.shape[0], KV_SPLITS=splits,
-        PERSISTENT=bool(launch.persistent_per_sm), BT_REGS=bt_regs, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        PERSISTENT=bool(launch.persistent_per_sm), BT_REGS=bt_regs,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(B, H)](
             so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
