@@ -3,8 +3,8 @@
 One attention layer of a Qwen3-0.6B-shaped model (16 q heads, 8 kv heads: GQA 2, D 128, block 64),
 K/V blocks scattered over the pool (``paged_decode_sweep.case``). Shapes: workload (a)'s decode
 (batch 256 x context 260 / 384 / 512) and workload (c)'s tail (batch 8 / 64 x 1,500 / 2,300).
-Variants (``VARIANTS``): the engine's launch (``base``), the base kernel with a 128-token tile,
-and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 1 kv heads per
+Variants (``VARIANTS``): the engine's launch (``base``), the base kernel with a 128-token tile or
+with its block-table row in registers (3 / 4 stages), and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 1 kv heads per
 program (8: all heads of a sequence, 16 filled ``tl.dot`` rows; 1: the base kernel's work split but
 16-byte copies of an e4m3 V tile), 16 / 32 / 64-token tiles, the block-table row in registers
 ("table": lets 3-4 stages pipeline 2-3 tiles ahead), and persistent grids. Each is timed in a CUDA
@@ -41,6 +41,8 @@ _T = PACKED_LAUNCH  # _P + the block table in registers, 3 stages (2 tiles ahead
 VARIANTS = {
     "base": DecodeLaunch(),
     "base tile128 w8 s2": DecodeLaunch(128, 8, 2),
+    "base table s3": DecodeLaunch(64, 4, 3, table_in_registers=True),
+    "base table s4": DecodeLaunch(64, 4, 4, table_in_registers=True),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed 1 head tile64 w4 s3": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1),
@@ -58,7 +60,7 @@ def env_for(launch: DecodeLaunch) -> str:
     """The environment that makes the engine (``DECODE_LAUNCH``) run ``launch``."""
     shape = f"ASYNCRL_DECODE_LAUNCH={launch.block_n},{launch.num_warps},{launch.num_stages},{launch.kv_splits}"
     if launch.variant == "base":
-        return shape
+        return shape + (" ASYNCRL_DECODE_VARIANT=base,1" if launch.table_in_registers else "")
     return (f"{shape} ASYNCRL_DECODE_VARIANT={launch.variant},{launch.heads_per_program},"
             f"{launch.persistent_per_sm},{launch.fp8_block_n},{int(launch.table_in_registers)}")
 
@@ -148,7 +150,7 @@ def offline_report() -> int:
                                        PERSISTENT=bool(launch.persistent_per_sm),
                                        BT_REGS=16 if launch.table_in_registers else 0)  # (a): <= 9 blocks
             else:
-                consts = common | dict(BLOCK_G=16, QLEN=1)
+                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=16 if launch.table_in_registers else 0)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}

@@ -36,7 +36,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
-                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr):
+                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
@@ -64,13 +64,18 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
     q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
     limit = ctx - QLEN + qi  # the last key position each row sees
+    if BT_REGS > 0:  # opt-in (table_regs): the row's block table in registers, read once
+        bt_idx = tl.arange(0, BT_REGS)
+        bt_row = tl.load(BT + b * stride_bt + bt_idx, mask=bt_idx < tl.cdiv(last, PAGE), other=0)
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     for start in range(first, last, BLOCK_N):
         tok = start + n
         kmask = tok < last
-        if PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
+        if BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
+            blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+        elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
             blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
         else:  # per-token block lookup: a tile may span several small blocks
             blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
@@ -224,7 +229,7 @@ class DecodeLaunch:
     heads_per_program: int = 0   # packed: kv heads per program, 0 = auto (D 128, group 2 -> 4)
     persistent_per_sm: int = 0   # packed: >0 = persistent grid of SMs x this, looping over work items
     fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
-    table_in_registers: bool = False  # packed: load the block-table row once (lets the pipeliner go deeper)
+    table_in_registers: bool = False  # base and packed: block-table row read once (``table_regs``)
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
@@ -246,22 +251,41 @@ def _launch_from_env() -> DecodeLaunch:
 
 def _variant_from_env(launch: DecodeLaunch, shaped: bool) -> DecodeLaunch:
     """``ASYNCRL_DECODE_VARIANT="packed[,heads_per_program[,persistent_per_sm[,fp8_block_n[,table_in_registers]]]]"``
-    switches on an opt-in variant (``PACKED_LAUNCH``'s shape unless ``ASYNCRL_DECODE_LAUNCH`` set one)."""
+    switches on the packed kernel (``PACKED_LAUNCH``'s shape unless ``ASYNCRL_DECODE_LAUNCH`` set one);
+    ``"base,1"`` keeps the base kernel with its block table in registers (``table_regs``)."""
     raw = os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip()
-    if not raw or raw == "base":
+    if not raw:
         return launch
     name, *nums = raw.split(",")
-    if name != "packed":
+    names = {"base": ("table_in_registers",),
+             "packed": ("heads_per_program", "persistent_per_sm", "fp8_block_n", "table_in_registers")}
+    if name not in names:
         raise ValueError(f"ASYNCRL_DECODE_VARIANT={raw!r}: the variants are 'base' and 'packed'")
-    base = launch if shaped else PACKED_LAUNCH
-    fields = dict(zip(("heads_per_program", "persistent_per_sm", "fp8_block_n", "table_in_registers"),
-                      map(int, nums)))
+    base = launch if (shaped or name == "base") else PACKED_LAUNCH
+    fields = dict(zip(names[name], map(int, nums)))
     if "table_in_registers" in fields:
         fields["table_in_registers"] = bool(fields["table_in_registers"])
-    return dataclasses.replace(base, variant="packed", **fields)
+    return dataclasses.replace(base, variant=name, **fields)
 
 
 DECODE_LAUNCH = _launch_from_env()
+
+
+# ``DecodeLaunch.table_in_registers``: a program loads its sequence's block-table row once (at most
+# this many blocks; wider tables fall back to a lookup per tile) and picks each tile's block from
+# registers. With the lookup in the loop, each K/V address depends on a load of the same iteration
+# and Triton 3.6 keeps ONE K and ONE V buffer whatever num_stages says (sm90 TTGIR of the base kernel
+# at 2, 3 and 4 stages: the same 38 KiB); without it, num_stages - 1 tiles are in flight (packed
+# kernel: K/V buffers 2/3 at 3 stages, 3/4 at 4).
+MAX_TABLE_REGS = 256
+
+
+def table_regs(block_tables: torch.Tensor, page: int, block_n: int, launch: DecodeLaunch) -> int:
+    """``BT_REGS`` of a launch: the table width rounded up to a power of 2 (>= 16), or 0 = a lookup
+    per tile (off, a tile spanning blocks, or a table wider than ``MAX_TABLE_REGS``)."""
+    if not launch.table_in_registers or page % block_n or block_tables.shape[1] > MAX_TABLE_REGS:
+        return 0
+    return max(16, triton.next_power_of_2(block_tables.shape[1]))
 
 
 def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaunch) -> int:
@@ -309,7 +333,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
-        KV_SPLITS=splits, QLEN=qlen,
+        KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](

@@ -19,7 +19,7 @@ layout's vector is 8 elements), as the A operand in 16-byte ones like K (sm90 PT
 Fewer, longer-lived programs: at batch 256, 8 kv heads and 4 per program, 512 programs each walk
 the whole context in tiles of 16 tokens (the base kernel: 2,048 programs of 4-8 tiles of 64).
 
-``BT_REGS``: the block-table row is read once per work item (see ``MAX_TABLE_REGS``), so the
+``BT_REGS``: the block-table row is read once per work item (``triton_decode.table_regs``), so the
 pipeline can run ``num_stages - 1`` tiles ahead: the "more stages" lever for short contexts.
 
 ``PERSISTENT``: the grid is ``min(items, SMs x per_sm)`` programs looping over the work items
@@ -138,13 +138,6 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
                      mask=own)
 
 
-# ``table_in_registers``: the program loads its sequence's block-table row once (at most this many
-# blocks; wider tables fall back to a lookup per tile) and picks each tile's block from registers.
-# With the lookup in the loop, each K/V address depends on a load of the same iteration and Triton
-# 3.6 pipelines one tile ahead whatever num_stages says; without it, num_stages - 1 tiles (sm90
-# TTGIR: K/V buffers 1/2 -> 2/3 at 3 stages, 3/4 at 4).
-MAX_TABLE_REGS = 256
-
 # Columns (heads x padded head dim) of a program's K/V tile and transposed accumulator, at most:
 # 512 keeps the [512, 16] fp32 accumulator at 32 registers a thread with 8 warps, so two programs fit
 # an SM (sm90 offline compile, bench/paged_decode_variants.py --offline: 4 heads x 128 = 102
@@ -170,7 +163,7 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
     """The packed-heads kernel for one query token per sequence (``launch.variant == "packed"``):
     q ``[B, H, D]``, caches ``[N, page, Hkv, D]`` -> ``out`` ``[B, H, D]``; ``cascade`` as in
     ``triton_decode._launch_decode``. Split-KV partials are merged by the base module's kernel."""
-    from asyncrl.engine.triton_decode import _merge_splits_kernel, _programs, kv_splits_for
+    from asyncrl.engine.triton_decode import _merge_splits_kernel, _programs, kv_splits_for, table_regs
 
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -189,9 +182,7 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
         so, sl = po, pl
     block_n = launch.fp8_block_n if (launch.fp8_block_n and k_cache.element_size() == 1) else launch.block_n
     items = B * hgroups * splits
-    bt_regs = 0  # the block-table row in registers: up to MAX_TABLE_REGS blocks (a register per ~2 thread)
-    if launch.table_in_registers and page % block_n == 0 and block_tables.shape[1] <= MAX_TABLE_REGS:
-        bt_regs = max(16, triton.next_power_of_2(block_tables.shape[1]))
+    bt_regs = table_regs(block_tables, page, block_n, launch)
     grid = min(items, _programs(q.device, launch.persistent_per_sm)) if launch.persistent_per_sm else items
     _packed_decode_kernel[(max(1, grid),)](
         q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale, items,

@@ -88,6 +88,11 @@ def test_packed_variants_equal_base_kernel_and_float64(group, kv_dtype, packed_c
         torch.testing.assert_close(out, base, rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
         torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
     assert len(packed_calls) == len(variants)
+    for launch in (DecodeLaunch(block_n=4, kv_splits=1, table_in_registers=True),  # the base kernel, table read once
+                   DecodeLaunch(block_n=4, kv_splits=2, table_in_registers=True)):
+        out = paged_decode_attention(*dev, scale, launch=launch).cpu()
+        torch.testing.assert_close(out, base, rtol=0, atol=1e-5, msg=lambda m: f"{launch}: {m}")
+    assert len(packed_calls) == len(variants)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8_KV], ids=["bf16", "e4m3"])
@@ -111,6 +116,8 @@ def test_packed_cascade_equals_base_cascade_and_float64(kv_dtype, packed_calls):
     dev = [t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
     args = (*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5)
     base = cascade_decode_attention(*args, launch=DecodeLaunch(block_n=4))
+    base_table = cascade_decode_attention(*args, launch=DecodeLaunch(block_n=4, table_in_registers=True))
+    torch.testing.assert_close(base_table.cpu(), base.cpu(), rtol=0, atol=1e-5)
     out = cascade_decode_attention(*args, launch=DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1,
                                                               table_in_registers=True))
     ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
@@ -120,7 +127,8 @@ def test_packed_cascade_equals_base_cascade_and_float64(kv_dtype, packed_calls):
 
 
 def test_packed_verify_step_falls_back_to_base(packed_calls):
-    """Several query tokens per sequence (a speculative verify step) run the base kernel."""
+    """Several query tokens per sequence (a speculative verify step) run the base kernel (also with
+    its block table in registers and split-KV)."""
     q, kc, vc, bt, lens, _ = _case(2, torch.float32, seed=0)
     q3 = q.repeat_interleave(3, 0)
     lens = lens.clamp(min=3)  # each sequence holds its 3 query tokens (the blocks hold >= 4 tokens)
@@ -129,6 +137,9 @@ def test_packed_verify_step_falls_back_to_base(packed_calls):
     out = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=4, kv_splits=1, variant="packed"),
                                  query_len=3)
     assert torch.equal(out, base) and not packed_calls
+    table = paged_decode_attention(*dev, D ** -0.5, query_len=3,
+                                   launch=DecodeLaunch(block_n=4, kv_splits=2, table_in_registers=True))
+    torch.testing.assert_close(table, base, rtol=0, atol=1e-5, equal_nan=False)
 
 
 def test_heads_per_program_and_env_switch(monkeypatch):
@@ -144,6 +155,9 @@ def test_heads_per_program_and_env_switch(monkeypatch):
     monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "packed,0,0,0,0")
     assert not _variant_from_env(DecodeLaunch(), shaped=False).table_in_registers
     assert _variant_from_env(DecodeLaunch(block_n=32), shaped=True).block_n == 32
+    monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "base,1")
+    launch = _variant_from_env(DecodeLaunch(block_n=32), shaped=True)
+    assert (launch.variant, launch.block_n, launch.table_in_registers) == ("base", 32, True)
     monkeypatch.setenv("ASYNCRL_DECODE_VARIANT", "fast")
     with pytest.raises(ValueError, match="the variants are 'base' and 'packed'"):
         _variant_from_env(DecodeLaunch(), shaped=False)
