@@ -13,7 +13,7 @@ graph (``triton.testing.do_bench_cudagraph``, GPU time only), checked against ``
 ((a) = its three shapes summed, (c) = its four) and K/V dtype, the fastest variant, its speed-up
 over ``base``, and the environment that makes the engine use it.
 
-    python bench/paged_decode_variants.py --json bench/results/paged_decode_variants_h200.json  # ~2-3 min
+    python bench/paged_decode_variants.py --json bench/results/paged_decode_variants_h200.json  # ~2 min
     python bench/paged_decode_variants.py --offline   # no GPU: registers / shared memory / load width on sm90
 """
 from __future__ import annotations
@@ -45,14 +45,11 @@ VARIANTS = {
     "base table s4": DecodeLaunch(64, 4, 4, table_in_registers=True),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
-    "packed 1 head tile64 w4 s3": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1),
     "packed table s3 (PACKED_LAUNCH)": _T,
     "packed table s4": dataclasses.replace(_T, num_stages=4),
-    "packed table s3 fp8tile32": dataclasses.replace(_T, fp8_block_n=32),
     "packed table 1 head tile64 w4 s4": dataclasses.replace(_T, heads_per_program=1, block_n=64, fp8_block_n=64,
                                                             num_warps=4, num_stages=4),
     "packed table s3 persistent 2/SM": dataclasses.replace(_T, persistent_per_sm=2),
-    "packed 1 head persistent 4/SM": DecodeLaunch(64, 4, 3, variant="packed", heads_per_program=1, persistent_per_sm=4),
 }
 
 
