@@ -209,18 +209,12 @@ def offline_report() -> int:
     explicit target and the 16-byte alignment hints the launcher gives torch tensors; ptxas from
     the triton wheel) and print shared memory, registers and stack per thread (0 LOCAL = no
     spills). Needs no GPU: checks a table edit before the GPU run."""
-    import os
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from sm90_offline import compile_sm90, register_usage
 
     from asyncrl.engine.triton_moe import _moe_gemm_kernel
     from asyncrl.engine.triton_moe_tiles import TILE_TABLE
 
     kernel = _moe_gemm_kernel
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     ptrs = ("a_ptr", "w_ptr", "c_ptr", "weight_ptr")
     sig = {n: "*bf16" for n in ptrs} | {"pairs_ptr": "*i32", "block_expert_ptr": "*i32"}
     sig |= {n: "i32" for n in ("num_pairs", "N", "a_row_div", "stride_am", "stride_we", "stride_wn", "stride_cm")}
@@ -235,16 +229,9 @@ def offline_report() -> int:
             seen.add((t.block_m, tile, gated))
             consts = {"K": k, "GATED": gated, "MUL_WEIGHT": not gated, "DOT_FP32": False, "BLOCK_M": t.block_m,
                       "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k}
-            src = ASTSource(kernel, sig | {n: "constexpr" for n in consts}, consts, attrs)
-            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                      options={"num_warps": tile.num_warps, "num_stages": tile.num_stages})
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(compiled.asm["cubin"])
-                f.flush()
-                usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True,
-                                       text=True).stdout
-            regs = " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
-                            if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
+            compiled = compile_sm90(kernel, sig | {n: "constexpr" for n in consts}, consts, attrs,
+                                    tile.num_warps, tile.num_stages)
+            regs = register_usage(compiled)
             print(f"M{t.block_m:<4} {name:<4} {tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages}: "
                   f"shared {compiled.metadata.shared // 1024} KiB, {regs}", flush=True)
     return 0

@@ -117,17 +117,12 @@ def offline_report() -> int:
     target and the 16-byte alignment the launcher gives torch tensors) and print its shared memory,
     registers, spills, and the widest global / async-copy load in its PTX (16-byte = wide vectors)."""
     import re
-    import subprocess
-    import tempfile
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from sm90_offline import compile_sm90, register_usage
 
     from asyncrl.engine.triton_decode import _paged_decode_kernel
     from asyncrl.engine.triton_decode_packed import _packed_decode_kernel, heads_per_program
 
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     for name, launch in VARIANTS.items():
         if launch.persistent_per_sm and name != "packed table s3 persistent 2/SM":
             continue  # the same tiles as its non-persistent twin
@@ -152,18 +147,11 @@ def offline_report() -> int:
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
             try:
-                compiled = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                                          options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+                compiled = compile_sm90(kernel, sig, consts, attrs, launch.num_warps, launch.num_stages)
             except Exception as exc:  # noqa: BLE001
                 print(f"{name:24s} {kv:8s} FAILED to compile: {repr(exc)[:300]}")
                 continue
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(compiled.asm["cubin"])
-                f.flush()
-                usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True,
-                                       text=True).stdout
-            regs = " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
-                            if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
+            regs = register_usage(compiled)
             ptx = compiled.asm["ptx"]
             copies = re.findall(r"cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)", ptx)
             cp_async = sorted({int(x, 0) for x in copies})

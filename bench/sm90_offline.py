@@ -1,0 +1,36 @@
+"""Compile a Triton kernel for sm90 without a GPU and read its resources (the ``--offline`` modes of
+``bench/moe_gemm_tune.py`` and ``bench/paged_decode_variants.py``).
+
+``triton.compile`` with an explicit target runs the whole pipeline to a cubin (ptxas ships in the
+triton wheel); ``cuobjdump`` from the same wheel reports registers, stack and local memory per
+thread (LOCAL 0 = no spills). Needs no CUDA device.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+
+
+def compile_sm90(kernel, signature: dict, constants: dict, attrs: dict, num_warps: int, num_stages: int):
+    """``kernel`` (a ``@triton.jit`` function) compiled for sm90: the ``CompiledKernel`` (``.asm``
+    holds "ptx" and "cubin", ``.metadata.shared`` the shared-memory bytes)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    return triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def register_usage(compiled) -> str:
+    """``"REG:n STACK:n LOCAL:n"`` of the compiled kernel, as ``cuobjdump --dump-resource-usage`` says."""
+    import triton
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    return " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
+                    if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
