@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.engine.models.moe import route_torch
-from asyncrl.engine.triton_moe import align_pairs, pick_block_m
+from asyncrl.engine.triton_moe import align_pairs
 from asyncrl.engine.triton_moe_align import fused_route, moe_align_block_size
+from asyncrl.engine.triton_moe_tiles import pick_tiles
 
-HIDDEN, EXPERTS, TOP_K = 2048, 128, 8
+HIDDEN, EXPERTS, TOP_K, INTER = 2048, 128, 8, 768
 
 
 def old_route(logits, record):
@@ -102,7 +103,7 @@ def bench_tokens(T: int, iters: int, warmup: int) -> dict:
     x = torch.randn(T, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=g)
     router = torch.randn(EXPERTS, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=g) * HIDDEN ** -0.5
     logits = F.linear(x, router)  # the router GEMM is the same on both paths: not timed
-    block_m = pick_block_m(T * TOP_K, EXPERTS)
+    block_m = pick_tiles(T * TOP_K, EXPERTS, INTER, HIDDEN).block_m  # the tile height the engine aligns to
     row = dict(tokens=T, pairs=T * TOP_K, block_m=block_m)
     record = _record(T)
     new_route = lambda lg, rec: fused_route(lg, TOP_K, True, rec)  # noqa: E731

@@ -37,16 +37,11 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from asyncrl.engine.triton_moe_align import moe_align_block_size
-from asyncrl.engine.triton_moe_tiles import GemmTile, MoeTiles, default_tiles, pick_tiles
+from asyncrl.engine.triton_moe_tiles import GemmTile, MoeTiles, pick_tiles
 
 # triton 3.6's interpreter computes tl.dot on bf16 operands wrongly (bit patterns as integers):
 # under TRITON_INTERPRET=1 the operands are upcast to fp32 first (everything else unchanged).
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def pick_block_m(num_pairs: int, num_experts: int) -> int:
-    """Tile height for a layer shape without a table row (``default_tiles``)."""
-    return default_tiles(num_pairs, num_experts).block_m
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int = 16):
