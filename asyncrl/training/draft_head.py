@@ -42,19 +42,26 @@ def _batch(samples: list[DraftSample], device) -> tuple[torch.Tensor, torch.Tens
     return ids.to(device), mask.to(device)
 
 
+@torch.no_grad()
+def policy_inputs(policy, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's inputs from the frozen policy: features (its last hidden state after the final
+    norm) and token embeddings, both ``[B, T, H]`` fp32."""
+    feats = policy.model(input_ids=ids).last_hidden_state.float()
+    return feats, policy.get_input_embeddings()(ids).float()
+
+
 def head_loss(head: EagleHead, policy, ids: torch.Tensor, mask: torch.Tensor, passes: int,
               label: str = "soft") -> tuple[torch.Tensor, list[float]]:
     """(loss, per-pass top-1 agreement with the policy's argmax) on one batch ``ids [B, T]``.
     ``label``: ``soft`` = cross-entropy against the policy's distribution; ``token`` = against the
     sample's own next token (for greedy samples: the policy's argmax, the only thing a greedy
     verifier checks; it matters when the distribution is nearly flat, as a random model's is)."""
+    feats, embeds = policy_inputs(policy, ids)
     with torch.no_grad():
-        feats = policy.model(input_ids=ids).last_hidden_state.float()
         target = policy.lm_head(feats.to(policy.lm_head.weight.dtype)).float()  # [B, T, V]
         best = target.argmax(-1)
         p_target = F.softmax(target, -1) if label == "soft" else None
         del target
-        embeds = policy.get_input_embeddings()(ids).float()
     # on CUDA the head and its logits run in bf16 (autocast; the softmaxes stay fp32): a 150k
     # vocabulary over thousands of positions per pass is most of the step
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):

@@ -87,6 +87,25 @@ def test_engine_drafts_equal_the_training_forward(target, hf, trained_head):
             assert [int(hf.lm_head(outs[j][0, L - 1 + j]).argmax()) for j in range(3)] == drafts
 
 
+def test_engine_acceptance_equals_the_offline_replay(target, hf, trained_head):
+    """A trained head's acceptance in the engine = ``replay_acceptance`` (its training forward
+    walked over the same greedy tokens): rounds, drafts and accepted drafts, exactly. What the
+    training-side numbers promise is what the engine delivers; a drafting bug in the engine
+    (features, shift, positions, the head's K/V) breaks the equality."""
+    from asyncrl.training.draft_head import DraftSample
+    from asyncrl.training.draft_replay import replay_acceptance
+
+    llm = make_llm(target, speculative_config=_spec(trained_head))
+    prompts = REPETITIVE[:2] + prompts_for(9, [6, 8, 5])
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids)) for o in outs for c in o.outputs]
+    replay = replay_acceptance(load_head(trained_head), hf, samples, k=3)
+    m = llm.metrics
+    assert (replay["rounds"], replay["drafted"], replay["accepted"]) == (
+        m["spec_rows"], m["spec_draft_tokens"], m["spec_accepted_tokens"])
+    assert m["spec_tokens_per_target_pass"] > 1.5, m  # the head drafts well: the equality is not 0 == 0
+
+
 def test_same_tokens_and_logprobs_as_without_speculation(target, trained_head):
     prompts = REPETITIVE[:2] + prompts_for(3, [6])
     for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
