@@ -33,8 +33,9 @@ import asyncrl.engine.spec.eagle as eagle_module
 from asyncrl.engine import LLM
 from asyncrl.engine.bench import SHAPES, build_random_hf
 from asyncrl.engine.models.config import ModelConfig
-from asyncrl.engine.spec.eagle_head import new_head
+from asyncrl.engine.spec.eagle_head import load_head, new_head
 from asyncrl.training.draft_head import DraftSample, train_head
+from asyncrl.training.draft_replay import replay_acceptance
 from asyncrl.types import SamplingParams
 
 
@@ -58,8 +59,86 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str) -> dict:
     metrics = train_head(head, hf, samples, args.steps, args.batch_size, args.lr, passes=3, on_step=log,
                          label=args.label)
     head.save(out_dir)
+    # the trained head replayed on 16 of its own training samples, in eval mode and without autograd:
+    # ~ agree_j above, else the training forward (autograd, autocast, compiled norms) is not the one
+    # the engine and the replays run
+    seen = replay_acceptance(head, hf, samples[:16], args.k)
+    copy_head(hf).save(f"{out_dir}/copy")
     return dict(samples=len(samples), sample_tokens=sum(len(s.token_ids) for s in samples),
-                generate_s=round(gen_s, 1), **metrics)
+                generate_s=round(gen_s, 1), **metrics, replay_on_training_samples=seen,
+                forward_check=forward_check(head, hf, samples[:8]))
+
+
+def forward_check(head, hf, samples, passes: int = 3) -> dict:
+    """Per pass j, the share of positions where the training forward (autograd on, bf16 autocast on
+    CUDA, the default SDPA backend, compiled norms) and a reference forward (fp32, no autocast, the
+    math SDPA backend, eager norms) give the same LM-head argmax: ~1.0 unless the GPU kernels of
+    the training forward compute something else than the engine (which the reference matches)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from asyncrl.engine.models import decoder
+    from asyncrl.training.draft_head import _batch, policy_inputs
+    from asyncrl.training.draft_replay import lm_head_argmax
+
+    ids, _ = _batch(samples, hf.device)
+    feats, embeds = policy_inputs(hf, ids)
+    with torch.enable_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):
+        train_like = [lm_head_argmax(g.detach(), hf.lm_head.weight) for g in head.unrolled(embeds, feats, passes)]
+    compiled = [decoder.rms_norm, decoder.add_rms_norm, decoder.qkv_prepare, decoder.silu_and_mul]
+    flags = [f.enabled for f in compiled]
+    try:
+        for f in compiled:
+            f.enabled = False
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            ref = [lm_head_argmax(g, hf.lm_head.weight.float()) for g in head.unrolled(embeds, feats, passes)]
+    finally:
+        for f, on in zip(compiled, flags):
+            f.enabled = on
+    return {f"same_argmax_{j + 1}": round(float((a == b).float().mean()), 4)
+            for j, (a, b) in enumerate(zip(train_like, ref))}
+
+
+def copy_head(hf):
+    """A head built, not trained, to draft the last token again (fc passes the token embedding,
+    attention and MLP write nothing: g = norm(embed(token)), whose tied-LM-head argmax is that
+    token). A random-weight target mostly repeats its last token, so this head's acceptance in the
+    engine is high and known without training: a check of the engine's EAGLE path alone."""
+    head = new_head(ModelConfig.from_module(hf), seed=0)
+    H = head.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :H].copy_(torch.eye(H))
+        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].mlp.down_proj.weight.zero_()
+    return head
+
+
+def replay_rows(head, hf, prompts, tokens, k: int, upto=None) -> dict:
+    """``replay_acceptance`` of ``head`` over greedy generations (prompt + tokens, the first
+    ``upto`` new tokens if given): the acceptance the engine must show on exactly these tokens."""
+    samples = [DraftSample(p + t[:upto], len(p)) for p, t in zip(prompts, tokens)]
+    return replay_acceptance(head, hf, samples, k)
+
+
+@torch.no_grad()
+def divergence(hf, prompts, off: list, on: list) -> list[dict]:
+    """Rows whose greedy tokens differ from speculation off: the first differing position and, in
+    the (HF) target's logits there, the gap between off's token and this row's token and the top-2
+    gap. Gaps within the dtype's rounding of the logits say: a near-tie that different kernels
+    (the paged decode vs the (k+1)-query verify) may break either way, not a wrong token."""
+    rows = []
+    for i, (p, a, b) in enumerate(zip(prompts, off, on)):
+        if a == b:
+            continue
+        d = next(j for j, (x, y) in enumerate(zip(a + [-1], b + [-2])) if x != y)
+        ids = torch.tensor([p + a[:d]], device=hf.device)
+        logits = hf(input_ids=ids).logits[0, -1].float()
+        top2 = logits.topk(2).values
+        rows.append(dict(row=i, position=d, off_token=a[d] if d < len(a) else None,
+                         token=b[d] if d < len(b) else None,
+                         gap=round(float(logits[a[d]] - logits[b[d]]), 4) if d < min(len(a), len(b)) else None,
+                         top2_gap=round(float(top2[0] - top2[1]), 4), top1_logit=round(float(top2[0]), 3)))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -109,24 +188,43 @@ def main(argv=None) -> int:
     eagle = lambda path: {"method": "eagle", "model": path, "num_speculative_tokens": args.k}  # noqa: E731
     # eagle_eager: the head's draft steps without their CUDA graphs (one tail), before the graph row
     specs = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": args.k},
-             "eagle_untrained": eagle(f"{head_dir}/initial"), "eagle_eager": eagle(head_dir), "eagle": eagle(head_dir)}
+             "eagle_untrained": eagle(f"{head_dir}/initial"), "eagle_copy": eagle(f"{head_dir}/copy"),
+             "eagle_eager": eagle(head_dir), "eagle": eagle(head_dir)}
+    row_head = {"eagle_untrained": "untrained", "eagle_copy": "copy", "eagle_eager": "trained", "eagle": "trained"}
     reference = {}
+    # replays run the heads in the engine's dtype (bf16 on GPU: what the engine runs) and, on GPU,
+    # the trained one also in fp32 (what training ran, under autocast): a gap between the two = precision
+    heads = {"trained": load_head(head_dir, dtype=dtype, device=dev),
+             "untrained": load_head(f"{head_dir}/initial", dtype=dtype, device=dev),
+             "copy": load_head(f"{head_dir}/copy", dtype=dtype, device=dev)}
+    if dtype != torch.float32:
+        heads["trained_fp32"] = load_head(head_dir, device=dev)
+    results["replay"] = {}
     for name, spec in specs.items():
         t0 = time.perf_counter()
         eagle_module.GRAPHS = name != "eagle_eager"
         llm = LLM(hf, speculative_config=spec, **engine_kw)
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
         for tail, prompts in tails.items():
-            if name in ("eagle_untrained", "eagle_eager") and tail == "repetitive":
+            if name in ("eagle_untrained", "eagle_copy", "eagle_eager") and tail == "repetitive":
                 continue  # comparison rows: one tail is enough
             m0 = dict(llm.metrics)
             row[tail], tokens = timed(llm, prompts, tail_params, dev)
             reference.setdefault(tail, tokens)
             row[tail]["same_tokens_as_off"] = tokens == reference[tail]
+            if tokens != reference[tail]:
+                row[tail]["divergence"] = divergence(hf, prompts, reference[tail], tokens)
+            if name == "off":  # what a head must show in the engine on these very tokens
+                results["replay"][tail] = {h: replay_rows(heads[h], hf, prompts, tokens, args.k) for h in heads}
+                results["replay"][f"{tail}_first_{args.train_len}"] = replay_rows(
+                    heads["trained"], hf, prompts, tokens, args.k, upto=args.train_len)
+            elif name in row_head:  # the engine vs its own tokens: equal unless the engine drafts wrong
+                row[tail]["replay"] = replay_rows(heads[row_head[name]], hf, prompts, tokens, args.k)
             if "spec_steps" in row[tail]:  # (warm-up + timed run: the same greedy tokens twice)
-                rows = llm.metrics["spec_rows"] - m0["spec_rows"]
-                accepted = llm.metrics["spec_accepted_tokens"] - m0["spec_accepted_tokens"]
-                row[tail]["tokens_per_target_pass"] = round((rows + accepted) / max(rows, 1), 3)
+                m = {n: (llm.metrics[f"spec_{n}"] - m0[f"spec_{n}"]) // 2 for n in ("rows", "draft_tokens",
+                                                                                     "accepted_tokens")}
+                row[tail].update(rounds=m["rows"], drafted=m["draft_tokens"], accepted=m["accepted_tokens"],
+                                 tokens_per_target_pass=round((m["rows"] + m["accepted_tokens"]) / max(m["rows"], 1), 3))
         if name in ("off", "eagle"):
             row["a"], _ = timed(llm, a_prompts, a_params, dev)
         results["rows"][name] = row
