@@ -4,8 +4,11 @@ A random-weight target has no text to learn from, so the bench does what ``async
 does, on the target itself: the engine generates greedy continuations of ``--train-prompts``
 random prompts (``--train-len`` new tokens each; diversity is what generalises), and ``training/draft_head.train_head`` fits a
 fresh head to the target's features and next-token distributions (``--steps`` steps, 3 chained
-passes). The timed prompts are not among the training prompts. Then, each in its own engine
-(same run, same prompts):
+passes). The timed tails' prompts are among the training prompts (their first ``--train-len``
+tokens; ``--no-train-on-tails``: not): a random target's continuations of fresh random prompts are
+runs of tokens the head never saw, so on those a head shows how much it memorised, not what the
+engine does with a trained head (``train.replay_heldout``: the trained head on fresh prompts, from
+the replay below). Then, each in its own engine (same run, same prompts):
 
   long tail:  batch 8 x 2,048 new tokens, greedy, on (i) spec_decode.py's repetitive prompts and
               (ii) random prompts; off / n-gram / EAGLE trained (and on (ii) only: EAGLE untrained,
@@ -13,11 +16,32 @@ passes). The timed prompts are not among the training prompts. Then, each in its
   workload a: batch 256, prompt 256, response 256, sampled; off / EAGLE trained (speculation stays
               off above ``disable_by_batch_size``: this measures that it costs nothing there)
 
-Each row prints acceptance, tokens per target pass and whether the tokens equal speculation off.
+Each row prints acceptance, tokens per target pass (and the rounds / drafts / accepted drafts of
+the timed run) and whether the tokens equal speculation off (if not: ``divergence``, the first
+differing position per row and the target's logit gaps there: near-ties or a wrong token).
+
+What a head must show in the engine is known without the engine: ``training/draft_replay.py``
+replays greedy drafting from the head's training forward over greedy tokens and gives the engine's
+exact rounds, drafts and accepted drafts (equal on CPU; tests/engine/spec/test_eagle.py). So:
+
+  replay.<tail>.<head>   every head replayed on the off row's tokens (the held-out generations the
+                         EAGLE rows produce again): the acceptance each EAGLE row must reach; on GPU
+                         also ``trained_fp32`` (the bf16 engine head vs the fp32 trained one)
+  replay.<tail>_first_N  the trained head on the first ``--train-len`` tokens only (the length it trained on)
+  <row>.<tail>.replay    the row's head replayed on the row's own tokens: equal to the row's counts
+                         unless the engine drafts something else than the training forward
+  eagle_copy             a head built to draft the last token again (no training): checks the engine's
+                         EAGLE path alone (a random target mostly repeats its last token)
+  train.replay_on_training_samples / train.forward_check   the trained head on its own samples without
+                         autograd, and the training forward (autograd, autocast, GPU kernels) vs an fp32
+                         math-SDPA eager reference: a head that looks good only in its training forward
+
+``train.agree_j`` is measured on the batches the head trains on; the acceptance of a k-draft chain
+is not agree_1 (every draft after a miss is lost): compare the rows with ``replay``.
 
     python bench/spec_eagle.py --json bench/results/spec_eagle_h200.json         # ~3-4 min, one H200
     python bench/spec_eagle.py --quiet-upper 0.05 --json ...   # a target whose first layers decide its output
-    python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 30
+    python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 300
 """
 import argparse
 import gc
@@ -39,18 +63,24 @@ from asyncrl.training.draft_replay import replay_acceptance
 from asyncrl.types import SamplingParams
 
 
-def train_on_target(hf, engine_kw: dict, args, out_dir: str) -> dict:
-    """Greedy samples of the target from random prompts -> a trained head in ``out_dir`` (+ an
-    untrained one in ``out_dir/initial``); returns the training record."""
+def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list) -> dict:
+    """Greedy samples of the target from random prompts (and, with ``--train-on-tails``, the timed
+    tails' prompts) -> a trained head in ``out_dir`` (+ an untrained one in ``out_dir/initial`` and
+    the copy head in ``out_dir/copy``); returns the training record, with the trained head's replay
+    on ``--heldout-prompts`` prompts it never saw (``replay_heldout``)."""
     g = torch.Generator().manual_seed(7)
     prompts = torch.randint(1, hf.config.vocab_size, (args.train_prompts, 16), generator=g).tolist()
+    heldout = torch.randint(1, hf.config.vocab_size, (args.heldout_prompts, 16),
+                            generator=torch.Generator().manual_seed(5)).tolist()
+    trained_on = prompts + (tail_prompts if args.train_on_tails else [])
     t0 = time.perf_counter()
     llm = LLM(hf, **engine_kw)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args.train_len, ignore_eos=True))
+    outs = llm.generate(trained_on + heldout, SamplingParams(temperature=0, max_tokens=args.train_len, ignore_eos=True))
     llm.close()
     del llm
     gen_s = time.perf_counter() - t0
-    samples = [DraftSample(o.prompt_token_ids + c.token_ids, 16) for o in outs for c in o.outputs]
+    all_samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids)) for o in outs for c in o.outputs]
+    samples, heldout_samples = all_samples[:len(trained_on)], all_samples[len(trained_on):]
     head = new_head(ModelConfig.from_module(hf), seed=0)
     head.save(f"{out_dir}/initial")
     head.to(hf.device)
@@ -66,6 +96,7 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str) -> dict:
     copy_head(hf).save(f"{out_dir}/copy")
     return dict(samples=len(samples), sample_tokens=sum(len(s.token_ids) for s in samples),
                 generate_s=round(gen_s, 1), **metrics, replay_on_training_samples=seen,
+                replay_heldout=replay_acceptance(head, hf, heldout_samples, args.k) if heldout_samples else None,
                 forward_check=forward_check(head, hf, samples[:8]))
 
 
@@ -153,6 +184,12 @@ def main(argv=None) -> int:
     ap.add_argument("--train-prompts", type=int, default=512, help="distinct prompts: diversity, not length, "
                     "is what lets the head generalise")
     ap.add_argument("--train-len", type=int, default=128, help="new tokens per training sample")
+    ap.add_argument("--train-on-tails", action=argparse.BooleanOptionalAction, default=True,
+                    help="add the timed tails' prompts to the training prompts (their first --train-len tokens): "
+                         "a random target's continuations share nothing a head could generalise from, so "
+                         "held-out prompts measure memorisation, not the engine (their acceptance: "
+                         "train.replay_heldout)")
+    ap.add_argument("--heldout-prompts", type=int, default=8, help="fresh prompts for train.replay_heldout")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch-size", type=int, default=32, help="sequences per training step")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -175,13 +212,12 @@ def main(argv=None) -> int:
     results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
                    shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, rows={})
-    results["train"] = train_on_target(hf, engine_kw, args, head_dir)
-    print("train", json.dumps(results["train"]), flush=True)
-
     vocab = hf.config.vocab_size
     pattern = torch.randint(1, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
     tails = {"repetitive": [(pattern * 8)[i:] + [i + 1] for i in range(args.tail_batch)],
              "random": torch.randint(1, vocab, (args.tail_batch, 16), generator=torch.Generator().manual_seed(3)).tolist()}
+    results["train"] = train_on_target(hf, engine_kw, args, head_dir, tails["repetitive"] + tails["random"])
+    print("train", json.dumps(results["train"]), flush=True)
     tail_params = SamplingParams(temperature=0, max_tokens=args.tail_tokens, ignore_eos=True)
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=torch.Generator().manual_seed(1)).tolist()
     a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, seed=0)
