@@ -58,10 +58,29 @@ def _spec(path, **kw):
 def test_checkpoint_round_trips_with_hf_names(target, trained_head):
     head = load_head(trained_head)
     names = set(head.hf_state_dict())
-    assert {"fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.up_proj.weight", "norm.weight"} <= names
+    assert {"embed_norm.weight", "fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.up_proj.weight",
+            "norm.weight"} <= names
     fresh = new_head(ModelConfig.from_dir(target))
     assert set(fresh.state_dict()) == set(head.state_dict())
     assert head.info["feature"] == "final_norm_hidden"
+
+
+def test_heads_without_embed_norm_load_and_run_as_trained(target, tmp_path):
+    """Checkpoints written before ``embed_norm`` (no flag in their ``eagle_head`` block) keep their
+    forward: fc reads the raw embedding; new heads normalise it."""
+    from asyncrl.engine.spec.eagle_head import CONFIG_KEY, EagleHead, head_config_dict
+
+    raw = head_config_dict(ModelConfig.from_dir(target))
+    assert raw[CONFIG_KEY]["embed_norm"] is True and new_head(ModelConfig.from_dir(target)).embed_norm is not None
+    del raw[CONFIG_KEY]["embed_norm"]
+    old = EagleHead(ModelConfig.from_dict(raw))
+    old.save(str(tmp_path))
+    head = load_head(str(tmp_path))
+    assert head.embed_norm is None and "embed_norm.weight" not in head.hf_state_dict()
+    e, f = torch.randn(3, head.config.hidden_size), torch.randn(3, head.config.hidden_size)
+    assert torch.equal(head.fc_input(e, f), head.fc(torch.cat([e, f], -1)))
+    make_llm(target, speculative_config=_spec(str(tmp_path))).generate(prompts_for(2, [5]), SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True))
 
 
 def test_engine_drafts_equal_the_training_forward(target, hf, trained_head):
