@@ -7,6 +7,7 @@ followed by dotted overrides: ``asyncrl train quickstart rollout.n=4 algorithm.k
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from asyncrl.config import ConfigError, config_to_yaml, load_config
@@ -138,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def show_info_records() -> None:
+    """Print the ``asyncrl`` loggers' INFO records (the engine's KV-pool line, the trainer's
+    forward plan) to stderr. Only for the console script: a program that imports asyncrl
+    configures logging itself, and tests calling ``main(argv)`` must not stack handlers."""
+    log = logging.getLogger("asyncrl")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``argv`` None: the process's own arguments (the console script): this process ends with
     the job, so a signal during its teardown exits with the job's status."""
@@ -145,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if entry_point:  # this process is the job: a second SIGTERM/SIGINT ends it at once
         from asyncrl.runtime import preemption
         preemption.HARD_EXIT = True
+        show_info_records()
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "bench":  # benchmarks parse their own flags
         return _run_bench(argv[1:])

@@ -83,3 +83,24 @@ def test_an_unexpected_error_is_one_line_with_the_log(monkeypatch, tmp_path, cap
                            "(full traceback: ")
     log = line.split("(full traceback: ")[1].rstrip(")")
     assert "ZeroDivisionError" in open(log).read()
+
+
+def test_console_script_prints_the_packages_info_records_once(capsys):
+    """The engine's KV-pool line and the trainer's forward plan are INFO records: the console
+    script shows them on stderr, once however often it is set up."""
+    import logging
+
+    from asyncrl.cli import show_info_records
+
+    log = logging.getLogger("asyncrl")
+    saved = (list(log.handlers), log.level)
+    try:
+        log.handlers.clear()
+        show_info_records()
+        show_info_records()
+        assert len(log.handlers) == 1
+        logging.getLogger("asyncrl.engine.model_runner").info("KV pool: 7 blocks")
+        assert capsys.readouterr().err.strip() == "[asyncrl.engine.model_runner] KV pool: 7 blocks"
+    finally:
+        log.handlers[:] = saved[0]
+        log.setLevel(saved[1])

@@ -22,6 +22,19 @@ SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (200, 700)]
 ROWS = [1, 3, 4, 37, 256, 2048]
 
 
+def assert_equal_up_to_accumulation(fast, ref, x, w):
+    """``fast`` (FP8 tensor cores) vs ``ref`` (dequantize -> fp32 matmul), same e4m3 inputs: two bf16
+    roundings (2^-7 of the value) plus the accumulation's error, which scales with the sum of the
+    terms' magnitudes, not with the result: Hopper's FP8 MMA keeps only ~14 mantissa bits in its
+    accumulator (DeepSeek-V3 report, sec. 3.3.2), so an output that cancels (|ref| << sum |x w|) can
+    differ by far more than its own ulps. ``x [M, K]``, ``w [N, K]`` (bf16, before quantization)."""
+    terms = x.float().abs() @ w.float().abs().t()
+    err = (fast.float()[:, :w.shape[0]] - ref.float()[:, :w.shape[0]]).abs()
+    bound = 2 ** -7 * ref.float()[:, :w.shape[0]].abs() + 2 ** -13 * terms + 1e-6
+    worst = (err / bound).max().item()
+    assert worst <= 1, f"error {worst:.2f}x the bound (max abs error {err.max().item():.3g})"
+
+
 @pytest.mark.parametrize("scaling", ["block", "channel"])
 @pytest.mark.parametrize("k", [1024, 3072, 700])
 def test_triton_quantization_equals_torch(k, scaling):
@@ -57,7 +70,7 @@ def test_rowwise_scaled_mm_equals_the_reference(n, k):
         fast = fp8_channel.matmul_scaled_mm(x, wq, ws)
         ref = fp8_channel.matmul_reference(x, wq, ws)
         assert fast.shape == ref.shape == (m, n) and fast.dtype == torch.bfloat16
-        torch.testing.assert_close(fast.float(), ref.float(), rtol=2 ** -7, atol=1e-3 * ref.float().abs().mean().item())
+        assert_equal_up_to_accumulation(fast, ref, x, w)
         plain = x @ w.t()
         rel = ((fast.float() - plain.float()).norm() / plain.float().norm()).item()
         assert 1e-3 < rel < 0.08
@@ -73,8 +86,7 @@ def test_scaled_mm_equals_the_reference(n, k):
         fast = fp8_matmul_scaled_mm(x, wq, ws)
         ref = fp8_matmul_reference(x, wq, ws)
         assert fast.shape == ref.shape == (m, wq.shape[0]) and fast.dtype == torch.bfloat16
-        # two bf16 roundings of nearly the same fp32 sum: within 2 bf16 ulps (2^-7 relative)
-        torch.testing.assert_close(fast.float(), ref.float(), rtol=2 ** -7, atol=1e-3 * ref.float().abs().mean().item())
+        assert_equal_up_to_accumulation(fast, ref, x, w)
         plain = x @ w.t()
         rel = ((fast[:, :n].float() - plain.float()).norm() / plain.float().norm()).item()
         assert 1e-3 < rel < 0.08  # FP8's error against the bf16 GEMM: present, a few percent
