@@ -79,7 +79,8 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list)
     llm.close()
     del llm
     gen_s = time.perf_counter() - t0
-    all_samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids)) for o in outs for c in o.outputs]
+    all_samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids))
+                   for o in outs for c in o.outputs]
     samples, heldout_samples = all_samples[:len(trained_on)], all_samples[len(trained_on):]
     head = new_head(ModelConfig.from_module(hf), seed=0)
     head.save(f"{out_dir}/initial")
@@ -259,8 +260,9 @@ def main(argv=None) -> int:
             if "spec_steps" in row[tail]:  # (warm-up + timed run: the same greedy tokens twice)
                 m = {n: (llm.metrics[f"spec_{n}"] - m0[f"spec_{n}"]) // 2 for n in ("rows", "draft_tokens",
                                                                                      "accepted_tokens")}
+                passes = round((m["rows"] + m["accepted_tokens"]) / max(m["rows"], 1), 3)
                 row[tail].update(rounds=m["rows"], drafted=m["draft_tokens"], accepted=m["accepted_tokens"],
-                                 tokens_per_target_pass=round((m["rows"] + m["accepted_tokens"]) / max(m["rows"], 1), 3))
+                                 tokens_per_target_pass=passes)
         if name in ("off", "eagle"):
             row["a"], _ = timed(llm, a_prompts, a_params, dev)
         results["rows"][name] = row
