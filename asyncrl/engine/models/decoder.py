@@ -17,6 +17,7 @@ keeps this rank's slice. With ``tp.size == 1`` they are the plain torch layers.
 from __future__ import annotations
 
 import os
+import types
 from typing import Iterable, Optional
 
 import torch
@@ -33,18 +34,37 @@ from asyncrl.engine.parallel.layout import SINGLE, TensorParallel
 class _CudaCompiled:
     """Calls ``fn`` eagerly on CPU and through ``torch.compile`` on CUDA, where fusing a
     layer's elementwise glue (norms, RoPE, SiLU) into a few kernels shortens both the
-    GPU time and the CUDA graph (ASYNCRL_ENGINE_COMPILE=0 turns it off)."""
+    GPU time and the CUDA graph (ASYNCRL_ENGINE_COMPILE=0 turns it off).
+
+    One compiled copy of ``fn`` per dtype signature of the tensor arguments and grad mode, each
+    with its own code object: dynamo keeps its graphs and its recompile budget (8) per code
+    object, and a process that calls ``fn`` in several dtypes and modes (an fp32 draft head
+    trained and replayed beside a bf16 engine) once exhausted the shared budget, after which dynamo ran ``fn`` eagerly: workload
+    (a) fell from 47k to 28k tok/s on an H200 (bench/RESULTS.md, 2026-12-02)."""
+
+    device_types = ("cuda",)  # where it compiles (tests add "cpu")
+    compile_options: dict = {}  # extra torch.compile arguments (tests: backend="eager")
 
     def __init__(self, fn):
-        self.fn, self.compiled = fn, None
+        self.fn = fn
+        self.variants: dict[tuple, object] = {}
         self.enabled = os.environ.get("ASYNCRL_ENGINE_COMPILE", "1") != "0"
 
     def __call__(self, x, *args):
-        if not (x.is_cuda and self.enabled):
+        if not (x.device.type in self.device_types and self.enabled):
             return self.fn(x, *args)
-        if self.compiled is None:
-            self.compiled = torch.compile(self.fn, dynamic=True)
-        return self.compiled(x, *args)
+        return self.variant((x, *args))(x, *args)
+
+    def variant(self, args: tuple):
+        """The compiled copy for ``args``' tensor dtypes and the grad mode (built on first use)."""
+        key = (*(a.dtype for a in args if isinstance(a, torch.Tensor)), torch.is_grad_enabled())
+        compiled = self.variants.get(key)
+        if compiled is None:
+            tag = "_".join(str(d).removeprefix("torch.") for d in key)
+            code = self.fn.__code__.replace(co_name=f"{self.fn.__name__}__{tag}")
+            copy = types.FunctionType(code, self.fn.__globals__, code.co_name, self.fn.__defaults__)
+            compiled = self.variants[key] = torch.compile(copy, dynamic=True, **self.compile_options)
+        return compiled
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
