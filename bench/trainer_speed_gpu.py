@@ -10,7 +10,7 @@ the Triton LM head) with ``actor.packing=auto`` (the varlen layout); "fused+comp
 ``actor.compile=true``. Parts, each guarded (a failure is reported in its row, the run goes on):
 
   update  Actor.update on issue 8's batch (16 prompts x 8, 256 + 256 tokens, micro-batches of
-          64 rows as in the peer run): s/update (median of 3 after warm-up), MFU, peak GiB.
+          64 rows as in the peer run): s/update (median of 5 after 2 warm-ups), MFU, peak GiB.
   error   bf16, fused vs eager from the same weights, for every loss_agg_mode: relative error of
           the summed loss, of the gradient (all parameters, ||g_f - g_e|| / ||g_e||) and the
           log-probs' mean / max absolute difference.
@@ -287,6 +287,10 @@ def main():
     ap.add_argument("--parts", default="update,error,long,peer")
     ap.add_argument("--plans", default="eager,fused,fused+compile", help="the update part's plans")
     ap.add_argument("--trl", action="store_true", help="peer part: TRL too (~2.5 min more)")
+    # the first timed update after one warm-up ran 0.1 s slower in each of 3 H200 runs (2026-12-01/02):
+    # two warm-ups, and the median of 5 (the fused plan's 3 runs spread 0.50-0.63 s)
+    ap.add_argument("--update-warmup", type=int, default=2, help="update part: untimed updates per plan")
+    ap.add_argument("--update-repeats", type=int, default=5, help="update part: timed updates (median)")
     ap.add_argument("--peer-warmup", type=int, default=2)
     ap.add_argument("--peer-timed", type=int, default=4)
     ap.add_argument("--work-dir", default="/tmp/peer_trl_h200")
@@ -308,7 +312,8 @@ def main():
         out["error"] = part_error(checkpoint, batch, 64)
         save()
     if "update" in parts:
-        out["update"] = part_update(checkpoint, batch, 64, args.plans.split(","))
+        out["update"] = part_update(checkpoint, batch, 64, args.plans.split(","), args.update_warmup,
+                                    args.update_repeats)
         save()
     if "long" in parts:
         prompts, samples, prompt_tokens, response_tokens = LONG
