@@ -140,7 +140,9 @@ def bench_shape(shape: str, args, device: str, dtype) -> dict:
     hf = build_hf(shape, dtype, device, max_len)
     prompts = _rand_prompts(args.batch, args.prompt, hf.config.vocab_size, 1)
     params = SamplingParams(temperature=1.0, max_tokens=args.response, ignore_eos=True)
-    result = {"shape": shape, "params_b": round(sum(p.numel() for p in hf.parameters()) / 1e9, 2)}
+    result = {"shape": shape, "params_b": round(sum(p.numel() for p in hf.parameters()) / 1e9, 2),
+              # which HF experts kernel the baseline ran (transformers 5: grouped_mm unless unavailable)
+              "hf_experts_implementation": getattr(hf.config, "_experts_implementation", None)}
     hf_n, hf_out = hf_size(shape, args)
     capped = (hf_n, hf_out) != (args.batch, args.response)
     if not args.no_hf:
