@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.engine.models.config import ModelConfig
+from asyncrl.engine.models.moe import is_moe_layer, num_experts
 
 GB = 2**30
 MIN_BLOCKS = 16
@@ -56,16 +57,16 @@ class KvBudget:
                 f"({self.block_bytes / 2**20:.2f} MiB/block; capped by {capped})")
 
 
-def moe_width(extra: dict, hidden: int, dtype_bytes: int) -> int:
+def moe_width(c: ModelConfig, dtype_bytes: int) -> int:
     """Bytes per token an MoE layer holds at prefill: K routed rows of gate_up (2I), silu(gate) and
     h (I each), the weighted expert output (H), in the model dtype; fp32 router probs (and their
     softmax input) over E; a shared expert's gate_up + h."""
-    experts = int(extra.get("num_experts") or extra.get("num_local_experts") or 0)
+    experts = num_experts(c)
     if not experts:
         return 0
-    k, inter = int(extra["num_experts_per_tok"]), int(extra["moe_intermediate_size"])
-    shared = int(extra.get("shared_expert_intermediate_size") or 0)
-    return dtype_bytes * (k * (4 * inter + hidden) + 3 * shared) + 4 * 2 * experts
+    k, inter = int(c.extra["num_experts_per_tok"]), int(c.extra["moe_intermediate_size"])
+    shared = int(c.extra.get("shared_expert_intermediate_size") or 0)
+    return dtype_bytes * (k * (4 * inter + c.hidden_size) + 3 * shared) + 4 * 2 * experts
 
 
 def activation_bytes(c: ModelConfig, dtype_bytes: int, max_tokens: int, max_seqs: int) -> int:
@@ -74,17 +75,11 @@ def activation_bytes(c: ModelConfig, dtype_bytes: int, max_tokens: int, max_seqs
     Trunk: 32 bytes per (hidden + dense intermediate) element and token (the engine's estimate
     since its first GPU runs: fp32-sized, 8 live tensors); an MoE model whose every layer is sparse
     counts its routed rows (``moe_width``) instead of the dense ``intermediate_size`` it never runs."""
-    moe = moe_width(c.extra, c.hidden_size, dtype_bytes)
-    dense_layers = _has_dense_mlp(c) or not moe
+    moe = moe_width(c, dtype_bytes)
+    dense_layers = not moe or not all(is_moe_layer(c, i) for i in range(c.num_hidden_layers))
     per_token = 32 * (c.hidden_size + (c.intermediate_size if dense_layers else 0))
     per_token = max(per_token, 32 * c.hidden_size + moe)
     return max_tokens * per_token + max_seqs * c.vocab_size * 4 * 6
-
-
-def _has_dense_mlp(c: ModelConfig) -> bool:
-    """An MoE config with dense layers too (``mlp_only_layers``, ``decoder_sparse_step`` > 1)."""
-    x = c.extra
-    return bool(x.get("mlp_only_layers")) or int(x.get("decoder_sparse_step", 1) or 1) > 1
 
 
 def device_memory(device: torch.device) -> tuple[int, int]:

@@ -78,6 +78,7 @@ def test_model_runner_sizes_an_moe_pool_from_the_budget(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_moe_width_of_a_shared_expert(dtype):
-    extra = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, shared_expert_intermediate_size=16)
+    c = ModelConfig.from_dict({**MOE_30B, "hidden_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                               "moe_intermediate_size": 8, "shared_expert_intermediate_size": 16})
     b = dtype.itemsize
-    assert kv_budget.moe_width(extra, 32, b) == b * (2 * (4 * 8 + 32) + 3 * 16) + 4 * 2 * 4
+    assert kv_budget.moe_width(c, b) == b * (2 * (4 * 8 + 32) + 3 * 16) + 4 * 2 * 4
