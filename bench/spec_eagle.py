@@ -109,10 +109,10 @@ def forward_check(head, hf, samples, passes: int = 3) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from asyncrl.engine.models import decoder
-    from asyncrl.training.draft_head import _batch, policy_inputs
+    from asyncrl.training.draft_head import pad_samples, policy_inputs
     from asyncrl.training.draft_replay import lm_head_argmax
 
-    ids, _ = _batch(samples, hf.device)
+    ids, _ = pad_samples(samples, hf.device)
     feats, embeds = policy_inputs(hf, ids)
     with torch.enable_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=ids.is_cuda):
         train_like = [lm_head_argmax(g.detach(), hf.lm_head.weight) for g in head.unrolled(embeds, feats, passes)]

@@ -30,7 +30,7 @@ class DraftSample:
     num_prompt: int
 
 
-def _batch(samples: list[DraftSample], device) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_samples(samples: list[DraftSample], device) -> tuple[torch.Tensor, torch.Tensor]:
     """ids ``[B, T]`` (right-padded with 0) and the loss mask ``[B, T]``: position p predicts token
     p + 1, counted when that token is part of the completion."""
     T = max(len(s.token_ids) for s in samples)
@@ -103,7 +103,7 @@ def train_head(head: EagleHead, policy, samples: list[DraftSample], steps: int, 
     rng = random.Random(seed)
     t0, metrics = time.perf_counter(), {}
     for step in range(steps):
-        ids, mask = _batch(rng.sample(samples, min(batch_size, len(samples))), device)
+        ids, mask = pad_samples(rng.sample(samples, min(batch_size, len(samples))), device)
         loss, agree = head_loss(head, policy, ids, mask, passes, label)
         opt.zero_grad(set_to_none=True)
         loss.backward()

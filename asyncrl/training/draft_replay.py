@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from asyncrl.engine.spec.eagle_head import EagleHead
-from asyncrl.training.draft_head import DraftSample, policy_inputs
+from asyncrl.training.draft_head import DraftSample, pad_samples, policy_inputs
 
 
 @torch.no_grad()
@@ -71,15 +71,13 @@ def replay_acceptance(head: EagleHead, policy, samples: list[DraftSample], k: in
     agree, counted = np.zeros(k), 0
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
-        T = max(len(s.token_ids) for s in chunk)
-        ids = torch.tensor([s.token_ids + [0] * (T - len(s.token_ids)) for s in chunk], device=device)
-        hits = pass_hits(head, policy, ids, k).cpu().numpy()
+        ids, mask = pad_samples(chunk, device)  # mask: the completion positions, as train_head counts them
+        hits, mask = pass_hits(head, policy, ids, k).cpu().numpy(), mask.cpu().numpy()
+        agree += (hits & mask).sum((1, 2))
+        counted += int(mask.sum())
         for b, s in enumerate(chunk):
             r, d, a = walk_rounds(hits[:, b], s.num_prompt + 1, len(s.token_ids), k)
             rounds, drafted, accepted = rounds + r, drafted + d, accepted + a
-            span = slice(s.num_prompt - 1, len(s.token_ids) - 1)
-            agree += hits[:, b, span].sum(-1)
-            counted += span.stop - span.start
     return dict(acceptance_rate=round(accepted / max(drafted, 1), 4),
                 tokens_per_target_pass=round((rounds + accepted) / max(rounds, 1), 4),
                 rounds=rounds, drafted=drafted, accepted=accepted,

@@ -3,7 +3,7 @@ mask, and the refresh path of ``rollout.speculative`` (config -> engine dict).""
 import torch
 
 from asyncrl.engine.spec.eagle_head import ttt_mask
-from asyncrl.training.draft_head import DraftSample, _batch
+from asyncrl.training.draft_head import DraftSample, pad_samples
 
 
 def test_ttt_mask_matches_the_engine_draft_steps():
@@ -20,7 +20,7 @@ def test_ttt_mask_matches_the_engine_draft_steps():
 
 
 def test_loss_mask_counts_completion_predictions_only():
-    ids, mask = _batch([DraftSample([1, 2, 3, 4, 5], 3), DraftSample([7, 8], 1)], "cpu")
+    ids, mask = pad_samples([DraftSample([1, 2, 3, 4, 5], 3), DraftSample([7, 8], 1)], "cpu")
     assert ids.tolist() == [[1, 2, 3, 4, 5], [7, 8, 0, 0, 0]]
     # position p predicts token p + 1: the completion tokens 4, 5 (from position 2), and 8
     assert mask.int().tolist() == [[0, 0, 1, 1, 0], [1, 0, 0, 0, 0]]
