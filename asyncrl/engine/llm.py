@@ -20,6 +20,7 @@ import functools
 import os
 import random
 import threading
+import time
 from typing import Iterable, Optional, Sequence as Seq, Union
 
 import torch
@@ -35,6 +36,7 @@ from asyncrl.engine.parallel import TensorParallel, TensorParallelError
 from asyncrl.engine.scheduler import Scheduler
 from asyncrl.engine.sequence import Sequence
 from asyncrl.engine.state_pool import StateSlotManager
+from asyncrl.engine.step_gate import StepGate
 from asyncrl.hub import is_hub_id, model_snapshot
 from asyncrl.types import Completion, RequestOutput, SamplingParams
 
@@ -133,7 +135,7 @@ class LLM:
         self.version = version
         self.block_manager.set_namespace(version)
         self._rng = random.Random(self.config.seed)
-        self._lock = threading.RLock()  # one step / weight update at a time
+        self._gate = StepGate()  # one step / control call at a time, control calls first
         self._unpaused = threading.Event()
         self._unpaused.set()
         self._next_request = 0
@@ -147,6 +149,11 @@ class LLM:
         # finishes observed outside ``step`` (a weight update / pause / abort reads the step in
         # flight): the next ``step`` returns them, so its caller sees every finish exactly once
         self._finished: list[Sequence] = []
+        # finishes (and aborts) observed by any thread: a generate call rechecks its requests when it
+        # moves, since another thread's step may have returned its finishes (a probe next to a rollout)
+        self._finish_events = 0
+        # (seconds waiting for the step in flight, seconds loading) of the last update_weights
+        self.last_update_timing = (0.0, 0.0)
         # overlapped scheduling (default on GPU): step t+1 is scheduled and launched before
         # step t's tokens are read; ``_inflight`` = (batch, fetch handle, version) of the
         # launched step not yet read (at most one)
@@ -229,7 +236,7 @@ class LLM:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         parent = Sequence(token_ids, params, request_id, 0, seed)
         parent.prompt_text = prompt if isinstance(prompt, str) else None
-        with self._lock:
+        with self._gate.control():
             if self.config.enable_fork:
                 parent.num_forks = params.n - 1
                 self.scheduler.add(parent)
@@ -253,10 +260,12 @@ class LLM:
         tokens (the device is busy with step t meanwhile) and postprocess them; step t's
         results are read by the next call (or ``_drain``). Otherwise launch and read at once."""
         self._unpaused.wait()
-        with self._lock:
+        with self._gate.step():
+            if not self._unpaused.is_set():  # paused while this call waited: no step (the next call waits)
+                return []
             if self.spec is not None and self.spec.should_run(self.scheduler):
                 self._drain()  # drafting needs every token on the host
-                self._finished += self.spec.step(self.scheduler, self.version)
+                self._note_finished(self.spec.step(self.scheduler, self.version))
                 self.num_steps += 1
                 return self._take_finished()
             batch = self.scheduler.schedule()
@@ -291,7 +300,13 @@ class LLM:
             return
         (batch, handle, version), self._inflight = self._inflight, None
         tokens, logprobs = self.runner.fetch(handle)
-        self._finished += self.scheduler.postprocess(batch, tokens, logprobs, version)
+        self._note_finished(self.scheduler.postprocess(batch, tokens, logprobs, version))
+
+    def _note_finished(self, seqs: list[Sequence]) -> None:
+        """Finishes for ``step`` to return (lock held)."""
+        if seqs:
+            self._finished += seqs
+            self._finish_events += 1
 
     def has_unfinished(self) -> bool:
         """Whether ``step`` has work: sequences to run, a step in flight, or finishes to return."""
@@ -307,12 +322,16 @@ class LLM:
         params = sampling_params or SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
-        pending = set(ids)
+        pending, seen = set(ids), self._finish_events
         while pending and self.has_unfinished():
-            # only the requests of this step's finishes can have completed (step reports each once);
-            # a missed one costs nothing but steps: the loop also ends when nothing is unfinished
-            touched = {s.request_id for s in self.step()} & pending
-            pending -= {r for r in touched if self._request_done(r)}
+            self.step()
+            # any thread's step may have observed this call's finishes (``step`` returns each once, to
+            # its caller): recheck them all whenever something finished. Checking only the finishes this
+            # thread's steps returned left a probe's generate next to a rollout's stepping until the
+            # engine ran empty (a whole rollout call later: the async weight sync's cost on one GPU).
+            if self._finish_events != seen:
+                seen = self._finish_events
+                pending = {r for r in pending if not self._request_done(r)}
         return [self._collect(r) for r in ids]
 
     # ---- per-request progress (a server driving ``step`` itself: asyncrl.serve) -------------
@@ -374,7 +393,8 @@ class LLM:
         kept), so every later token attends to K/V of the new weights only (AReaL)."""
         if kv not in ("keep", "recompute"):
             raise ValueError(f"kv must be 'keep' or 'recompute', got {kv!r}")
-        with self._lock:
+        with self._gate.control() as waited:  # no new step starts: waits for the one in flight only
+            started = time.perf_counter()
             self._drain()  # tokens in flight came from the old weights: read them first (old version)
             if self.followers is not None:  # every rank takes the full tensors and keeps its slice
                 named_tensors = self.followers.broadcast_weights(named_tensors)
@@ -383,12 +403,13 @@ class LLM:
             self.block_manager.set_namespace(version)
             if kv == "recompute":
                 self.scheduler.drop_kv()
+            self.last_update_timing = (waited, time.perf_counter() - started)
 
     @_on_engine_device
     def pause(self) -> None:
         """Stop scheduling steps (returns once no step is running); KV stays resident."""
         self._unpaused.clear()
-        with self._lock:
+        with self._gate.control():
             self._drain()  # nothing in flight while paused: host state is complete
 
     def resume(self) -> None:
@@ -397,14 +418,15 @@ class LLM:
     @_on_engine_device
     def abort(self, request_ids: Iterable[str]) -> None:
         """Finish these requests now with finish_reason "abort" (partial tokens kept)."""
-        with self._lock:
+        with self._gate.control():
             self._drain()
             self.scheduler.abort(set(request_ids))
+            self._finish_events += 1  # a generate waiting on these requests rechecks them
 
     @_on_engine_device
     def close(self) -> None:
         """Release device memory (KV pool, CUDA graphs, weights)."""
-        with self._lock:
+        with self._gate.control():
             self._drain()
             self.runner.release()
             if self.spec is not None and hasattr(self.spec.proposer, "release"):

@@ -46,6 +46,11 @@ class EngineBackend:
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         return self.llm.generate(prompt_token_ids, params)
 
+    @property
+    def last_update_timing(self) -> tuple[float, float]:
+        """(seconds waiting for the engine's step in flight, seconds loading) of the last update."""
+        return self.llm.last_update_timing
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.llm.update_weights(named_tensors, version, kv=self.kv_on_update)
 

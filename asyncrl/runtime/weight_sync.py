@@ -210,11 +210,11 @@ class WeightSync:
         tensors = rollout_weights(model, self.backend)
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(tensors, version)
-            metrics = self._probe(model, version)
+            metrics = {**_update_timing(self.backend), **self._probe(model, version)}
         else:
             with self.gate.writing():  # wait for running generate calls, keep new ones out
                 self.backend.update_weights(tensors, version)
-                metrics = self._probe(model, version)
+                metrics = {**_update_timing(self.backend), **self._probe(model, version)}
         self.on_loaded(version)
         return {**metrics, "weight_sync/bytes": _nbytes(tensors)}
 
@@ -259,12 +259,23 @@ class WeightSync:
     def _probe(self, model, version: int) -> dict[str, float]:
         if self.probe is None:
             return {}
-        return _probe_metrics(self.probe.check(self.backend, model, version))
+        started = time.perf_counter()
+        return {**_probe_metrics(self.probe.check(self.backend, model, version)),
+                "weight_sync/probe_s": time.perf_counter() - started}
 
 
 def _nbytes(named_tensors) -> float:
     """Bytes of the tensors a push handed the backend (LoRA: A and B; else the whole model)."""
     return float(sum(t.numel() * t.element_size() for _, t in named_tensors))
+
+
+def _update_timing(backend) -> dict[str, float]:
+    """Where the last in-process load spent its time (the engine reports it): waiting for the
+    engine's step in flight to end (``weight_sync/wait_s``), and copying (``weight_sync/load_s``)."""
+    timing = getattr(backend, "last_update_timing", None)
+    if timing is None:
+        return {}
+    return {"weight_sync/wait_s": timing[0], "weight_sync/load_s": timing[1]}
 
 
 def _probe_metrics(result: ProbeResult) -> dict[str, float]:

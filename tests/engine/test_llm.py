@@ -268,3 +268,18 @@ def test_weight_update_kv_keep_or_recompute(kv, tiny_dirs, hf_models):
     assert all(same) if kv == "recompute" else not all(same)
     with pytest.raises(ValueError):
         llm.update_weights(new.items(), version=2, kv="flush")
+
+
+def test_generate_returns_when_another_caller_took_its_finish(tiny_dirs):
+    """Two threads step one engine (the async weight sync's probe next to the rollout): a step
+    returns each finish to ITS caller only. Here every step of the short call is preceded by a
+    rival's step that takes all finishes; the call must still return right after its own
+    request finishes, not when the engine runs empty (the long request: 200 more steps)."""
+    llm = make_llm(tiny_dirs["qwen3"])
+    long_id = llm.add_request(prompts_for(30, [6])[0], SamplingParams(max_tokens=200, ignore_eos=True))
+    step = llm.step
+    llm.step = lambda: (step(), [])[1]  # the rival ran this step: its finishes are gone
+    start = llm.num_steps
+    out = llm.generate([prompts_for(31, [5])[0]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
+    assert len(out.completions[0].token_ids) == 3
+    assert llm.num_steps - start <= 5 and not llm.request_finished(long_id)
