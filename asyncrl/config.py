@@ -290,6 +290,12 @@ class RolloutConfig:
         help="engine + Qwen3.5 (Gated DeltaNet): the recurrent state's storage dtype (vLLM's key); auto = the "
              "checkpoint's mamba_ssm_dtype (float32 in the released models), else float32; bfloat16 halves the "
              "state bytes decode reads and writes (kernels still compute in fp32; a small rollout-vs-trainer mismatch)")
+    engine_stream: str = field_spec(
+        "auto", choices=("auto", "high_priority", "caller"),
+        help="engine on a GPU: high_priority = the engine launches on a CUDA stream of its own above the default "
+             "priority, so decode runs beside a trainer's update on the same GPU instead of queued behind it; "
+             "caller = the calling thread's stream; auto = high_priority for an async run whose engine is a thread "
+             "of the trainer's process (one GPU for both), else caller")
 
 
 @dataclass

@@ -135,6 +135,7 @@ class _Source:
 def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
     import torch
     from asyncrl.rollout.engine_backend import EngineBackend
+    from asyncrl.rollout.registry import engine_stream_priority
     from asyncrl.runtime.async_controller import build_async_controller
     from asyncrl.runtime.sync_controller import build_sync_controller
     from asyncrl.training.model import load_policy
@@ -153,6 +154,8 @@ def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
     # The engine shares the GPU with the trainer: its KV pool takes ENGINE_MEMORY of the card
     # (the engine's default, 0.85, is for an engine alone; vLLM colocated in TRL uses 0.3).
     kwargs = {"gpu_memory_utilization": ENGINE_MEMORY} if torch.cuda.is_available() else {}
+    # as build_async_controller builds it: async = a thread of this process, its own stream (rollout.engine_stream)
+    kwargs["stream_priority"] = engine_stream_priority(cfg.rollout.engine_stream, async_thread=mode == "async")
     backend = EngineBackend(model, tokenizer, dtype=torch.bfloat16, device=_device(), **kwargs)
     if mode == "async":
         controller = build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(),

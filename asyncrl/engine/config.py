@@ -18,6 +18,10 @@ class EngineConfig:
     enable_fork: bool = True          # n samples share the prompt's KV (prefill once)
     enforce_eager: bool = False       # no CUDA graphs
     async_scheduling: Optional[bool] = None  # overlap host step t+1 with device step t (None: on for CUDA)
+    # CUDA: launch on a stream of the engine's own with this priority (lower = more urgent; -1 ahead of the
+    # default stream), so a trainer sharing the GPU neither queues decode kernels behind its GEMMs nor
+    # waits on them; None: the calling thread's current stream (llm.py's module doc)
+    stream_priority: Optional[int] = None
     cascade_attention: bool = True    # GPU decode: rows sharing prefix blocks read them once per group
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p

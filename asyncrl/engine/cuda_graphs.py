@@ -29,11 +29,15 @@ def capture_graphs(sizes: Iterable[int], *steps: Callable[[int], None]) -> list[
     """
     graphs: list[dict[int, torch.cuda.CUDAGraph]] = [{} for _ in steps]
     pool = None
+    # an engine with a stream of its own (EngineConfig.stream_priority) captures on it, the stream it
+    # replays on; the default stream cannot capture: torch.cuda.graph then uses its side stream
+    current = torch.cuda.current_stream()
+    capture_stream = None if current == torch.cuda.default_stream() else current
     for bs in sorted(set(sizes), reverse=True):
         for step, captured in zip(steps, graphs):
             step(bs)  # warm-up (Triton compile, allocator)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool):
+            with torch.cuda.graph(graph, pool, stream=capture_stream):
                 step(bs)
             pool = graph.pool() if pool is None else pool
             captured[bs] = graph

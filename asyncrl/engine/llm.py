@@ -12,6 +12,13 @@ thread: ``pause()`` blocks new steps (in-flight sequences keep their KV), and
 ``update_weights`` swaps weights between steps, so tokens sampled after it carry the new
 version (vLLM's ``pause_generation(mode="keep")``). The prefix cache is namespaced by
 weight version, so K/V computed under old weights is never reused by new requests.
+
+On CUDA the engine launches on the calling thread's current stream, or with
+``EngineConfig.stream_priority`` on a stream of its own: next to a trainer on the same GPU
+(async RL, one GPU) both then run at once instead of interleaving kernel by kernel on the
+default stream, whose FIFO queued every decode kernel behind the update's queued GEMMs (and
+every token read behind them). Weights cross streams in two places only, the build and
+``update_weights``, each ordered with the caller's stream (``_ordered_with_caller``).
 """
 from __future__ import annotations
 
@@ -66,12 +73,27 @@ def _current_device(device: torch.device):
 
 
 def _on_engine_device(method):
-    """Run ``method`` with the engine's device current (:meth:`LLM._on_device`)."""
+    """Run ``method`` with the engine's device and stream current (:meth:`LLM._on_device`)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         with self._on_device():
             return method(self, *args, **kwargs)
     return wrapper
+
+
+def _own_stream(device: torch.device, priority: Optional[int]) -> Optional[torch.cuda.Stream]:
+    """The engine's own CUDA stream (``EngineConfig.stream_priority``; lower = more urgent: -1
+    runs the decode's small kernels ahead of a trainer's queued blocks), or None: the caller's.
+    PyTorch creates it non-blocking, so it never waits on the legacy default stream implicitly."""
+    if priority is None or device.type != "cuda":
+        return None
+    return torch.cuda.Stream(device=device, priority=priority)
+
+
+@contextlib.contextmanager
+def _device_and_stream(device: torch.device, stream: torch.cuda.Stream):
+    with _current_device(device), torch.cuda.stream(stream):
+        yield
 
 
 class LLM:
@@ -91,7 +113,8 @@ class LLM:
         self.config = EngineConfig(**engine_kwargs)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._device = torch.device(device)
-        with self._on_device():
+        self.stream = _own_stream(self._device, self.config.stream_priority)
+        with self._ordered_with_caller(), self._on_device():  # the build copies the caller's tensors
             self._build(model, dtype, device, tokenizer, version, lora)
 
     def _build(self, model, dtype, device, tokenizer, version, lora) -> None:
@@ -222,9 +245,29 @@ class LLM:
             self.followers.close()
             raise
 
-    def _on_device(self):
-        """The engine's GPU made current for the calling thread (see :func:`_current_device`)."""
-        return _current_device(self._device) if self._device.type == "cuda" else contextlib.nullcontext()
+    def _on_device(self, own_stream: bool = True):
+        """The engine's GPU made current for the calling thread (see :func:`_current_device`), and
+        the engine's own stream if it has one (``own_stream=False``: the caller's stream stays)."""
+        if self._device.type != "cuda":
+            return contextlib.nullcontext()
+        if self.stream is None or not own_stream:
+            return _current_device(self._device)
+        return _device_and_stream(self._device, self.stream)
+
+    @contextlib.contextmanager
+    def _ordered_with_caller(self):
+        """Engine-stream work of this block starts after the work the caller's stream queued
+        before it, and the caller's later work after this block's (a no-op without an own stream)."""
+        if self.stream is None:
+            yield
+            return
+        with _current_device(self._device):
+            caller = torch.cuda.current_stream()
+        self.stream.wait_stream(caller)
+        try:
+            yield
+        finally:
+            caller.wait_stream(self.stream)
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, prompt: PromptType, params: SamplingParams, request_id: Optional[str] = None) -> str:
@@ -312,6 +355,7 @@ class LLM:
         """Whether ``step`` has work: sequences to run, a step in flight, or finishes to return."""
         return not self.scheduler.is_finished() or self._inflight is not None or bool(self._finished)
 
+    @_on_engine_device  # _collect reads device tensors (routed experts) the engine's stream wrote
     def generate(self, prompts: Union[PromptType, Seq[PromptType]],
                  sampling_params: Union[SamplingParams, Seq[SamplingParams], None] = None) -> list[RequestOutput]:
         """One ``RequestOutput`` per prompt (in order) with ``n`` completions each."""
@@ -349,6 +393,7 @@ class LLM:
         """True once every sample of the request finished (then :meth:`pop_output` it)."""
         return self._request_done(request_id)
 
+    @_on_engine_device
     def pop_output(self, request_id: str) -> RequestOutput:
         """The finished request's output; the engine forgets the request."""
         return self._collect(request_id)
@@ -381,7 +426,6 @@ class LLM:
         unmerged, else None: a push of A and B in this dtype moves no byte the engine drops."""
         return self.lora.dtype if self.lora is not None else None
 
-    @_on_engine_device
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
                        kv: str = "keep") -> None:
         """Load HF-named tensors in place (between steps) and set the policy version. PEFT
@@ -395,10 +439,14 @@ class LLM:
             raise ValueError(f"kv must be 'keep' or 'recompute', got {kv!r}")
         with self._gate.control() as waited:  # no new step starts: waits for the one in flight only
             started = time.perf_counter()
-            self._drain()  # tokens in flight came from the old weights: read them first (old version)
-            if self.followers is not None:  # every rank takes the full tensors and keeps its slice
-                named_tensors = self.followers.broadcast_weights(named_tensors)
-            load_update(self.model, self.lora, named_tensors, self.merged_lora)  # LoRA names: the adapter slots
+            with self._on_device():
+                self._drain()  # tokens in flight came from the old weights: read them first (old version)
+            # the copies run on the CALLER's stream, in order with the work that made the tensors (a
+            # sharded push refills one bucket per tensor); the engine's next step waits for them
+            with self._on_device(own_stream=False), self._ordered_with_caller():
+                if self.followers is not None:  # every rank takes the full tensors and keeps its slice
+                    named_tensors = self.followers.broadcast_weights(named_tensors)
+                load_update(self.model, self.lora, named_tensors, self.merged_lora)  # LoRA: the adapter slots
             self.version = version
             self.block_manager.set_namespace(version)
             if kv == "recompute":

@@ -48,7 +48,7 @@ def build_rollout_backend(cfg, model, tokenizer, log_dir=None):
 
 
 def _single_turn_backend(cfg, model, tokenizer, log_dir=None):
-    from asyncrl.rollout.registry import build_backend, engine_options, resolve_backend_name
+    from asyncrl.rollout.registry import build_backend, engine_options, engine_stream_priority, resolve_backend_name
 
     name, kv = resolve_backend_name(cfg.rollout.backend, model), cfg.runtime.partial_rollout_kv
     if name == "openai":  # the server holds its own weights
@@ -66,8 +66,10 @@ def _single_turn_backend(cfg, model, tokenizer, log_dir=None):
         from asyncrl.rollout.engine_backend import EngineBackend  # copies the HF module's weights
 
         device = str(next(model.parameters()).device)
+        options = {**engine_options(cfg.rollout, cfg.actor.lora),  # a thread of this process: its own stream (auto)
+                   "stream_priority": engine_stream_priority(cfg.rollout.engine_stream, async_thread=True)}
         return EngineBackend(model, tokenizer, dtype=getattr(torch, cfg.model.dtype), device=device, kv_on_update=kv,
-                             **engine_options(cfg.rollout, cfg.actor.lora))
+                             **options)
     from asyncrl.rollout.hf import HFGenerateBackend
 
     return HFGenerateBackend(clone_for_rollout(model, share_frozen=True), tokenizer)  # LoRA: the base is shared

@@ -189,3 +189,52 @@ def test_cascade_engine_greedy_groups_match_hf(tiny_dirs, gpu_hf):
     assert [[c.token_ids for c in o.completions] for o in eager.generate(prompts, params)] == \
         [[c.token_ids for c in o.completions] for o in outs]
     assert eager.runner.cascade.steps > 0
+
+
+def test_engine_on_its_own_stream_beside_a_busy_default_stream(tiny_dirs, gpu_hf):
+    """``stream_priority=-1`` (rollout.engine_stream, async on one GPU): the engine's steps run on
+    its own stream, greedy tokens still equal HF's while a trainer thread keeps the default stream
+    busy with large matmuls, and a weight update made on the default stream is what the very next
+    step reads (update_weights orders the two streams: the copy waits for the queued matmuls that
+    wrote the new weights, the engine's next step for the copy)."""
+    import copy
+    import threading
+
+    llm = _gpu_llm(tiny_dirs["qwen3"], stream_priority=-1)
+    assert llm.stream is not None and llm.stream != torch.cuda.default_stream() and llm.runner.graphs
+    streams = []
+    launch = llm.runner.launch
+    llm.runner.launch = lambda batch: (streams.append(torch.cuda.current_stream()), launch(batch))[1]
+    prompts = prompts_for(20, [3, 17, 40, 9, 25])
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    stop = threading.Event()
+
+    def trainer():  # the update's GEMMs, queued on the default stream without a sync in between
+        a = torch.randn(4096, 4096, device="cuda")
+        while not stop.is_set():
+            for _ in range(8):
+                a = torch.tanh(a @ a)
+            torch.cuda.default_stream().synchronize()
+
+    busy = threading.Thread(target=trainer)
+    busy.start()
+    try:
+        outs = llm.generate(prompts, greedy)
+    finally:
+        stop.set()
+        busy.join()
+    assert streams and all(s == llm.stream for s in streams)
+    for p, o in zip(prompts, outs):
+        assert o.completions[0].token_ids == hf_greedy_loop(gpu_hf, p, 24)
+    # new weights computed by a long queue of default-stream work, pushed without a host sync
+    moved = copy.deepcopy(gpu_hf)
+    big = torch.randn(8192, 8192, device="cuda")
+    with torch.no_grad():
+        for _ in range(20):
+            big = torch.tanh(big @ big)  # ~0.2 s of queued work ahead of the parameter writes
+        for p in moved.parameters():
+            p.add_(0.3 * torch.randn_like(p) + 0 * big[0, 0])
+    llm.update_weights(moved.state_dict().items(), version=1)
+    out = llm.generate(prompts[:2], greedy)
+    for p, o in zip(prompts[:2], out):
+        assert o.completions[0].token_ids == hf_greedy_loop(moved, p, 24) and set(o.completions[0].versions) == {1}

@@ -111,3 +111,20 @@ def test_rollout_mamba_ssm_cache_dtype_reaches_the_engine_options(tiny_policy):
     assert options["mamba_ssm_cache_dtype"] == "bfloat16"
     with pytest.raises(ValueError, match="rollout.mamba_ssm_cache_dtype needs the asyncrl engine"):
         build_backend("hf", model, tok, **options)
+
+
+def test_engine_stream_auto_is_own_high_priority_only_for_an_async_thread():
+    """rollout.engine_stream: auto gives the engine its own high-priority stream only where it
+    runs beside the trainer in the trainer's process (async, thread executor); caller never;
+    high_priority always (engine_options carries it to every engine the run builds)."""
+    from asyncrl.config import load_config
+    from asyncrl.rollout.registry import HIGH_STREAM_PRIORITY, engine_stream_priority
+
+    assert HIGH_STREAM_PRIORITY < 0  # above the default stream's priority 0
+    assert engine_stream_priority("auto", async_thread=True) == HIGH_STREAM_PRIORITY
+    assert engine_stream_priority("auto", async_thread=False) is None
+    assert engine_stream_priority("caller", async_thread=True) is None
+    assert engine_stream_priority("high_priority", async_thread=False) == HIGH_STREAM_PRIORITY
+    assert engine_options(load_config("quickstart").rollout)["stream_priority"] is None
+    cfg = load_config("quickstart", ["rollout.engine_stream=high_priority"])
+    assert engine_options(cfg.rollout)["stream_priority"] == HIGH_STREAM_PRIORITY
