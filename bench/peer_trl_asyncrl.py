@@ -130,7 +130,8 @@ def run_controller(controller, model, record: RunRecord, limits: Limits, evaluat
             tokens = int(round(metrics["response/length_mean"] * batch))
             if mode == "async":  # overlapped with the trainer: not part of the step's wall time
                 stages["async_rollout_busy"] = metrics.get("async/rollout_seconds", 0.0)
-            for key in ("actor/mfu", "actor/tflops"):  # the trainer's throughput (issue 20), per step
+            # the trainer's throughput (issue 20), and where an async weight sync spends its time, per step
+            for key in ("actor/mfu", "actor/tflops", "weight_sync/wait_s", "weight_sync/load_s", "weight_sync/probe_s"):
                 if key in metrics:
                     record.extra.setdefault(key, []).append(metrics[key])
             if clock.step_done(step, stages, batch, tokens, model):

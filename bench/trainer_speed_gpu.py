@@ -49,7 +49,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = os.environ.get("PEER_TRL_TINY") == "1"
 PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          "fused": ["actor.kernels=auto", "actor.packing=auto"],
-         "fused+compile": ["actor.kernels=auto", "actor.packing=auto", "actor.compile=true"]}
+         "fused+compile": ["actor.kernels=auto", "actor.packing=auto", "actor.compile=true"],
+         # async on one GPU with the engine on the trainer's (default) stream: the A/B of rollout.engine_stream
+         "fused+caller_stream": ["actor.kernels=auto", "actor.packing=auto", "rollout.engine_stream=caller"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 
@@ -208,10 +210,11 @@ def part_head_memory(checkpoint: Path, tokens: int) -> dict:
     return out
 
 
-def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: int, rows: list):
+def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: int, rows: list,
+              runs: str = "sync:eager,sync:fused,async:fused"):
     """Fills ``rows``, yielding after each run (the caller saves then: a later failure or the
-    device's time limit keeps the earlier rows)."""
-    runs = [("sync", "eager"), ("sync", "fused"), ("async", "fused")] + ([("trl", "-")] if with_trl else [])
+    device's time limit keeps the earlier rows). ``runs``: framework:plan pairs, in order."""
+    runs = [tuple(r.split(":")) for r in runs.split(",")] + ([("trl", "-")] if with_trl else [])
     for framework, plan in runs:
         out_json = work / f"peer_{framework}_{plan}.json"
         out_json.unlink(missing_ok=True)
@@ -232,6 +235,10 @@ def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: 
                "actor_update_s": summary["stage_median_s"].get("actor_update", float("nan")),
                "mfu": statistics.median(mfu) if mfu else float("nan"), "stages": summary["stage_median_s"],
                "gpu_peak_gib": summary.get("gpu_peak_gib"), "process_s": time.perf_counter() - t0}
+        for key in ("weight_sync/wait_s", "weight_sync/load_s", "weight_sync/probe_s"):  # async: the push's parts
+            values = run["summary"].get(key, [])[warmup:]
+            if values:
+                row[key] = statistics.median(values)
         print(f"[peer] {row}", flush=True)
         rows.append(row)
         yield
@@ -277,8 +284,22 @@ def table(out: dict) -> str:
         lines.append(f"peer    {row['framework']:5s} {row['plan']:6s} " + (row.get("error") or
                      f"{row['s_per_step']:.3f} s/step  {row['completions_per_s']:.1f} compl/s  actor update "
                      f"{row['actor_update_s']:.3f} s  MFU {row['mfu']:.1%}"
-                     + (f"  vs TRL {row['vs_trl']:.2f}x" if "vs_trl" in row else "")))
+                     + (f"  vs TRL {row['vs_trl']:.2f}x" if "vs_trl" in row else "") + _stage_tail(row)))
     return "\n".join(lines)
+
+
+def _stage_tail(row: dict) -> str:
+    """The step's other stages (s): rollout (async: the rollout thread's busy time), reward, weight
+    sync and, for async, its wait / load / probe parts."""
+    if "error" in row:
+        return ""
+    stages = row.get("stages", {})
+    names = {"rollout": "rollout", "async_rollout_busy": "rollout_busy", "wait_rollout": "wait_rollout",
+             "reward": "reward", "weight_sync": "weight_sync"}
+    parts = [f"{short} {stages[k]:.3f}" for k, short in names.items() if stages.get(k)]
+    parts += [f"{k.split('/')[1]} {row[k]:.3f}" for k in ("weight_sync/wait_s", "weight_sync/load_s",
+                                                           "weight_sync/probe_s") if k in row]
+    return "  | " + ", ".join(parts) if parts else ""
 
 
 def main():
@@ -291,6 +312,8 @@ def main():
     # two warm-ups, and the median of 5 (the fused plan's 3 runs spread 0.50-0.63 s)
     ap.add_argument("--update-warmup", type=int, default=2, help="update part: untimed updates per plan")
     ap.add_argument("--update-repeats", type=int, default=5, help="update part: timed updates (median)")
+    ap.add_argument("--peer-runs", default="sync:eager,sync:fused,async:fused",
+                    help="peer part: framework:plan runs in order (plans: " + ", ".join(PLANS) + ")")
     ap.add_argument("--peer-warmup", type=int, default=2)
     ap.add_argument("--peer-timed", type=int, default=4)
     ap.add_argument("--work-dir", default="/tmp/peer_trl_h200")
@@ -323,7 +346,7 @@ def main():
         save()
     if "peer" in parts:
         out["peer"] = []
-        for _ in part_peer(checkpoint, work, args.trl, args.peer_warmup, args.peer_timed, out["peer"]):
+        for _ in part_peer(checkpoint, work, args.trl, args.peer_warmup, args.peer_timed, out["peer"], args.peer_runs):
             save()
     out["seconds"] = time.perf_counter() - start
     save()

