@@ -129,7 +129,7 @@ class _Source:
         return list(example.fields["ids"])
 
     def reward(self, prompt, response, **fields):
-        return (sum(ord(c) for c in response) % 97) / 96.0
+        return (sum(map(ord, response)) % 97) / 96.0  # the same numbers as a generator of ord(c), twice as fast
 
 
 def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
