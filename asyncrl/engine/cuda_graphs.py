@@ -14,30 +14,37 @@ invariants:
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 
 
-def capture_graphs(sizes: Iterable[int], *steps: Callable[[int], None]) -> list[dict[int, torch.cuda.CUDAGraph]]:
+def current_capture_stream() -> Optional[torch.cuda.Stream]:
+    """The calling thread's current stream when it can capture (an engine with a stream of its own,
+    ``EngineConfig.stream_priority``: the stream it replays on), else None: the default stream cannot
+    capture, and ``torch.cuda.graph`` then uses its side stream."""
+    current = torch.cuda.current_stream()
+    return None if current == torch.cuda.default_stream() else current
+
+
+def capture_graphs(sizes: Iterable[int], *steps: Callable[[int], None],
+                   stream: Optional[torch.cuda.Stream] = None) -> list[dict[int, torch.cuda.CUDAGraph]]:
     """One graph per (batch size, step), largest size first, all in one memory pool.
 
     ``step(bs)`` runs the forward of ``bs`` rows on the static buffers (writing its outputs
     into them); it is called twice per size, once eagerly (warm-up), once under capture.
-    Returns, per step in the order given, ``{bs: graph}``. Call under ``torch.inference_mode``
+    ``stream``: capture on it (:func:`current_capture_stream`). Returns, per step in the order
+    given, ``{bs: graph}``. Call under ``torch.inference_mode``
     when the graphs will replay inference.
     """
     graphs: list[dict[int, torch.cuda.CUDAGraph]] = [{} for _ in steps]
     pool = None
-    # an engine with a stream of its own (EngineConfig.stream_priority) captures on it, the stream it
-    # replays on; the default stream cannot capture: torch.cuda.graph then uses its side stream
-    current = torch.cuda.current_stream()
-    capture_stream = None if current == torch.cuda.default_stream() else current
+    on_stream = {} if stream is None else {"stream": stream}  # None: torch.cuda.graph's side stream
     for bs in sorted(set(sizes), reverse=True):
         for step, captured in zip(steps, graphs):
             step(bs)  # warm-up (Triton compile, allocator)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool, stream=capture_stream):
+            with torch.cuda.graph(graph, pool, **on_stream):
                 step(bs)
             pool = graph.pool() if pool is None else pool
             captured[bs] = graph

@@ -33,7 +33,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata, kv_cache_dtype, raw
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
-from asyncrl.engine.cuda_graphs import capture_graphs
+from asyncrl.engine.cuda_graphs import capture_graphs, current_capture_stream
 from asyncrl.engine.fp8 import check_fp8_device
 from asyncrl.engine.kv_budget import KvBudget, activation_bytes, device_memory, module_bytes
 from asyncrl.engine.models.gated_delta import fla_available
@@ -316,7 +316,7 @@ class ModelRunner:
         steps = [partial(self._graph_decode, cascade=False)]
         if self.cascade is not None:  # a second graph per bucket: the shared-prefix decode
             steps.append(partial(self._graph_decode, cascade=True))
-        captured = capture_graphs(sizes, *steps)
+        captured = capture_graphs(sizes, *steps, stream=current_capture_stream())  # the engine's own, if any
         self.graphs.update(captured[0])
         if self.cascade is not None:
             self.cascade_graphs.update(captured[1])
