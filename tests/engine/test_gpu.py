@@ -233,7 +233,8 @@ def test_engine_on_its_own_stream_beside_a_busy_default_stream(tiny_dirs, gpu_hf
         for _ in range(20):
             big = torch.tanh(big @ big)  # ~0.2 s of queued work ahead of the parameter writes
         for p in moved.parameters():
-            p.add_(0.3 * torch.randn_like(p) + 0 * big[0, 0])
+            if p.dim() == 2:  # as test_llm's update tests: the matrices move, the norms stay
+                p.add_(0.2 * torch.randn_like(p) + 0 * big[0, 0])
     llm.update_weights(moved.state_dict().items(), version=1)
     out = llm.generate(prompts[:2], greedy)
     for p, o in zip(prompts[:2], out):
