@@ -2,7 +2,10 @@
 
 A random-weight target has no text to learn from, so the bench does what ``asyncrl train-draft``
 does, on the target itself: the engine generates greedy continuations of ``--train-prompts``
-random prompts (``--train-len`` new tokens each; diversity is what generalises), and ``training/draft_head.train_head`` fits a
+random prompts (``--train-len`` new tokens each, by default as long as the timed tails: the head's
+attention must have seen contexts as long as the ones it drafts in; a head trained on 128-token
+samples kept 0.91 acceptance over the first 128 tokens of the H200 tail and 0.11 over its 2,048),
+and ``training/draft_head.train_head`` (``--batch-tokens`` per step) fits a
 fresh head to the target's features and next-token distributions (``--steps`` steps, 3 chained
 passes). The timed tails' prompts are among the training prompts (their first ``--train-len``
 tokens; ``--no-train-on-tails``: not): a random target's continuations of fresh random prompts are
@@ -27,7 +30,8 @@ exact rounds, drafts and accepted drafts (equal on CPU; tests/engine/spec/test_e
   replay.<tail>.<head>   every head replayed on the off row's tokens (the held-out generations the
                          EAGLE rows produce again): the acceptance each EAGLE row must reach; on GPU
                          also ``trained_fp32`` (the bf16 engine head vs the fp32 trained one)
-  replay.<tail>_first_N  the trained head on the first ``--train-len`` tokens only (the length it trained on)
+  replay.<tail>_first_N  the trained head on the first ``--train-len`` tokens only (the length it trained
+                         on; only when it is shorter than the tails)
   <row>.<tail>.replay    the row's head replayed on the row's own tokens: equal to the row's counts
                          unless the engine drafts something else than the training forward
   eagle_copy             a head built to draft the last token again (no training): checks the engine's
@@ -39,7 +43,9 @@ exact rounds, drafts and accepted drafts (equal on CPU; tests/engine/spec/test_e
 ``train.agree_j`` is measured on the batches the head trains on; the acceptance of a k-draft chain
 is not agree_1 (every draft after a miss is lost): compare the rows with ``replay``.
 
-    python bench/spec_eagle.py --json bench/results/spec_eagle_h200.json         # ~3-4 min, one H200
+    python bench/spec_eagle.py --json bench/results/spec_eagle_h200.json         # ~4-5 min, one H200
+    python bench/spec_eagle.py --rows off,ngram,eagle_copy,eagle --tails random --a-batch 0 --steps 150 \
+        --profile-rounds 64 --json ...     # ~3-4 min: tok/s vs off, acceptance, where a round's time goes
     python bench/spec_eagle.py --quiet-upper 0.05 --json ...   # a target whose first layers decide its output
     python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 300
 """
@@ -211,7 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--batch-size", type=int, default=None, help="sequences per training step "
                     "(default: --batch-tokens // sample length, at least 1)")
-    ap.add_argument("--batch-tokens", type=int, default=4096, help="tokens per training step when --batch-size "
+    ap.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training step when --batch-size "
                     "is not given (the loss holds [tokens, vocabulary] logits per pass)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--label", default="token", choices=("soft", "token"),
