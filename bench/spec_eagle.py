@@ -283,6 +283,8 @@ def main(argv=None) -> int:
                 continue  # comparison rows: one tail is enough
             m0 = dict(llm.metrics)
             row[tail], tokens = timed(llm, prompts, tail_params, dev)
+            steps = row[tail].get("spec_steps") or args.tail_tokens  # off: one decode step per token
+            row[tail]["ms_per_step"] = round(1e3 * row[tail]["seconds"] / steps, 2)
             reference.setdefault(tail, tokens)
             row[tail]["same_tokens_as_off"] = tokens == reference[tail]
             if tokens != reference[tail]:
