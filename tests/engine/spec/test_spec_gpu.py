@@ -57,4 +57,16 @@ def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
         assert llm.metrics["spec_tokens_per_target_pass"] > 1.3
         rounds = llm.spec.proposer.rounds  # the captured round graph ran (first rounds: eager)
         assert rounds["graph"] > rounds["eager"] > 0
+    # every draft of the captured round graphs equals the eager round's (fp32: same kernels)
+    import asyncrl.engine.spec.eagle as eagle
+    from test_eagle_paged import _drafts
+
+    seen = {}
+    for graphs in (True, False):
+        eagle.GRAPHS = graphs
+        try:
+            seen[graphs] = _drafts(cuda_llm(target_dir, speculative_config=_spec(head)))
+        finally:
+            eagle.GRAPHS = True
+    assert seen[True] == seen[False]
     assert_draft_follows_the_target_law(cuda_llm, target_dir, head, method="eagle")
