@@ -57,7 +57,7 @@ def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
         assert llm.metrics["spec_tokens_per_target_pass"] > 1.3
         rounds = llm.spec.proposer.rounds  # the captured round graph ran (first rounds: eager)
         assert rounds["graph"] > rounds["eager"] > 0
-    # every draft of the captured round graphs equals the eager round's (fp32: same kernels)
+    # every draft of the captured round graphs equals the eager rounds' (catch-up: paged kernel vs gathered SDPA, fp32)
     import asyncrl.engine.spec.eagle as eagle
     from test_eagle_paged import _drafts
 
