@@ -322,7 +322,8 @@ def main(argv=None) -> int:
     results["speedup"] = {f"{tail}/{n}": round(r[tail]["tokens_per_s"] / off[tail]["tokens_per_s"], 3)
                           for n, r in results["rows"].items() if n != "off" for tail in tails if tail in r}
     if "a" in off and "eagle" in results["rows"]:
-        results["speedup"]["a/eagle"] = round(results["rows"]["eagle"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
+        a_eagle = results["rows"]["eagle"]["a"]["tokens_per_s"]
+        results["speedup"]["a/eagle"] = round(a_eagle / off["a"]["tokens_per_s"], 3)
     print(json.dumps(results["speedup"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
