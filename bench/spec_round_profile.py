@@ -3,14 +3,16 @@
 ``profile_rounds(llm, prompts, params, rounds)`` (used by ``spec_eagle.py --profile-rounds N``) runs
 two generations of an engine with speculation on, after the timed ones (warm):
 
-1. phases: ``propose`` (drafting), ``verify`` (the target pass + the verifier, ``VerifyStep.run``),
+1. phases: ``schedule`` (``Scheduler.schedule_verify``), ``propose`` (drafting), ``verify`` (the target pass + the verifier, ``VerifyStep.run``),
    ``verified`` (the proposer keeps features) and ``postprocess`` (``Scheduler.postprocess_verify``),
    each isolated by a device sync before and after, over the first ``rounds`` rounds after a
    sequence's first (eager) one: ``host_ms`` = until the call returns on the host (verify reads
-   its result back, so it includes waiting for its kernels), ``device_ms`` = CUDA events around
+   its result back, so it includes waiting for its kernels: ``readback_wait_ms``, the time inside
+   ``Tensor.cpu``; ``host_work_ms`` = host_ms - that), ``device_ms`` = CUDA events around
    the phase (the device's span from its first to its last kernel: with a slow host it is the
    host's launch time, not the kernels'), ``wall_ms`` = both. Without the syncs the phases
-   overlap a little; the timed run's ms per step is the real total.
+   overlap a little; the timed run's ms per step is the real total (minus ``sum_wall_ms``: the
+   engine loop's own host time per round).
 2. ``torch.profiler`` over a whole generation: per round, the device's busy time (sum of its
    kernels) and the CUDA runtime calls (kernel launches, graph launches, copies, syncs) -- a host
    that launches 100 kernels per round spends ~0.5 ms doing it.
@@ -40,19 +42,32 @@ def _phase_wrappers(llm, record: dict, state: dict):
                 torch.cuda.synchronize()
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
+            waited = [0.0]
+            cpu = torch.Tensor.cpu
+
+            def timed_cpu(t, *ca, **ckw):  # a read-back inside the phase: the host waits for the device
+                w0 = time.perf_counter()
+                r = cpu(t, *ca, **ckw)
+                waited[0] += time.perf_counter() - w0
+                return r
+
+            torch.Tensor.cpu = timed_cpu
             t0 = time.perf_counter()
-            out = fn(*a, **kw)
+            try:
+                out = fn(*a, **kw)
+            finally:
+                torch.Tensor.cpu = cpu
             t1 = time.perf_counter()
             dev = None
             if cuda:
                 e1.record()
                 torch.cuda.synchronize()
                 dev = e0.elapsed_time(e1)
-            record[name].append((1e3 * (t1 - t0), dev, 1e3 * (time.perf_counter() - t0)))
+            record[name].append((1e3 * (t1 - t0), dev, 1e3 * (time.perf_counter() - t0), 1e3 * waited[0]))
             return out
         return timed_call
 
-    targets = [("propose", spec.proposer, "propose"), ("verify", spec.verify_step, "run"),
+    targets = [("schedule", llm.scheduler, "schedule_verify"), ("propose", spec.proposer, "propose"), ("verify", spec.verify_step, "run"),
                ("verified", spec.proposer, "verified"), ("postprocess", llm.scheduler, "postprocess_verify")]
     return [(obj, attr, wrap(name, getattr(obj, attr))) for name, obj, attr in targets]
 
@@ -81,8 +96,9 @@ def _phase_times(llm, prompts, params, rounds: int) -> dict:
         n = len(rows)
         host, wall = sum(r[0] for r in rows) / n, sum(r[2] for r in rows) / n
         dev = sum(r[1] for r in rows) / n if rows[0][1] is not None else None
+        wait = sum(r[3] for r in rows) / n
         out[name] = dict(host_ms=round(host, 3), device_ms=None if dev is None else round(dev, 3),
-                         wall_ms=round(wall, 3))
+                         wall_ms=round(wall, 3), readback_wait_ms=round(wait, 3), host_work_ms=round(host - wait, 3))
     out["rounds"] = len(record.get("propose", []))
     out["sum_wall_ms"] = round(sum(v["wall_ms"] for k, v in out.items() if isinstance(v, dict)), 3)
     return out
