@@ -42,7 +42,7 @@ from asyncrl.engine.spec.draft_model import draft_tokens, sampling_host
 from asyncrl.engine.spec.eagle_head import load_head
 from asyncrl.engine.staging import StaticInputs
 
-# ASYNCRL_EAGLE_GRAPHS=0: the draft steps run eagerly on GPU too (for A/B runs, or if a capture fails)
+# ASYNCRL_EAGLE_GRAPHS=0: the rounds run eagerly on GPU too (for A/B runs, or if a capture fails)
 GRAPHS = os.environ.get("ASYNCRL_EAGLE_GRAPHS", "1") != "0"
 
 
