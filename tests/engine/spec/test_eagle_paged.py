@@ -1,13 +1,14 @@
 """The EAGLE head's GPU draft steps (paged K/V read in place by the Triton decode kernel, every
-step's inputs in one copy) draft exactly what the gathered CPU path drafts. Natively on a GPU;
-on CPU through the Triton interpreter (``TRITON_INTERPRET=1``), else skipped."""
+step's inputs in one copy) draft exactly what the gathered CPU path drafts: the GPU code path on
+CPU tensors through the Triton interpreter (``TRITON_INTERPRET=1``), else skipped. The engines
+here live on the CPU, so a compiled Triton kernel cannot read them: on a GPU the same path runs
+natively in tests/engine/spec/test_spec_gpu.py (captured round graphs vs eager rounds, fp32)."""
 import os
 
 import pytest
-import torch
 
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU engines through the Triton interpreter: run with TRITON_INTERPRET=1", allow_module_level=True)
 pytest.importorskip("triton")
 
 from conftest import make_llm, prompts_for  # noqa: E402
