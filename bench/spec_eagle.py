@@ -2,7 +2,10 @@
 
 A random-weight target has no text to learn from, so the bench does what ``asyncrl train-draft``
 does, on the target itself: the engine generates greedy continuations of ``--train-prompts``
-random prompts (``--train-len`` new tokens each; diversity is what generalises), and ``training/draft_head.train_head`` fits a
+random prompts (``--train-len`` new tokens each, by default as long as the timed tails: the head's
+attention must have seen contexts as long as the ones it drafts in; a head trained on 128-token
+samples kept 0.91 acceptance over the first 128 tokens of the H200 tail and 0.11 over its 2,048),
+and ``training/draft_head.train_head`` (``--batch-tokens`` per step) fits a
 fresh head to the target's features and next-token distributions (``--steps`` steps, 3 chained
 passes). The timed tails' prompts are among the training prompts (their first ``--train-len``
 tokens; ``--no-train-on-tails``: not): a random target's continuations of fresh random prompts are
@@ -27,7 +30,8 @@ exact rounds, drafts and accepted drafts (equal on CPU; tests/engine/spec/test_e
   replay.<tail>.<head>   every head replayed on the off row's tokens (the held-out generations the
                          EAGLE rows produce again): the acceptance each EAGLE row must reach; on GPU
                          also ``trained_fp32`` (the bf16 engine head vs the fp32 trained one)
-  replay.<tail>_first_N  the trained head on the first ``--train-len`` tokens only (the length it trained on)
+  replay.<tail>_first_N  the trained head on the first ``--train-len`` tokens only (the length it trained
+                         on; only when it is shorter than the tails)
   <row>.<tail>.replay    the row's head replayed on the row's own tokens: equal to the row's counts
                          unless the engine drafts something else than the training forward
   eagle_copy             a head built to draft the last token again (no training): checks the engine's
@@ -39,7 +43,9 @@ exact rounds, drafts and accepted drafts (equal on CPU; tests/engine/spec/test_e
 ``train.agree_j`` is measured on the batches the head trains on; the acceptance of a k-draft chain
 is not agree_1 (every draft after a miss is lost): compare the rows with ``replay``.
 
-    python bench/spec_eagle.py --json bench/results/spec_eagle_h200.json         # ~3-4 min, one H200
+    python bench/spec_eagle.py --json bench/results/spec_eagle_h200.json         # ~4-5 min, one H200
+    python bench/spec_eagle.py --rows off,ngram,eagle_copy,eagle --tails random --a-batch 0 --steps 150 \
+        --profile-rounds 64 --json ...     # ~3-4 min: tok/s vs off, acceptance, where a round's time goes
     python bench/spec_eagle.py --quiet-upper 0.05 --json ...   # a target whose first layers decide its output
     python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 300
 """
@@ -52,6 +58,7 @@ from datetime import datetime, timezone
 
 import torch
 from spec_decode import quiet_upper_layers, timed
+from spec_round_profile import profile_rounds
 
 import asyncrl.engine.spec.eagle as eagle_module
 from asyncrl.engine import LLM
@@ -63,11 +70,19 @@ from asyncrl.training.draft_replay import replay_acceptance
 from asyncrl.types import SamplingParams
 
 
-def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list) -> dict:
+ROWS = ("off", "ngram", "eagle_untrained", "eagle_copy", "eagle_eager", "eagle")
+
+
+def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list, train: bool = True) -> dict:
     """Greedy samples of the target from random prompts (and, with ``--train-on-tails``, the timed
     tails' prompts) -> a trained head in ``out_dir`` (+ an untrained one in ``out_dir/initial`` and
     the copy head in ``out_dir/copy``); returns the training record, with the trained head's replay
-    on ``--heldout-prompts`` prompts it never saw (``replay_heldout``)."""
+    on ``--heldout-prompts`` prompts it never saw (``replay_heldout``). ``train=False``: only the
+    untrained and the copy heads (no row needs a trained one); returns None."""
+    if not train:
+        new_head(ModelConfig.from_module(hf), seed=0).save(f"{out_dir}/initial")
+        copy_head(hf).save(f"{out_dir}/copy")
+        return None
     g = torch.Generator().manual_seed(7)
     prompts = torch.randint(1, hf.config.vocab_size, (args.train_prompts, 16), generator=g).tolist()
     heldout = torch.randint(1, hf.config.vocab_size, (args.heldout_prompts, 16),
@@ -90,15 +105,15 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list)
     metrics = train_head(head, hf, samples, args.steps, args.batch_size, args.lr, passes=3, on_step=log,
                          label=args.label)
     head.save(out_dir)
-    # the trained head replayed on 16 of its own training samples, in eval mode and without autograd:
+    # the trained head replayed on 8 of its own training samples, in eval mode and without autograd:
     # ~ agree_j above, else the training forward (autograd, autocast, compiled norms) is not the one
     # the engine and the replays run
-    seen = replay_acceptance(head, hf, samples[:16], args.k)
+    seen = replay_acceptance(head, hf, samples[:8], args.k)
     copy_head(hf).save(f"{out_dir}/copy")
     return dict(samples=len(samples), sample_tokens=sum(len(s.token_ids) for s in samples),
                 generate_s=round(gen_s, 1), **metrics, replay_on_training_samples=seen,
                 replay_heldout=replay_acceptance(head, hf, heldout_samples, args.k) if heldout_samples else None,
-                forward_check=forward_check(head, hf, samples[:8]))
+                batch_size=args.batch_size, forward_check=forward_check(head, hf, samples[:2]))
 
 
 def forward_check(head, hf, samples, passes: int = 3) -> dict:
@@ -179,12 +194,20 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--tail-batch", type=int, default=8)
+    ap.add_argument("--tails", default="repetitive,random", help="long tails to time: repetitive, random or both")
     ap.add_argument("--tail-tokens", type=int, default=2048)
-    ap.add_argument("--a-batch", type=int, default=256)
+    ap.add_argument("--a-batch", type=int, default=256, help="workload a's batch (0: skip workload a)")
     ap.add_argument("--a-len", type=int, default=256)
-    ap.add_argument("--train-prompts", type=int, default=512, help="distinct prompts: diversity, not length, "
-                    "is what lets the head generalise")
-    ap.add_argument("--train-len", type=int, default=128, help="new tokens per training sample")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows to run, of {','.join(ROWS)} "
+                    "(off always runs: the reference)")
+    ap.add_argument("--profile-rounds", type=int, default=0, metavar="N",
+                    help="after its timed random tail, profile N rounds of each speculative row "
+                         "(spec_round_profile.py: host vs device ms per phase, CUDA runtime calls per round)")
+    ap.add_argument("--train-prompts", type=int, default=64, help="distinct prompts generated for training")
+    ap.add_argument("--train-len", type=int, default=None, help="new tokens per training sample (default: "
+                    "--tail-tokens: a head trained on 128-token samples kept 0.91 acceptance on the first 128 "
+                    "tokens of the H200 tail and 0.11 over its 2,048, as its attention had never seen a long "
+                    "context)")
     ap.add_argument("--train-on-tails", action=argparse.BooleanOptionalAction, default=True,
                     help="add the timed tails' prompts to the training prompts (their first --train-len tokens): "
                          "a random target's continuations share nothing a head could generalise from, so "
@@ -192,7 +215,10 @@ def main(argv=None) -> int:
                          "train.replay_heldout)")
     ap.add_argument("--heldout-prompts", type=int, default=8, help="fresh prompts for train.replay_heldout")
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--batch-size", type=int, default=32, help="sequences per training step")
+    ap.add_argument("--batch-size", type=int, default=None, help="sequences per training step "
+                    "(default: --batch-tokens // sample length, at least 1)")
+    ap.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training step when --batch-size "
+                    "is not given (the loss holds [tokens, vocabulary] logits per pass)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--label", default="token", choices=("soft", "token"),
                     help="train-draft's draft.label: a random model's next-token distribution is nearly flat, so "
@@ -201,6 +227,12 @@ def main(argv=None) -> int:
                     help="scale the residual writes of layers >= 2 by SCALE (spec_decode.py's quiet target)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    rows = ["off"] + [r for r in args.rows.split(",") if r and r != "off"]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        ap.error(f"--rows: unknown rows {unknown}; known: {','.join(ROWS)}")
+    args.train_len = args.train_len or args.tail_tokens
+    args.batch_size = args.batch_size or max(1, args.batch_tokens // (args.train_len + 16))
     dev = args.device
     cuda = dev.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -217,7 +249,10 @@ def main(argv=None) -> int:
     pattern = torch.randint(1, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
     tails = {"repetitive": [(pattern * 8)[i:] + [i + 1] for i in range(args.tail_batch)],
              "random": torch.randint(1, vocab, (args.tail_batch, 16), generator=torch.Generator().manual_seed(3)).tolist()}
-    results["train"] = train_on_target(hf, engine_kw, args, head_dir, tails["repetitive"] + tails["random"])
+    tails = {t: tails[t] for t in args.tails.split(",")}
+    trained = bool({"eagle", "eagle_eager"} & set(rows))
+    results["train"] = train_on_target(hf, engine_kw, args, head_dir, tails.get("repetitive", []) +
+                                       tails.get("random", []), train=trained)
     print("train", json.dumps(results["train"]), flush=True)
     tail_params = SamplingParams(temperature=0, max_tokens=args.tail_tokens, ignore_eos=True)
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=torch.Generator().manual_seed(1)).tolist()
@@ -227,14 +262,15 @@ def main(argv=None) -> int:
     specs = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": args.k},
              "eagle_untrained": eagle(f"{head_dir}/initial"), "eagle_copy": eagle(f"{head_dir}/copy"),
              "eagle_eager": eagle(head_dir), "eagle": eagle(head_dir)}
+    specs = {n: spec for n, spec in specs.items() if n in rows}
     row_head = {"eagle_untrained": "untrained", "eagle_copy": "copy", "eagle_eager": "trained", "eagle": "trained"}
     reference = {}
     # replays run the heads in the engine's dtype (bf16 on GPU: what the engine runs) and, on GPU,
     # the trained one also in fp32 (what training ran, under autocast): a gap between the two = precision
-    heads = {"trained": load_head(head_dir, dtype=dtype, device=dev),
-             "untrained": load_head(f"{head_dir}/initial", dtype=dtype, device=dev),
-             "copy": load_head(f"{head_dir}/copy", dtype=dtype, device=dev)}
-    if dtype != torch.float32:
+    head_dirs = {"trained": head_dir, "untrained": f"{head_dir}/initial", "copy": f"{head_dir}/copy"}
+    heads = {h: load_head(head_dirs[h], dtype=dtype, device=dev) for h in sorted({row_head[n] for n in specs
+                                                                                 if n in row_head})}
+    if dtype != torch.float32 and "trained" in heads:
         heads["trained_fp32"] = load_head(head_dir, device=dev)
     results["replay"] = {}
     for name, spec in specs.items():
@@ -247,14 +283,17 @@ def main(argv=None) -> int:
                 continue  # comparison rows: one tail is enough
             m0 = dict(llm.metrics)
             row[tail], tokens = timed(llm, prompts, tail_params, dev)
+            steps = row[tail].get("spec_steps") or args.tail_tokens  # off: one decode step per token
+            row[tail]["ms_per_step"] = round(1e3 * row[tail]["seconds"] / steps, 2)
             reference.setdefault(tail, tokens)
             row[tail]["same_tokens_as_off"] = tokens == reference[tail]
             if tokens != reference[tail]:
                 row[tail]["divergence"] = divergence(hf, prompts, reference[tail], tokens)
             if name == "off":  # what a head must show in the engine on these very tokens
                 results["replay"][tail] = {h: replay_rows(heads[h], hf, prompts, tokens, args.k) for h in heads}
-                results["replay"][f"{tail}_first_{args.train_len}"] = replay_rows(
-                    heads["trained"], hf, prompts, tokens, args.k, upto=args.train_len)
+                if "trained" in heads and args.train_len < args.tail_tokens:
+                    results["replay"][f"{tail}_first_{args.train_len}"] = replay_rows(
+                        heads["trained"], hf, prompts, tokens, args.k, upto=args.train_len)
             elif name in row_head:  # the engine vs its own tokens: equal unless the engine drafts wrong
                 row[tail]["replay"] = replay_rows(heads[row_head[name]], hf, prompts, tokens, args.k)
             if "spec_steps" in row[tail]:  # (warm-up + timed run: the same greedy tokens twice)
@@ -263,8 +302,12 @@ def main(argv=None) -> int:
                 passes = round((m["rows"] + m["accepted_tokens"]) / max(m["rows"], 1), 3)
                 row[tail].update(rounds=m["rows"], drafted=m["draft_tokens"], accepted=m["accepted_tokens"],
                                  tokens_per_target_pass=passes)
-        if name in ("off", "eagle"):
+        if name in ("off", "eagle") and args.a_batch:
             row["a"], _ = timed(llm, a_prompts, a_params, dev)
+        if args.profile_rounds and spec is not None and "random" in tails:
+            rounds = args.profile_rounds
+            row["profile"] = profile_rounds(llm, tails["random"], SamplingParams(
+                temperature=0, max_tokens=min(args.tail_tokens, (rounds + 1) * (args.k + 1)), ignore_eos=True), rounds)
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
         if args.json:  # after every row: a later failure keeps what was measured
@@ -278,7 +321,9 @@ def main(argv=None) -> int:
     off = results["rows"]["off"]
     results["speedup"] = {f"{tail}/{n}": round(r[tail]["tokens_per_s"] / off[tail]["tokens_per_s"], 3)
                           for n, r in results["rows"].items() if n != "off" for tail in tails if tail in r}
-    results["speedup"]["a/eagle"] = round(results["rows"]["eagle"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
+    if "a" in off and "eagle" in results["rows"]:
+        a_eagle = results["rows"]["eagle"]["a"]["tokens_per_s"]
+        results["speedup"]["a/eagle"] = round(a_eagle / off["a"]["tokens_per_s"], 3)
     print(json.dumps(results["speedup"]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

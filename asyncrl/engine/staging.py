@@ -92,3 +92,63 @@ class DeviceToHost:
             event.synchronize()
         rows = out.tolist()
         return [int(t) for t in rows[0]], rows[1]
+
+
+class StaticInputs:
+    """Fixed-address device inputs of captured CUDA graphs, filled by ONE host->device copy.
+
+    ``layouts[bs] = {name: (shape, numpy dtype)}``: the arrays a bucket's graph reads, packed at
+    fixed offsets of one device byte buffer (each bucket its own packing; the buckets share the
+    buffer, as only one graph replays at a time, in stream order). ``views(bs)`` gives the typed
+    device views a graph is captured on; ``put(bs, arrays)`` packs the host arrays into a pinned
+    buffer (double-buffered as ``HostToDevice``'s) and issues one asynchronous copy, so a round
+    costs one copy however many inputs its graph has. On CPU the views are plain tensors written
+    in place."""
+
+    def __init__(self, layouts: dict[int, dict[str, tuple[tuple, np.dtype]]], device: torch.device):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.layouts: dict[int, dict[str, tuple[int, tuple, np.dtype]]] = {}
+        total = 0
+        for bs, layout in layouts.items():
+            off, packed = 0, {}
+            for name, (shape, dtype) in layout.items():
+                packed[name] = (off, tuple(shape), np.dtype(dtype))
+                off += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // _ALIGN) * _ALIGN
+            self.layouts[bs] = packed
+            total = max(total, off)
+        self.dev = torch.zeros(max(total, _ALIGN), dtype=torch.uint8, device=device)
+        self.pinned = [torch.empty(self.dev.numel(), dtype=torch.uint8, pin_memory=True) for _ in range(2)] \
+            if self.cuda else []
+        self.events: list[Optional[torch.cuda.Event]] = [None, None]
+        self.slot = 0
+
+    def views(self, bs: int) -> dict[str, torch.Tensor]:
+        return {name: self._view(self.dev, o, shape, dt) for name, (o, shape, dt) in self.layouts[bs].items()}
+
+    @staticmethod
+    def _view(buf: torch.Tensor, offset: int, shape: tuple, dtype: np.dtype) -> torch.Tensor:
+        n = int(np.prod(shape)) * dtype.itemsize
+        return buf[offset:offset + n].view(_DTYPES[dtype]).view(shape)
+
+    def put(self, bs: int, arrays: dict[str, np.ndarray]) -> None:
+        """Write ``arrays`` (every name of bucket ``bs``'s layout, cast to its dtype) into its views."""
+        layout = self.layouts[bs]
+        if set(arrays) != set(layout):
+            raise KeyError(f"StaticInputs.put: bucket {bs} takes {sorted(layout)}, got {sorted(arrays)}")
+        if not self.cuda:
+            for name, (o, shape, dt) in layout.items():
+                self._view(self.dev, o, shape, dt).copy_(torch.from_numpy(np.asarray(arrays[name], dtype=dt)))
+            return
+        slot, self.slot = self.slot, self.slot ^ 1
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # the copy that last read this slot is done
+        host = self.pinned[slot].numpy()
+        end = 0
+        for name, (o, shape, dt) in layout.items():
+            a = np.ascontiguousarray(arrays[name], dtype=dt).reshape(shape)
+            host[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
+            end = max(end, o + a.nbytes)
+        self.dev[:end].copy_(self.pinned[slot][:end], non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.events[slot] = event

@@ -28,3 +28,26 @@ def test_put_and_read_round_trip(device):
             h, toks, lps = handles.pop(0)
             got_t, got_l = d2h.read(h)
             assert got_t == toks and np.allclose(got_l, lps)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_inputs_keep_their_addresses_and_take_one_copy(device):
+    """Per-bucket layouts on one buffer: views never move (a captured graph reads them), ``put``
+    writes every array of the bucket, and a bucket's missing array is named."""
+    from asyncrl.engine.staging import StaticInputs
+
+    layouts = {bs: {"ids": ((bs, 3), np.int64), "ctx": ((bs,), np.int32), "temp": ((bs,), np.float32)}
+               for bs in (1, 4)}
+    staged = StaticInputs(layouts, torch.device(device))
+    views = {bs: staged.views(bs) for bs in layouts}
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        for bs in (4, 1):
+            arrays = {"ids": rng.integers(-2**62, 2**62, (bs, 3)), "ctx": rng.integers(0, 99, bs),
+                      "temp": rng.standard_normal(bs)}
+            staged.put(bs, arrays)
+            for name, v in staged.views(bs).items():
+                assert v.data_ptr() == views[bs][name].data_ptr()
+                assert np.array_equal(v.cpu().numpy(), np.asarray(arrays[name], dtype=layouts[bs][name][1]))
+    with pytest.raises(KeyError, match="temp"):
+        staged.put(1, {"ids": np.zeros((1, 3)), "ctx": np.zeros(1)})

@@ -16,13 +16,21 @@ A round, for a sequence of L tokens (target K/V valid for positions 0..L-2):
      These entries hold draft features; the next round's catch-up overwrites them.
 Drafts are the head's argmax (``greedy``, vLLM's default for EAGLE) or samples from its processed
 distribution (``probabilistic``); verification is the unchanged exact rule (``verifier.py``).
-On GPU the k - 1 single-token steps (each one layer plus the target's LM head) replay one CUDA graph
-per batch bucket up to ``disable_by_batch_size`` (``ASYNCRL_EAGLE_GRAPHS=0``: eager); the catch-up,
-of variable length, runs eagerly through the gathered path.
+On GPU a whole round is ONE CUDA graph per batch bucket up to ``disable_by_batch_size``
+(``ASYNCRL_EAGLE_GRAPHS=0``: eager) whenever every row's catch-up reads features of the last verify
+pass (the steady state): the catch-up is padded to ``Q = k + 1`` entries per row (a verify emits
+1..Q tokens, so the entries to write are <= Q, and the verify pass's hidden states ``[B * Q, H]``
+hold their features in that very layout, copied once into ``vhidden``), run by the paged decode
+kernel with ``query_len = Q`` (entries past a row's count write the scratch block; their outputs
+are never read), then the k - 1 one-token steps; all of the round's host inputs go over in one
+copy (``StaticInputs``). Rows whose catch-up needs a target forward (the first speculative step
+of a sequence, after decode steps without speculation) run the round eagerly: catch-up through
+the gathered path, steps through the paged kernel.
 """
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import numpy as np
 import torch
@@ -32,28 +40,36 @@ from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.spec.config import SpeculativeConfig
 from asyncrl.engine.spec.draft_model import draft_tokens, sampling_host
 from asyncrl.engine.spec.eagle_head import load_head
+from asyncrl.engine.staging import StaticInputs
 
-# ASYNCRL_EAGLE_GRAPHS=0: the draft steps run eagerly on GPU too (for A/B runs, or if a capture fails)
+# ASYNCRL_EAGLE_GRAPHS=0: the rounds run eagerly on GPU too (for A/B runs, or if a capture fails)
 GRAPHS = os.environ.get("ASYNCRL_EAGLE_GRAPHS", "1") != "0"
 
 
 class EagleProposer:
     """``propose(batch, budgets)`` -> (drafts ``[B, k]`` int64 on the device, counts ``[B]``,
     probs ``[B, k, V]`` or None); ``verified(batch, out)`` keeps the accepted features.
-    Invariant: ``features[seq_id] = (first, [n, H])`` holds target features of positions
-    ``first .. first + n - 1`` of a sequence that ran in the last round."""
+    Invariant: ``features[seq_id] = (start, row, n)``: rows ``row * Q .. row * Q + n - 1`` of
+    ``hidden`` (the last verify pass's hidden states ``[B * Q, H]``; on the graph path also
+    ``vhidden``) are the target features of positions ``start .. start + n - 1`` of a sequence of
+    the last verify pass (cleared and refilled by every ``verified``)."""
 
     def __init__(self, config: SpeculativeConfig, dtype: torch.dtype, device, target_config):
         self.k = config.num_speculative_tokens
+        self.q = self.k + 1
         self.probabilistic = config.draft_sampling == "probabilistic"
         self.head = load_head(config.model, dtype=dtype, device=device)
         self.head.check_target(target_config)
         self.dtype, self.device = dtype, torch.device(device)
         self.max_batch = config.disable_by_batch_size
         self.runner = None
-        self.features: dict[int, tuple[int, torch.Tensor]] = {}
+        self.features: dict[int, tuple[int, int, int]] = {}
+        self.hidden: Optional[torch.Tensor] = None
+        self.held = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.staged: Optional[StaticInputs] = None
         self.vars: dict[str, torch.Tensor] = {}
+        self.rounds = {"graph": 0, "eager": 0}
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one KV block of the head (one layer, K and V)."""
@@ -66,9 +82,10 @@ class EagleProposer:
         shape = (runner.num_blocks + 1, runner.block_size, c.num_key_value_heads, c.head_dim)
         attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.table_width = runner._bt_width() + -(-(self.k + 1) // runner.block_size)
+        # the round reaches position L - 1 + k (catch-up: first + k): scratch columns past the table
+        self.table_width = runner._bt_width() + -(-(self.q + 1) // runner.block_size)
         self.paged = runner.is_cuda  # the draft steps read K/V in place (Triton); gathered elsewhere
-        if self.paged and not runner.config.enforce_eager and self.k > 1 and GRAPHS:
+        if self.paged and not runner.config.enforce_eager and GRAPHS:
             self._capture([b for b in runner._graph_sizes() if b <= self.max_batch] or [1])
 
     def release(self) -> None:
@@ -76,40 +93,45 @@ class EagleProposer:
         attn = self.head.layers[0].self_attn
         attn.k_cache = attn.v_cache = torch.empty(0)
         self.features.clear()
+        self.hidden, self.held = None, 0
 
     # ---- one round ----------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, batch, budgets: list[int]):
-        seqs, target = batch.seqs, self.runner.model
-        self.features = {s.seq_id: self.features[s.seq_id] for s in seqs if s.seq_id in self.features}
-        B = len(seqs)
+        seqs, B = batch.seqs, len(batch.seqs)
         L = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
         first = np.minimum([s.draft_cached for s in seqs], L - 1)
-        g = self._catch_up(seqs, first, L)
         bs = min((b for b in self.graphs if b >= B), default=None)
-        sampling = sampling_host(seqs, B if bs is None else bs, self.k, self.probabilistic)
-        dev = {n: torch.from_numpy(a).to(self.device) for n, a in sampling.items()}
-        tok, q = draft_tokens(target.compute_logits(g), {n: t[:B] for n, t in dev.items()}, 0, self.probabilistic)
-        drafts, probs = tok[:, None], (q[:, None] if q is not None else None)
-        if self.k > 1:
-            if bs is not None:
-                later, later_q = self._replay(seqs, L, tok, g, sampling, bs)
-            else:
-                steps = self._paged_inputs(seqs, L, B) if self.paged else self._gathered_inputs(seqs, L)
-                later, later_q = self._steps({**steps, **dev, "tok": tok, "g": g})
-            drafts = torch.cat([drafts, later[:B]], 1)
-            probs = torch.cat([probs, later_q[:B]], 1) if probs is not None else None
+        src = self._verified_rows(seqs, first, L) if bs is not None else None
+        if src is not None:
+            drafts, probs = self._replay(seqs, first, L, src, bs)
+            drafts, probs = drafts[:B], (probs[:B] if probs is not None else None)
+            self.rounds["graph"] += 1
+        else:
+            drafts, probs = self._eager_round(seqs, first, L)
+            self.rounds["eager"] += 1
         for s, n in zip(seqs, L):
             s.draft_cached = int(n)
         return drafts, np.asarray(budgets, dtype=np.int64), probs
 
-    def _steps(self, v: dict):
-        """Draft steps 1..k-1 of ``rows`` rows (the part a CUDA graph holds on GPU): ``v`` has tok
-        ``[rows]`` (draft 0), g ``[rows, H]`` (the head output it came from), pos ``[k - 1, rows]``,
-        the attention inputs of each step and the sampling arrays. Returns drafts ``[rows, k - 1]``
-        and their q ``[rows, k - 1, V]`` or None."""
+    def _eager_round(self, seqs, first: np.ndarray, L: np.ndarray):
+        """Catch-up through the gathered path (target forward for missing features), then the
+        k - 1 steps (paged on GPU, gathered on CPU): drafts ``[B, k]``, probs or None."""
+        B = len(seqs)
+        g = self._catch_up(seqs, first, L)
+        dev = {n: torch.from_numpy(a).to(self.device)
+               for n, a in sampling_host(seqs, B, self.k, self.probabilistic).items()}
+        tok, q = draft_tokens(self.runner.model.compute_logits(g), dev, 0, self.probabilistic)
+        steps = self._paged_inputs(seqs, L, B) if self.paged else self._gathered_inputs(seqs, L)
+        return self._draft_steps({**steps, **dev, "tok": tok, "q": q, "g": g})
+
+    def _draft_steps(self, v: dict):
+        """Drafts 1..k-1 of ``rows`` rows after draft 0: ``v`` has tok ``[rows]`` (draft 0), q
+        (its distribution or None), g ``[rows, H]`` (the head output it came from), pos ``[k - 1,
+        rows]``, the attention inputs of each step and the sampling arrays. Returns drafts
+        ``[rows, k]`` and their q ``[rows, k, V]`` or None."""
         target, tok, g = self.runner.model, v["tok"], v["g"]
-        drafts, probs = [], []
+        drafts, probs = [tok], [v["q"]]
         for j in range(1, self.k):
             g = self.head(target.model.embed_tokens(tok), g, v["pos"][j - 1], self._meta(v, j - 1))
             tok, q = draft_tokens(target.compute_logits(g), v, j, self.probabilistic)
@@ -125,12 +147,36 @@ class EagleProposer:
         return AttentionMetadata(slot_mapping=v["slots"][i], block_tables=v["bt"], context_lens=v["ctx"][i],
                                  paged_decode=True)
 
+    @torch.inference_mode()
     def verified(self, batch, out) -> None:
         """Keep the target features of each row's emitted positions ``L - 1 .. L - 2 + emitted``
-        (the verify pass's hidden states): the next catch-up's true features."""
-        Q = self.k + 1
-        for i, (seq, toks) in enumerate(zip(batch.seqs, out.tokens)):
-            self.features[seq.seq_id] = (batch.starts[i], out.hidden[i * Q: i * Q + len(toks)].clone())
+        (the verify pass's hidden states ``out.hidden [B * Q, H]``, by reference: the next
+        verify pass, which overwrites them, comes after the next round's catch-up has read them):
+        the next catch-up's true features. With graphs, one copy into ``vhidden``."""
+        self.features = {s.seq_id: (start, i, len(toks))
+                         for i, (s, start, toks) in enumerate(zip(batch.seqs, batch.starts, out.tokens))}
+        self.hidden = out.hidden
+        n = out.hidden.shape[0]
+        self.held = 0  # rows of vhidden that hold this pass's features
+        if self.graphs and n <= self.vars["vhidden"].shape[0]:
+            self.vars["vhidden"][:n].copy_(out.hidden)
+            self.held = n
+
+    def _verified_rows(self, seqs, first: np.ndarray, L: np.ndarray) -> Optional[np.ndarray]:
+        """For the graph round: per row, the ``vhidden`` row of its first catch-up entry's feature
+        (entry ``first`` reads feature ``first - 1``), or None when any row's catch-up needs
+        features the last verify pass did not produce (or ``vhidden`` does not hold them)."""
+        held = self.held
+        src = np.empty(len(seqs), dtype=np.int64)
+        for i, (s, a, b) in enumerate(zip(seqs, first, L)):
+            have = self.features.get(s.seq_id)
+            if have is None or a < 1 or b - a > self.q:
+                return None
+            start, row, n = have
+            if not (start <= a - 1 and b - 2 < start + n and (row + 1) * self.q <= held):
+                return None
+            src[i] = row * self.q + a - 1 - start
+        return src
 
     def _catch_up(self, seqs, first: np.ndarray, L: np.ndarray) -> torch.Tensor:
         """Write head entries ``[first_i, L_i - 1]`` of every row; g ``[B, H]`` at ``L_i - 1``."""
@@ -146,12 +192,13 @@ class EagleProposer:
 
     def _true_features(self, seqs, first: np.ndarray, L: np.ndarray) -> torch.Tensor:
         """Packed ``[sum(L - first), H]``: target feature ``p - 1`` for every entry p (zero for p = 0)."""
-        out, missing = [], []
+        out, missing, Q = [], [], self.q
         for i, (s, a, b) in enumerate(zip(seqs, first, L)):
             lo, hi = a - 1, b - 2  # features needed: positions lo..hi (lo = -1: the zero feature)
             have = self.features.get(s.seq_id)
-            if have is not None and have[0] <= max(lo, 0) and hi < have[0] + len(have[1]):
-                out.append(have[1][max(lo, 0) - have[0]: hi + 1 - have[0]])
+            if have is not None and have[0] <= max(lo, 0) and hi < have[0] + have[2]:
+                base = have[1] * Q - have[0]  # hidden row of position p: base + p
+                out.append(self.hidden[base + max(lo, 0): base + hi + 1])
             else:
                 out.append(None)
                 missing.append((i, s, max(lo, 0), hi))
@@ -212,39 +259,68 @@ class EagleProposer:
         return dict(pos=dev[:n], slots=dev[n:2 * n], ctx=dev[2 * n:3 * n].to(torch.int32),
                     bt=dev[3 * n:].t().contiguous().to(torch.int32))
 
-    # ---- CUDA graphs (GPU: draft steps 1..k-1 replayed per batch bucket) -------------
-    _STEP_MAJOR = ("pos", "slots", "ctx")  # [k - 1, rows] buffers: rows are sliced on dim 1
+    # ---- CUDA graphs (GPU: a whole round replayed per batch bucket) -------------------
+    def _round_host(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, rows: int) -> dict:
+        """Host inputs of a graph round of ``rows`` rows: the catch-up's ``cids, cpos, cslots, feat
+        [rows, Q]`` (entry j of row i: position ``first_i + j``, its token, its slot, the ``vhidden``
+        row of its feature; entries past the row's count ``L_i - first_i`` write the scratch
+        block), ``cctx [rows]`` int32 and ``last [rows]`` (entry ``L_i - 1`` in the packed output);
+        the steps' ``pos, slots, ctx, bt`` (``_paged_host``); the sampling arrays (probabilistic
+        drafts only: argmax drafts read none). Padding rows: one entry at position 0, scratch."""
+        r, B, Q, bsz = self.runner, len(seqs), self.q, self.runner.block_size
+        h = self._paged_host(seqs, L, rows)
+        n, base, feat0 = np.ones(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
+        n[:B], base[:B], feat0[:B] = L - first, first, src
+        j = np.arange(Q)
+        pos = base[:, None] + j[None, :]
+        live = j[None, :] < n[:, None]
+        ids = np.zeros((rows, Q), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            ids[i, :n[i]] = s.token_ids[first[i]:L[i]]
+        blk = h["bt"][np.arange(rows)[:, None], np.minimum(pos // bsz, h["bt"].shape[1] - 1)].astype(np.int64)
+        slots = np.where(live, blk * bsz + pos % bsz, r.scratch_block * bsz)
+        out = dict(cids=ids, cpos=pos, cslots=slots, feat=np.where(live, feat0[:, None] + j[None, :], feat0[:, None]),
+                   cctx=(base + Q).astype(np.int32), last=np.arange(rows) * Q + n - 1, **h)
+        if self.probabilistic:
+            out.update(sampling_host(seqs, rows, self.k, True))
+        return out
 
-    def _view(self, bs: int) -> dict:
-        return {n: (t[:, :bs] if n in self._STEP_MAJOR else t[:bs]) for n, t in self.vars.items()}
-
-    def _replay(self, seqs, L: np.ndarray, tok: torch.Tensor, g: torch.Tensor, sampling: dict, bs: int):
-        B, v = len(seqs), self._view(bs)
-        for name, a in {**self._paged_host(seqs, L, bs), **sampling}.items():
-            v[name].copy_(torch.from_numpy(np.ascontiguousarray(a)))
-        v["tok"][:B].copy_(tok)
-        v["g"][:B].copy_(g)
+    def _replay(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, bs: int):
+        self.staged.put(bs, self._round_host(seqs, first, L, src, bs))  # every input: one copy
         self.graphs[bs].replay()
-        return v["drafts"], (v["probs"] if self.probabilistic else None)
+        return self.vars["drafts"][:bs], (self.vars["probs"][:bs] if self.probabilistic else None)
 
     @torch.inference_mode()
     def _capture(self, sizes: list[int]) -> None:
-        max_bs, H = max(sizes), self.head.config.hidden_size
-        host = {**self._paged_host([], np.zeros(0, dtype=np.int64), max_bs),
-                **sampling_host([], max_bs, self.k, self.probabilistic)}
-        self.vars = {n: torch.from_numpy(a).to(self.device) for n, a in host.items()}
-        self.vars.update(tok=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
-                         g=torch.zeros(max_bs, H, dtype=self.dtype, device=self.device),
-                         drafts=torch.zeros(max_bs, self.k - 1, dtype=torch.int64, device=self.device))
+        H, V, none = self.head.config.hidden_size, self.head.config.vocab_size, np.zeros(0, dtype=np.int64)
+        max_bs = max(sizes)
+        self._padding = {bs: self._round_host([], none, none, none, bs) for bs in sizes}
+        self.staged = StaticInputs({bs: {n: (a.shape, a.dtype) for n, a in host.items()}
+                                    for bs, host in self._padding.items()}, self.device)
+        self.vars = dict(vhidden=torch.zeros(max(self.max_batch, max_bs) * self.q, H, dtype=self.dtype,
+                                             device=self.device),
+                         drafts=torch.zeros(max_bs, self.k, dtype=torch.int64, device=self.device))
         if self.probabilistic:
-            self.vars["probs"] = torch.zeros(max_bs, self.k - 1, self.head.config.vocab_size, dtype=torch.float32,
-                                             device=self.device)
-        self.graphs.update(capture_graphs(sizes, self._graph_steps)[0])
+            self.vars["probs"] = torch.zeros(max_bs, self.k, V, dtype=torch.float32, device=self.device)
+        self._warming = True
+        try:
+            self.graphs.update(capture_graphs(sizes, self._graph_round)[0])
+        finally:
+            self._warming = False
 
-    def _graph_steps(self, bs: int) -> None:
-        """Steps 1..k-1 of ``bs`` rows on the graph buffers (what a bucket's graph holds)."""
-        v = self._view(bs)
-        drafts, probs = self._steps(v)
-        v["drafts"].copy_(drafts)
+    def _graph_round(self, bs: int) -> None:
+        """A round of ``bs`` rows on the graph buffers (what a bucket's graph holds): the padded
+        catch-up (the paged kernel, ``query_len = Q``), draft 0 from each row's entry ``L - 1``,
+        then the k - 1 steps."""
+        if self._warming and not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.staged.put(bs, self._padding[bs])  # the warm-up reads valid (padding) inputs of its bucket
+        v, target, Q = self.staged.views(bs), self.runner.model, self.q
+        meta = AttentionMetadata(slot_mapping=v["cslots"].view(-1), block_tables=v["bt"], context_lens=v["cctx"],
+                                 paged_decode=True, query_len=Q)
+        feats = self.vars["vhidden"][v["feat"].view(-1)]
+        g = self.head(target.model.embed_tokens(v["cids"].view(-1)), feats, v["cpos"].view(-1), meta)[v["last"]]
+        tok, q = draft_tokens(target.compute_logits(g), v, 0, self.probabilistic)
+        drafts, probs = self._draft_steps({**v, "tok": tok, "q": q, "g": g})
+        self.vars["drafts"][:bs].copy_(drafts)
         if probs is not None:
-            v["probs"].copy_(probs)
+            self.vars["probs"][:bs].copy_(probs)

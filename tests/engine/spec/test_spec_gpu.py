@@ -39,8 +39,8 @@ def test_gpu_probabilistic_draft_follows_the_target_law(target, perturbed_draft)
 
 
 def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
-    """EAGLE on CUDA: the head's paged single-token steps, the catch-up through the gathered path
-    and the target features read back from the verify graph; greedy and sampled equal speculation
+    """EAGLE on CUDA: the round graph (catch-up padded to k + 1 entries on the paged kernel from the
+    verify graph's features, then the draft steps) and the eager first rounds; greedy and sampled equal speculation
     off, and a probabilistic head follows the target's law. The head is trained on the CPU."""
     from conftest import build_tiny
     from test_eagle import _spec, train_tiny_head
@@ -55,4 +55,18 @@ def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
         on = llm.generate(prompts, params)
         assert _tokens(on) == _tokens(off)
         assert llm.metrics["spec_tokens_per_target_pass"] > 1.3
+        rounds = llm.spec.proposer.rounds  # the captured round graph ran (first rounds: eager)
+        assert rounds["graph"] > rounds["eager"] > 0
+    # every draft of the captured round graphs equals the eager rounds' (catch-up: paged kernel vs gathered SDPA, fp32)
+    import asyncrl.engine.spec.eagle as eagle
+    from test_eagle_paged import _drafts
+
+    seen = {}
+    for graphs in (True, False):
+        eagle.GRAPHS = graphs
+        try:
+            seen[graphs] = _drafts(cuda_llm(target_dir, speculative_config=_spec(head)))
+        finally:
+            eagle.GRAPHS = True
+    assert seen[True] == seen[False]
     assert_draft_follows_the_target_law(cuda_llm, target_dir, head, method="eagle")
