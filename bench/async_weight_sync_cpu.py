@@ -9,8 +9,10 @@ and the "trainer" (this thread) pushes the weights ``--pushes`` times through th
 ``WeightSync`` (in flight, with the log-prob probe), 70 ms apart. Prints per push: the whole
 push, and the parts the engine and the probe report (``weight_sync/wait_s``: waiting for the
 engine's step in flight; ``load_s``: the copy; ``probe_s``: the probe's generate + trainer
-forward), and the engine's step time for scale. Runs against any checkout (the parts are
-printed where the code reports them).
+forward; with ``--overlap-probe``, as the runtime now runs the engine in process: the probe's
+generate in the background and its comparison, timed as probe_s, 70 ms later before the next
+push), and the engine's step time for scale. Without ``--overlap-probe`` it runs against any
+checkout (the parts are printed where the code reports them).
 """
 from __future__ import annotations
 
@@ -40,6 +42,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pushes", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--overlap-probe", action="store_true",
+                    help="as the async runtime runs an in-process engine: the probe's generate in the background, "
+                         "its comparison (probe_s) before the next update, not in the push")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = tiny_model()
@@ -57,17 +62,22 @@ def main():
     thread = threading.Thread(target=rollout, daemon=True)
     thread.start()
     time.sleep(0.5)
-    sync = WeightSync(backend, GenerationGate(), LogprobProbe([3, 4, 5], 1.0, 1e-3), inflight=True)
+    overlap = {"overlap_probe": True} if args.overlap_probe else {}
+    sync = WeightSync(backend, GenerationGate(), LogprobProbe([3, 4, 5], 1.0, 1e-3), inflight=True, **overlap)
     pushes, parts = [], {"weight_sync/wait_s": [], "weight_sync/load_s": [], "weight_sync/probe_s": []}
     try:
         for version in range(1, args.pushes + 1):
-            time.sleep(0.07)
+            time.sleep(0.07)  # the trainer's next step: its data, its forward ...
+            metrics = sync.finish_probe(model) if args.overlap_probe else {}  # ... then before its update
             started = time.perf_counter()
-            metrics = sync.push(model, version)
+            metrics.update(sync.push(model, version))
             pushes.append(time.perf_counter() - started)
             for key in parts:
                 if key in metrics:
                     parts[key].append(metrics[key])
+        if args.overlap_probe:
+            metrics = sync.finish_probe(model)
+            parts["weight_sync/probe_s"].append(metrics["weight_sync/probe_s"])
     finally:
         stop.set()
         thread.join()

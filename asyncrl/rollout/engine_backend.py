@@ -20,6 +20,9 @@ class EngineBackend:
     # update_weights may run while generate runs in another thread: the engine swaps weights
     # between two steps; running sequences keep or recompute their KV (async: partial rollout)
     inflight_weight_update = True
+    # generate may be called from several threads at once (the async weight sync's probe beside the
+    # rollout): each call returns when its own requests end (LLM.generate)
+    concurrent_generate = True
 
     def __init__(self, model, tokenizer=None, version: int = 0, dtype: Optional[torch.dtype] = None,
                  device: Optional[str] = None, kv_on_update: str = "keep", **engine_kwargs):

@@ -124,8 +124,12 @@ class AsyncController(SyncController):
         gate = GenerationGate()
         inflight_update = rt.partial_rollout and getattr(backend, "inflight_weight_update", False)
         # the admission version rises only once the backend holds the weights (deferred: on the ack)
+        # a backend whose generate may run in two threads at once (the engine in this process): the
+        # probe's generate overlaps the rollout's and is compared with the trainer before its next
+        # update (finish_probe in ``step``), so the push itself costs a load, as in sync mode
         self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update,
-                                      on_loaded=self.staleness.set_version, timeout_s=rt.hang_timeout_s)
+                                      on_loaded=self.staleness.set_version, timeout_s=rt.hang_timeout_s,
+                                      overlap_probe=getattr(backend, "concurrent_generate", False))
         self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
                                 rt.rollout_chunk or batch, cfg.seed, self.score,
                                 lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s,
@@ -162,7 +166,7 @@ class AsyncController(SyncController):
                 self.executor.stop(timeout)
             # the last deferred probe; after a reported failure (e.g. a dead rollout process)
             # its pending load failed for the same cause: not raised again
-            self.weight_sync.close(raise_pending=self._failure is None and not abandon)
+            self.weight_sync.close(raise_pending=self._failure is None and not abandon, model=self.actor.model)
         finally:
             close = getattr(self.backend, "close", None)
             if close is not None:  # a rollout process is stopped here
@@ -191,6 +195,8 @@ class AsyncController(SyncController):
             metrics.update(self.token_rewards(batch))
             self.values(batch)
             self.advantages(batch)
+        with t.stage("weight_sync"):  # the last push's overlapped probe, while the weights are still its
+            metrics.update(self.weight_sync.finish_probe(self.actor.model))
         with t.stage("actor_update"):
             metrics.update(self.actor.update(batch))
         with t.stage("critic_update"):

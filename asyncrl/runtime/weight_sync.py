@@ -137,9 +137,17 @@ class LogprobProbe:
         self._last: Optional[tuple[list[int], torch.Tensor]] = None
 
     def check(self, backend, model: torch.nn.Module, version: int) -> ProbeResult:
+        return self.verify(model, self.sample(backend, version), version)
+
+    def sample(self, backend, version: int):
+        """The backend's probe completion (any thread; its tokens must all carry ``version``)."""
         completion = backend.generate([self.prompt_ids], self.params)[0].completions[0]
         if any(v != version for v in completion.versions):
             raise WeightSyncError(f"probe tokens tagged with versions {completion.versions}, expected {version}")
+        return completion
+
+    def verify(self, model: torch.nn.Module, completion, version: int) -> ProbeResult:
+        """Compare ``completion``'s log-probs with ``model``'s, which must hold ``version``."""
         trainer_lp = self._trainer_logprobs(model, completion.token_ids)
         gap = float((torch.tensor(completion.logprobs) - trainer_lp).abs().max())
         delta = self._delta(model, completion.token_ids, trainer_lp)
@@ -191,13 +199,20 @@ class WeightSync:
     one. Every sync is verified, one step late; the trainer's process spends ~nothing on it."""
 
     def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool,
-                 on_loaded: Callable[[int], None] = lambda version: None, timeout_s: Optional[float] = None):
-        """``timeout_s``: the longest wait for a deferred load + probe (``runtime.hang_timeout_s``)."""
+                 on_loaded: Callable[[int], None] = lambda version: None, timeout_s: Optional[float] = None,
+                 overlap_probe: bool = False):
+        """``timeout_s``: the longest wait for a deferred load + probe (``runtime.hang_timeout_s``).
+        ``overlap_probe`` (an in-flight backend in this process: the engine): the probe's generate
+        runs in the background, next to the rollout's, and :meth:`finish_probe` compares it with
+        the trainer before the trainer's next update (the weights are still the pushed ones then)."""
         self.backend, self.gate, self.probe, self.inflight = backend, gate, probe, inflight
         self.on_loaded, self.timeout_s = on_loaded, timeout_s
         self.deferred = inflight and hasattr(backend, "start_update") and hasattr(backend, "run_probe")
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-probe") if self.deferred else None
+        self.overlapped = overlap_probe and inflight and not self.deferred and probe is not None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="asyncrl-probe")
+                      if self.deferred or self.overlapped else None)
         self._pending: Optional[Future] = None
+        self._probing: Optional[tuple[int, Future]] = None  # overlapped: (version, its probe sample)
 
     def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
         if self.deferred:
@@ -208,6 +223,13 @@ class WeightSync:
             self._pending = self._pool.submit(self._load_then_probe, loaded, version, started)
             return {**metrics, "weight_sync/bytes": _nbytes(tensors)}
         tensors = rollout_weights(model, self.backend)
+        if self.overlapped:  # load now, probe in the background; finish_probe before the next update
+            if self._probing is not None:
+                raise RuntimeError("finish_probe must run between a push and the trainer's next update")
+            self.backend.update_weights(tensors, version)
+            self.on_loaded(version)
+            self._probing = (version, self._pool.submit(self.probe.sample, self.backend, version))
+            return {**_update_timing(self.backend), "weight_sync/bytes": _nbytes(tensors)}
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(tensors, version)
             metrics = {**_update_timing(self.backend), **self._probe(model, version)}
@@ -229,20 +251,44 @@ class WeightSync:
             raise HangError(f"the weight sync (load + probe of the last push) did not finish in {self.timeout_s:g} s "
                             "(runtime.hang_timeout_s)") from None
 
+    def finish_probe(self, model: torch.nn.Module) -> dict[str, float]:
+        """Overlapped probe: compare the backend's probe sample of the last push with ``model``,
+        which must still hold the pushed weights (call it before the next update); {} if none.
+        Raises WeightSyncError as the synchronous probe does, one step later."""
+        probing, self._probing = self._probing, None
+        if probing is None:
+            return {}
+        version, sample = probing
+        started = time.perf_counter()
+        try:
+            completion = sample.result(timeout=self.timeout_s)
+        except FuturesTimeout:
+            raise HangError(f"the weight-sync probe of version {version} did not finish in {self.timeout_s:g} s "
+                            "(runtime.hang_timeout_s)") from None
+        return {**_probe_metrics(self.probe.verify(model, completion, version)),
+                "weight_sync/probe_s": time.perf_counter() - started}
+
     def check(self) -> None:
         """Raise now if the deferred load or probe in flight already failed."""
         pending = self._pending
         if pending is not None and pending.done() and pending.exception() is not None:
             self.wait()
+        probing = self._probing
+        if probing is not None and probing[1].done() and probing[1].exception() is not None:
+            self._probing = None
+            probing[1].result()  # raises the sample's error (e.g. tokens tagged with another version)
 
-    def close(self, raise_pending: bool = True) -> None:
-        """Check the last deferred probe (a stale backend at the end still fails the run);
-        ``raise_pending=False`` drops it (the run already failed)."""
+    def close(self, raise_pending: bool = True, model: Optional[torch.nn.Module] = None) -> None:
+        """Check the last deferred probe (a stale backend at the end still fails the run), and the
+        last overlapped one against ``model`` (the trainer's, not updated since that push);
+        ``raise_pending=False`` drops them (the run already failed)."""
         try:
             if raise_pending:
                 self.wait()
+                if model is not None:
+                    self.finish_probe(model)
             else:
-                self._pending = None
+                self._pending = self._probing = None
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)

@@ -96,8 +96,12 @@ def test_async_run_keeps_the_bound_and_reports_it(cfg_of, tmp_path, backend):
     assert summary["steps"] == 6 and len(rows) == 6
     assert all(r["async/staleness_violations"] == 0 and r["async/staleness_max"] <= 2 for r in rows)
     for key in ("async/staleness_mean", "async/version_lag", "async/overlap", "time/wait_rollout",
-                "time/wait_trainer", "time/weight_sync", "weight_sync/probe_gap", "rollout_correction/is_weight_mean"):
+                "time/wait_trainer", "time/weight_sync", "rollout_correction/is_weight_mean"):
         assert all(key in r for r in rows), key
+    # hf: probed in the push (gated); engine: the probe overlaps the rollout and is checked before the
+    # next update, so step k reports push k-1's probe (and the run's end checks the last one)
+    probed = rows if backend == "hf" else rows[1:]
+    assert all(r["weight_sync/probe_gap"] < 1e-3 for r in probed) and len(probed) >= 5
     assert max(r["async/staleness_max"] for r in rows) >= 1  # it did run ahead of the trainer
 
 
@@ -306,3 +310,44 @@ def test_async_evaluation_sees_the_trained_weights(cfg_of, monkeypatch):
                         "trainer.eval_samples=0", "algorithm.entropy_coeff=0.5", *DECOUPLED))
     assert len(gaps) == 3 and max(gaps) < 1e-3  # before, step 3, after (step 4)
     assert min(seen["deltas"][1:3]) > 1e-2  # the weights moved between evaluations
+
+
+class InflightBackend(HFGenerateBackend):
+    """An HF clone as the engine's path sees it: loads in flight, generate callable from two threads."""
+
+    inflight_weight_update = True
+    concurrent_generate = True
+
+
+class StaleInflightBackend(InflightBackend):
+    """The same, but it never loads the weights."""
+
+    def update_weights(self, named_tensors, version):
+        self.version = version
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_overlapped_probe_checks_the_push_before_the_next_update(cfg_of, stale):
+    """The engine's path: the push loads and returns; the probe's generate runs in the background
+    and ``finish_probe`` compares it with the trainer (still on the pushed weights). A backend that
+    ignored the weights fails there; a second push without it is refused (the weights moved)."""
+    cfg = cfg_of()
+    model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    backend = (StaleInflightBackend if stale else InflightBackend)(clone_for_rollout(model), tok)
+    loaded = []
+    sync = WeightSync(backend, GenerationGate(), LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4),
+                      inflight=True, on_loaded=loaded.append, overlap_probe=True)
+    assert sync.overlapped and not sync.deferred
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    pushed = sync.push(model, 1)
+    assert "weight_sync/probe_gap" not in pushed and loaded == [1]
+    with pytest.raises(RuntimeError, match="finish_probe"):
+        sync.push(model, 2)
+    if stale:
+        with pytest.raises(WeightSyncError, match="did not take"):
+            sync.finish_probe(model)
+        return
+    assert sync.finish_probe(model)["weight_sync/probe_gap"] < 1e-4 and sync.finish_probe(model) == {}
+    sync.close(model=model)
