@@ -227,8 +227,7 @@ class WeightSync:
             if self._probing is not None:
                 raise RuntimeError("finish_probe must run between a push and the trainer's next update")
             self.backend.update_weights(tensors, version)
-            self.on_loaded(version)
-            self._probing = (version, self._pool.submit(self.probe.sample, self.backend, version))
+            self._probing = (version, self._pool.submit(self._sample_then_admit, version))
             return {**_update_timing(self.backend), "weight_sync/bytes": _nbytes(tensors)}
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(tensors, version)
@@ -250,6 +249,15 @@ class WeightSync:
         except FuturesTimeout:
             raise HangError(f"the weight sync (load + probe of the last push) did not finish in {self.timeout_s:g} s "
                             "(runtime.hang_timeout_s)") from None
+
+    def _sample_then_admit(self, version: int):
+        """The overlapped probe's sample; the admission version rises after it (as after a probe in
+        the push): a rollout that waits for admission leaves the engine to the probe's few steps,
+        which a freshly admitted batch would otherwise share (its prefill first), while the trainer
+        may already wait in ``finish_probe``. A rollout still generating is not held up."""
+        completion = self.probe.sample(self.backend, version)
+        self.on_loaded(version)
+        return completion
 
     def finish_probe(self, model: torch.nn.Module) -> dict[str, float]:
         """Overlapped probe: compare the backend's probe sample of the last push with ``model``,

@@ -342,7 +342,7 @@ def test_overlapped_probe_checks_the_push_before_the_next_update(cfg_of, stale):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     pushed = sync.push(model, 1)
-    assert "weight_sync/probe_gap" not in pushed and loaded == [1]
+    assert "weight_sync/probe_gap" not in pushed
     with pytest.raises(RuntimeError, match="finish_probe"):
         sync.push(model, 2)
     if stale:
@@ -350,4 +350,5 @@ def test_overlapped_probe_checks_the_push_before_the_next_update(cfg_of, stale):
             sync.finish_probe(model)
         return
     assert sync.finish_probe(model)["weight_sync/probe_gap"] < 1e-4 and sync.finish_probe(model) == {}
+    assert loaded == [1]  # admission rose once the backend's probe tokens were out
     sync.close(model=model)
