@@ -35,7 +35,7 @@ import torch
 
 from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata
 from asyncrl.engine.cuda_graphs import capture_graphs
-from asyncrl.engine.sampler import row_keys
+from asyncrl.engine.sampler import position_keys, sequence_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.spec.verifier import verify
 from asyncrl.engine.staging import StaticInputs
@@ -79,6 +79,7 @@ class VerifyStep:
         self.tail_sampler = getattr(runner.sampler, "fast", None)
         self.tail_in_graph = self.tail_sampler is not None and TAIL_IN_GRAPH
         self._warming = False
+        self._seq_keys: dict[tuple[int, int], int] = {}
         self.rounds = {"graph_tail": 0, "graph": 0, "eager": 0}  # how each verify pass ran
         if runner.is_cuda and not runner.config.enforce_eager:
             self._capture([b for b in runner._graph_sizes() if b <= max_batch] or [1])
@@ -126,10 +127,21 @@ class VerifyStep:
         h["top_p"][:B] = [s.params.top_p for s in seqs]
         h["top_k"][:B] = [s.params.top_k for s in seqs]
         pos = starts[:, None] + 1 + np.arange(Q)[None, :]  # the position each row's token takes
-        h["keys"][:B] = row_keys(np.array([s.seed for s in seqs], dtype=np.int64)[:, None],
-                                 np.array([s.sample_index for s in seqs], dtype=np.int64)[:, None], pos)
+        h["keys"][:B] = position_keys(self._sequence_keys(seqs)[:, None], pos)
         use_filter = bool((h["top_k"][:B] > 0).any() or (h["top_p"][:B] < 1.0).any())
         return h, use_filter
+
+    def _sequence_keys(self, seqs) -> np.ndarray:
+        """``sampler.sequence_keys`` of each row ``[B]`` int64, kept per (seed, sample index): the
+        three hash rounds of a row's key that do not depend on the position are computed once."""
+        ids = [(s.seed, s.sample_index) for s in seqs]
+        missing = [i for i in ids if i not in self._seq_keys]
+        if missing:
+            if len(self._seq_keys) > 65536:  # sequences come and go over a run: bound the memory
+                self._seq_keys.clear()
+            m = np.array(missing, dtype=np.int64)
+            self._seq_keys.update(zip(missing, sequence_keys(m[:, 0], m[:, 1]).tolist()))
+        return np.array([self._seq_keys[i] for i in ids], dtype=np.int64)
 
     @staticmethod
     def _sampler_arrays(h: dict, B: int) -> list[np.ndarray]:
