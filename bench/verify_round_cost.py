@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import asyncrl.engine.spec.verify_step as verify_module  # noqa: E402
-from eagle_round_cost import STATE, _count_host_tensors, _CountOps, _interpreter_on_numpy_2, _StandInGraph  # noqa: E402
+from eagle_round_cost import _count_host_tensors, _CountOps, _interpreter_on_numpy_2, _StandInGraph, counted  # noqa: E402
 
 from asyncrl.engine import LLM  # noqa: E402
 from asyncrl.engine.bench import build_random_hf  # noqa: E402
@@ -75,18 +74,8 @@ def main(argv=None) -> int:
         step.tail_sampler, step.tail_in_graph = _unfiltered, verify_module.TAIL_IN_GRAPH
     step._capture([1, 2, 4, 8])
     _count_host_tensors()
-    run, rounds = step.run, []
-
-    def counted(batch, drafts):
-        STATE.update(count=True, ops=0, host=0, replay_s=0.0)
-        t0 = time.perf_counter()
-        out = run(batch, drafts)
-        dt = time.perf_counter() - t0 - STATE["replay_s"]
-        STATE["count"] = False
-        rounds.append((STATE["ops"], STATE["host"], 1e3 * dt))
-        return out
-
-    step.run = counted
+    rounds = []
+    step.run = counted(step.run, rounds)
     g = torch.Generator().manual_seed(3)
     # repetitive prompts: n-gram drafts most rounds
     prompts = [(torch.randint(1, hf.config.vocab_size, (4,), generator=g).tolist() * 4) for _ in range(args.batch)]
