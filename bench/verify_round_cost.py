@@ -32,7 +32,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import asyncrl.engine.spec.verify_step as verify_module  # noqa: E402
-from eagle_round_cost import _count_host_tensors, _CountOps, _interpreter_on_numpy_2, _StandInGraph, counted  # noqa: E402
+from eagle_round_cost import (_count_host_tensors, _CountOps, _interpreter_on_numpy_2, _StandInGraph,  # noqa: E402
+                              counted)
 
 from asyncrl.engine import LLM  # noqa: E402
 from asyncrl.engine.bench import build_random_hf  # noqa: E402
@@ -84,7 +85,8 @@ def main(argv=None) -> int:
         llm.generate(prompts, params)
     n = max(len(rounds), 1)
     times = sorted(r[2] for r in rounds)
-    out = dict(batch=args.batch, k=args.k, rounds=len(rounds), ops_outside_graph=round(sum(r[0] for r in rounds) / n, 1),
+    out = dict(batch=args.batch, k=args.k, rounds=len(rounds),
+               ops_outside_graph=round(sum(r[0] for r in rounds) / n, 1),
                host_tensors=round(sum(r[1] for r in rounds) / n, 1), host_ms_median=round(times[len(times) // 2], 3),
                paths=getattr(step, "rounds", None), accepted=llm.metrics["spec_accepted_tokens"])
     print(json.dumps(out))

@@ -25,9 +25,10 @@ def test_gpu_same_tokens_as_without_speculation(target, perturbed_draft, method)
     prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
     # greedy and unfiltered sampling verify inside the bucket's graph (sampler + verifier captured);
     # top-k runs the sampler and verifier eagerly on the graph's logits
-    for params, path in ((SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), "graph_tail"),
-                         (SamplingParams(temperature=1.0, max_tokens=40, seed=4, ignore_eos=True, n=2), "graph_tail"),
-                         (SamplingParams(temperature=1.0, top_k=20, max_tokens=40, seed=3, ignore_eos=True, n=2), "graph")):
+    cases = ((dict(temperature=0), "graph_tail"), (dict(temperature=1.0, seed=4, n=2), "graph_tail"),
+             (dict(temperature=1.0, top_k=20, seed=3, n=2), "graph"))
+    for kw, path in cases:
+        params = SamplingParams(max_tokens=40, ignore_eos=True, **kw)
         off = cuda_llm(target).generate(prompts, params)
         llm = cuda_llm(target, speculative_config=spec)
         on = llm.generate(prompts, params)

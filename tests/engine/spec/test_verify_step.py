@@ -32,6 +32,9 @@ def target(tmp_path_factory):
     return build_tiny("qwen3", tmp_path_factory.mktemp("verify_target"))
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+
+
 class _EagerGraph:
     """Stands in for a captured CUDA graph: ``replay`` runs the captured step on its buffers."""
 
@@ -58,7 +61,7 @@ def test_graph_path_equals_speculation_off(target, monkeypatch):
     for path, params_list in cases.items():
         for params in params_list:
             off = make_llm(target, num_kv_blocks=24).generate(prompts, params)
-            llm = make_llm(target, num_kv_blocks=24, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+            llm = make_llm(target, num_kv_blocks=24, speculative_config=NGRAM)
             step = llm.spec.verify_step
             step.tail_sampler, step.tail_in_graph = _unfiltered, True
             step._capture([1, 2, 4, 8])
