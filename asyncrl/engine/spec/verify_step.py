@@ -67,6 +67,11 @@ class VerifyOutput:
 
 
 class VerifyStep:
+    """The target pass + sampler + verifier of a speculative step. Invariant: whichever path runs
+    (graph with its tail, graph + eager tail, eager paged, CPU gathered), the emitted tokens and
+    log-probs are the same functions of (logits, drafts, counts, sampling params, keys); the graph
+    buffers (``vars``, ``staged``) are only read back before the next pass overwrites them."""
+
     def __init__(self, runner, k: int, max_batch: int):
         self.runner, self.k, self.q = runner, k, k + 1
         # the kernel walks every row to ``start + Q``, which may pass max_model_len for the
