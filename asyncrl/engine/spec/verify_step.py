@@ -110,8 +110,11 @@ class VerifyStep:
         r, B, Q, bsz = self.runner, len(batch.seqs), self.q, self.runner.block_size
         scratch = r.scratch_block * bsz
         bt = np.full((rows, self.table_width), r.scratch_block, dtype=np.int32)
-        for i, s in enumerate(batch.seqs):
-            bt[i, :len(s.block_table)] = s.block_table
+        if batch.block_tables is not None:  # the block manager's mirrored rows: no per-row Python
+            bt[:B, :batch.block_tables.shape[1]] = batch.block_tables
+        else:
+            for i, s in enumerate(batch.seqs):
+                bt[i, :len(s.block_table)] = s.block_table
         pos = starts[:, None] + np.arange(Q)[None, :]
         ok = np.arange(Q)[None, :] <= np.asarray(batch.draft_budgets)[:, None]
         blk = bt[np.arange(B)[:, None], np.minimum(pos // bsz, bt.shape[1] - 1)].astype(np.int64)
