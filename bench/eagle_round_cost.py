@@ -84,6 +84,19 @@ def _count_host_tensors():
     StaticInputs.put = one_copy
 
 
+def counted(fn, rounds: list):
+    """``fn`` that appends (aten ops, host tensors, host ms without the stand-in replays) per call."""
+    def wrapper(*a, **kw):
+        STATE.update(count=True, ops=0, host=0, replay_s=0.0)
+        t0 = time.perf_counter()
+        out = fn(*a, **kw)
+        dt = time.perf_counter() - t0 - STATE["replay_s"]
+        STATE["count"] = False
+        rounds.append((STATE["ops"], STATE["host"], 1e3 * dt))
+        return out
+    return wrapper
+
+
 def _interpreter_on_numpy_2() -> None:
     """tests/engine/test_triton_decode.py's fix: Triton 3.6's interpreter takes ``int(array)`` of a
     loaded scalar (a loop bound), which numpy >= 2.3 refuses for 1-element arrays."""
@@ -116,18 +129,8 @@ def main(argv=None) -> int:
     proposer.paged = True
     proposer._capture([1, 2, 4, 8])
     _count_host_tensors()
-    propose, rounds = proposer.propose, []
-
-    def counted(batch, budgets):
-        STATE.update(count=True, ops=0, host=0, replay_s=0.0)
-        t0 = time.perf_counter()
-        out = propose(batch, budgets)
-        dt = time.perf_counter() - t0 - STATE["replay_s"]
-        STATE["count"] = False
-        rounds.append((STATE["ops"], STATE["host"], 1e3 * dt))
-        return out
-
-    proposer.propose = counted
+    rounds = []
+    proposer.propose = counted(proposer.propose, rounds)
     prompts = torch.randint(1, hf.config.vocab_size, (args.batch, 16), generator=torch.Generator().manual_seed(3))
     with _CountOps():
         llm.generate(prompts.tolist(), SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True))

@@ -134,4 +134,7 @@ def profile_rounds(llm, prompts, params, rounds: int) -> dict:
     """``{"phases": ..., "profiler": ...}`` for ``rounds`` rounds of ``llm`` (speculation on)."""
     if llm.spec is None:
         raise ValueError("profile_rounds: the engine has no speculative_config")
-    return dict(phases=_phase_times(llm, prompts, params, rounds), profiler=_runtime_counts(llm, prompts, params))
+    out = dict(phases=_phase_times(llm, prompts, params, rounds), profiler=_runtime_counts(llm, prompts, params))
+    # how the engine's verify passes ran so far (graph_tail: sampler + verifier inside the bucket's graph)
+    out["verify_paths"] = dict(getattr(llm.spec.verify_step, "rounds", {}))
+    return out

@@ -34,10 +34,20 @@ def _mix32(x):
 def row_keys(seeds, sample_index, positions):
     """The per-(seed, sample, position) keys ``[B]``: int64 ops only (seeds < 2^63), so
     the same function runs on host numpy arrays (the engine) and on torch tensors."""
+    return position_keys(sequence_keys(seeds, sample_index), positions)
+
+
+def sequence_keys(seeds, sample_index):
+    """The (seed, sample) part of ``row_keys``: constant over a sequence's life, so a caller
+    that keys many positions of a sequence (the speculative verify step) can keep it."""
     k = _mix32(seeds & _M32)
     k = _mix32(k ^ ((seeds >> 32) & _M32))
-    k = _mix32(k ^ (sample_index & _M32))
-    return _mix32(k ^ (positions & _M32))
+    return _mix32(k ^ (sample_index & _M32))
+
+
+def position_keys(seq_keys, positions):
+    """``row_keys`` from ``sequence_keys``: the key of each position."""
+    return _mix32(seq_keys ^ (positions & _M32))
 
 
 def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -51,7 +51,7 @@ class ScheduledBatch:
     ``input_src[i]`` (decode only): row of the previous step's sampled tokens that holds
     ``seqs[i]``'s input token (it is pending), or -1 (the id is on the host).
     ``key_positions[j]``: the position ``sample_seqs[j]``'s new token takes (keys its noise).
-    Decode only, gathered in the scheduler's loop so the runner needs none:
+    Decode (and verify steps' ``block_tables``), gathered in the scheduler's loop so the runner needs none:
     ``block_tables`` ``[n, W]`` int32 (``BlockManager.tables`` rows; None without them) and
     ``last_ids[i]``, the input token id when it is on the host (else 0: pending).
     Verify steps (speculative decoding, ``schedule_verify``): every row computes ``1 + k``
@@ -249,7 +249,9 @@ class Scheduler:
             return None
         return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled, sample_seqs=scheduled,
                               sample_rows=list(range(len(scheduled))),
-                              starts=[len(s.token_ids) - 1 for s in scheduled], draft_budgets=budgets)
+                              starts=[len(s.token_ids) - 1 for s in scheduled], draft_budgets=budgets,
+                              block_tables=None if self.bm.tables is None
+                              else self.bm.tables[[s.table_row for s in scheduled]])
 
     def postprocess_verify(self, batch: ScheduledBatch, tokens: list[list[int]], logprobs: list[list[float]],
                            version: int) -> list[Sequence]:

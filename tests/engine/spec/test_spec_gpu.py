@@ -23,14 +23,19 @@ def cuda_llm(path, **kw):
 def test_gpu_same_tokens_as_without_speculation(target, perturbed_draft, method):  # noqa: F811
     spec = {"method": method, "num_speculative_tokens": 3} | ({"model": perturbed_draft} if method != "ngram" else {})
     prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
-    for params in (SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
-                   SamplingParams(temperature=1.0, top_k=20, max_tokens=40, seed=3, ignore_eos=True, n=2)):
+    # greedy and unfiltered sampling verify inside the bucket's graph (sampler + verifier captured);
+    # top-k runs the sampler and verifier eagerly on the graph's logits
+    cases = ((dict(temperature=0), "graph_tail"), (dict(temperature=1.0, seed=4, n=2), "graph_tail"),
+             (dict(temperature=1.0, top_k=20, seed=3, n=2), "graph"))
+    for kw, path in cases:
+        params = SamplingParams(max_tokens=40, ignore_eos=True, **kw)
         off = cuda_llm(target).generate(prompts, params)
         llm = cuda_llm(target, speculative_config=spec)
         on = llm.generate(prompts, params)
         assert _tokens(on) == _tokens(off)
         assert_same_completions(off, on, atol=1e-3)
         assert llm.metrics["spec_accepted_tokens"] > 0
+        assert llm.spec.verify_step.rounds[path] > 0, llm.spec.verify_step.rounds
 
 
 def test_gpu_probabilistic_draft_follows_the_target_law(target, perturbed_draft):  # noqa: F811
