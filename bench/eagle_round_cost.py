@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     hf = build_random_hf("tiny", torch.float32, "cpu", 512)
     head_dir = tempfile.mkdtemp(prefix="eagle_copy_")
     copy_head(hf).save(head_dir)
-    eagle_module.capture_graphs = lambda sizes, *steps: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
+    eagle_module.capture_graphs = lambda sizes, *steps, **_: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
     llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
               speculative_config={"method": "eagle", "model": head_dir, "num_speculative_tokens": args.k})
     proposer = llm.spec.proposer

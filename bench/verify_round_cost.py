@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args(argv)
     hf = build_random_hf("tiny", torch.float32, "cpu", 512)
-    verify_module.capture_graphs = lambda sizes, *steps: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
+    verify_module.capture_graphs = lambda sizes, *steps, **_: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
     llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
               speculative_config={"method": "ngram", "num_speculative_tokens": args.k})
     step = llm.spec.verify_step

@@ -28,12 +28,15 @@ def current_capture_stream() -> Optional[torch.cuda.Stream]:
 
 
 def capture_graphs(sizes: Iterable[int], *steps: Callable[[int], None],
-                   stream: Optional[torch.cuda.Stream] = None) -> list[dict[int, torch.cuda.CUDAGraph]]:
+                   stream: Optional[torch.cuda.Stream] = None,
+                   before_warmup: Optional[Callable[[int], None]] = None) -> list[dict[int, torch.cuda.CUDAGraph]]:
     """One graph per (batch size, step), largest size first, all in one memory pool.
 
     ``step(bs)`` runs the forward of ``bs`` rows on the static buffers (writing its outputs
     into them); it is called twice per size, once eagerly (warm-up), once under capture.
-    ``stream``: capture on it (:func:`current_capture_stream`). Returns, per step in the order
+    ``stream``: capture on it (:func:`current_capture_stream`). ``before_warmup(bs)``: runs
+    before each eager warm-up, e.g. to give buffers that several buckets share valid inputs of
+    bucket ``bs`` (the warm-up executes its kernels; a capture does not). Returns, per step in the order
     given, ``{bs: graph}``. Call under ``torch.inference_mode``
     when the graphs will replay inference.
     """
@@ -42,6 +45,8 @@ def capture_graphs(sizes: Iterable[int], *steps: Callable[[int], None],
     on_stream = {} if stream is None else {"stream": stream}  # None: torch.cuda.graph's side stream
     for bs in sorted(set(sizes), reverse=True):
         for step, captured in zip(steps, graphs):
+            if before_warmup is not None:
+                before_warmup(bs)
             step(bs)  # warm-up (Triton compile, allocator)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool, **on_stream):

@@ -121,6 +121,19 @@ class StaticInputs:
             if self.cuda else []
         self.events: list[Optional[torch.cuda.Event]] = [None, None]
         self.slot = 0
+        self.padding: dict[int, dict[str, np.ndarray]] = {}  # per bucket, set by ``padded``
+
+    @classmethod
+    def padded(cls, padding: dict[int, dict[str, np.ndarray]], device: torch.device) -> "StaticInputs":
+        """The layouts of ``padding`` (per bucket, arrays of every padding row), kept so that
+        ``put_padding(bs)`` can stage them: the inputs a bucket's graph warm-up reads."""
+        staged = cls({bs: {n: (a.shape, a.dtype) for n, a in arrays.items()} for bs, arrays in padding.items()},
+                     device)
+        staged.padding = padding
+        return staged
+
+    def put_padding(self, bs: int) -> None:
+        self.put(bs, self.padding[bs])
 
     def views(self, bs: int) -> dict[str, torch.Tensor]:
         return {name: self._view(self.dev, o, shape, dt) for name, (o, shape, dt) in self.layouts[bs].items()}

@@ -64,6 +64,19 @@ def test_largest_first_warm_up_then_capture_all_in_the_first_pool(monkeypatch):
     assert plain[4].id == 0 and cascade[1].id == 5
 
 
+def test_before_warmup_runs_before_each_eager_warm_up_only(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "CUDAGraph", rec.Graph)
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "graph", rec.Capture)
+    monkeypatch.setattr(cuda_graphs.torch.cuda, "synchronize", lambda: None)
+
+    capture_graphs([1, 2], rec.step("plain"), before_warmup=lambda bs: rec.log.append(("inputs", bs)))
+
+    events = [e[:1] + e[2:] if e[0] == "run" else e for e in rec.log if e[0] in ("run", "inputs")]
+    assert events == [("inputs", 2), ("run", 2, "eager"), ("run", 2, "captured"),
+                      ("inputs", 1), ("run", 1, "eager"), ("run", 1, "captured")]
+
+
 @pytest.mark.gpu
 def test_replayed_buckets_equal_the_eager_forward():
     torch.manual_seed(0)

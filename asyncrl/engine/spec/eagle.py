@@ -294,26 +294,19 @@ class EagleProposer:
     def _capture(self, sizes: list[int]) -> None:
         H, V, none = self.head.config.hidden_size, self.head.config.vocab_size, np.zeros(0, dtype=np.int64)
         max_bs = max(sizes)
-        self._padding = {bs: self._round_host([], none, none, none, bs) for bs in sizes}
-        self.staged = StaticInputs({bs: {n: (a.shape, a.dtype) for n, a in host.items()}
-                                    for bs, host in self._padding.items()}, self.device)
+        self.staged = StaticInputs.padded({bs: self._round_host([], none, none, none, bs) for bs in sizes},
+                                          self.device)
         self.vars = dict(vhidden=torch.zeros(max(self.max_batch, max_bs) * self.q, H, dtype=self.dtype,
                                              device=self.device),
                          drafts=torch.zeros(max_bs, self.k, dtype=torch.int64, device=self.device))
         if self.probabilistic:
             self.vars["probs"] = torch.zeros(max_bs, self.k, V, dtype=torch.float32, device=self.device)
-        self._warming = True
-        try:
-            self.graphs.update(capture_graphs(sizes, self._graph_round)[0])
-        finally:
-            self._warming = False
+        self.graphs.update(capture_graphs(sizes, self._graph_round, before_warmup=self.staged.put_padding)[0])
 
     def _graph_round(self, bs: int) -> None:
         """A round of ``bs`` rows on the graph buffers (what a bucket's graph holds): the padded
         catch-up (the paged kernel, ``query_len = Q``), draft 0 from each row's entry ``L - 1``,
         then the k - 1 steps."""
-        if self._warming and not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            self.staged.put(bs, self._padding[bs])  # the warm-up reads valid (padding) inputs of its bucket
         v, target, Q = self.staged.views(bs), self.runner.model, self.q
         meta = AttentionMetadata(slot_mapping=v["cslots"].view(-1), block_tables=v["bt"], context_lens=v["cctx"],
                                  paged_decode=True, query_len=Q)

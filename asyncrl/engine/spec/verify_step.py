@@ -83,7 +83,6 @@ class VerifyStep:
         # torch.compile'd path cannot be captured); top-k / top-p and probabilistic drafts run eagerly
         self.tail_sampler = getattr(runner.sampler, "fast", None)
         self.tail_in_graph = self.tail_sampler is not None and TAIL_IN_GRAPH
-        self._warming = False
         self._seq_keys: dict[tuple[int, int], int] = {}
         self.rounds = {"graph_tail": 0, "graph": 0, "eager": 0}  # how each verify pass ran
         if runner.is_cuda and not runner.config.enforce_eager:
@@ -260,19 +259,13 @@ class VerifyStep:
         its LM head into ``logits``, and (with the one-pass sampler) the tail into ``packed``."""
         r, Q, max_bs = self.runner, self.q, max(sizes)
         V, H = r.model.config.vocab_size, r.model.config.hidden_size
-        self._padding = {bs: self._padding_inputs(bs) for bs in sizes}
-        self.staged = StaticInputs({bs: {n: (a.shape, a.dtype) for n, a in host.items()}
-                                    for bs, host in self._padding.items()}, r.device)
+        self.staged = StaticInputs.padded({bs: self._padding_inputs(bs) for bs in sizes}, r.device)
         self.views = {bs: self.staged.views(bs) for bs in sizes}  # built once: ~30 view ops a round otherwise
         self.vars = dict(hidden=torch.zeros(max_bs * Q, H, dtype=r.dtype, device=r.device),
                          logits=torch.zeros(max_bs * Q, V, dtype=r.dtype, device=r.device),
                          packed=torch.zeros(max_bs, 2 * Q + 1, dtype=torch.float64, device=r.device),
                          emitted=torch.zeros(max_bs, dtype=torch.int64, device=r.device))
-        self._warming = True
-        try:
-            self.graphs.update(capture_graphs(sizes, self._graph_forward)[0])
-        finally:
-            self._warming = False
+        self.graphs.update(capture_graphs(sizes, self._graph_forward, before_warmup=self.staged.put_padding)[0])
 
     def _padding_inputs(self, bs: int) -> dict[str, np.ndarray]:
         """Bucket ``bs``'s staged inputs with every row padding (positions 0..Q-1 on the scratch
@@ -289,8 +282,6 @@ class VerifyStep:
         """The target pass of ``bs`` rows (``bs * Q`` tokens) on the staged inputs, its logits and,
         when the sampler has its one-pass (unfiltered) kernel, the one-hot verifier's packed result."""
         r, Q, g, n = self.runner, self.q, self.vars, bs * self.q
-        if self._warming and not (r.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self.staged.put(bs, self._padding[bs])  # the warm-up reads valid (padding) inputs of its bucket
         v = self.views[bs]
         meta = AttentionMetadata(slot_mapping=v["slot_mapping"], block_tables=v["block_tables"],
                                  context_lens=v["context_lens"], paged_decode=True, query_len=Q)

@@ -52,7 +52,7 @@ def _unfiltered(logits, temperature, keys):
 
 
 def test_graph_path_equals_speculation_off(target, monkeypatch):
-    monkeypatch.setattr(verify_step, "capture_graphs", lambda sizes, step: [{b: _EagerGraph(step, b) for b in sizes}])
+    monkeypatch.setattr(verify_step, "capture_graphs", lambda sizes, step, **_: [{b: _EagerGraph(step, b) for b in sizes}])
     prompts = REPETITIVE[:2] + prompts_for(3, [6])
     unfiltered = SamplingParams(temperature=1.0, max_tokens=20, seed=3, ignore_eos=True, n=2)  # 6 rows: bucket 8
     cases = {"graph_tail": [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), unfiltered],
