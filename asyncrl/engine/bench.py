@@ -229,6 +229,10 @@ def parse_args(argv):
                     help="engine's share of GPU memory (the rest leaves room for the HF baseline)")
     ap.add_argument("--profile", action="store_true", help="phase timings + torch.profiler of workload a, then exit")
     ap.add_argument("--also-profile", action="store_true", help="--profile after the workloads, same engine")
+    ap.add_argument("--profile-workload", default="a", choices=("a", "b"),
+                    help="what --profile / --also-profile run: workload a, or b's G prompts x n samples "
+                         "(prefix sharing on: the GRPO rollout's decode, cascade attention included)")
+    ap.add_argument("--no-cascade", action="store_true", help="plain paged decode even where rows share a prefix")
     ap.add_argument("--json", default=None, help="write results to this path")
     ap.add_argument("--cpu-quickstart", action="store_true",
                     help="only the CPU quickstart's rollout (engine vs HF generate, bench_quickstart.py)")
@@ -282,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                      compile_sampler=not args.no_compile_sampler,
                      async_scheduling=False if args.no_async_scheduling else None,
                      quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                     fp8_scaling=args.fp8_scaling)
+                     fp8_scaling=args.fp8_scaling, cascade_attention=not args.no_cascade)
 
     def make_llm(**kw):
         t0 = time.perf_counter()
@@ -304,9 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     results["engine_startup_s"] = startup
 
     if args.profile:
-        prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
-        params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
-        print("ms per decode step:", json.dumps(profile_steps(llm, prompts, params, dev)), flush=True)
+        print("ms per decode step:", json.dumps(profile_steps(llm, *_profiled(args, vocab), dev)), flush=True)
         return 0
     results["async_scheduling"] = llm.async_scheduling
 
@@ -359,15 +361,23 @@ def main(argv: list[str] | None = None) -> int:
         if llm is None:
             llm, _ = make_llm()
         llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits
-        prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
-        params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
-        results["profile_a_ms_per_decode_step"] = profile_steps(llm, prompts, params, dev)
-        print("ms per decode step:", json.dumps(results["profile_a_ms_per_decode_step"]), flush=True)
+        key = f"profile_{args.profile_workload}_ms_per_decode_step"
+        results[key] = profile_steps(llm, *_profiled(args, vocab), dev)
+        print("ms per decode step:", json.dumps(results[key]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     print(json.dumps(results, indent=2))
     return 0
+
+
+def _profiled(args, vocab: int) -> tuple[list[list[int]], SamplingParams]:
+    """The prompts and sampling params ``--profile`` runs: workload a's, or b's (n samples each)."""
+    if args.profile_workload == "b":
+        return (_rand_prompts(args.b_prompts, args.b_prompt, vocab, 2),
+                SamplingParams(n=args.b_samples, temperature=1.0, max_tokens=args.b_response, ignore_eos=True))
+    return (_rand_prompts(args.a_batch, args.a_prompt, vocab, 1),
+            SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True))
 
 
 def _no_overlap(llm, prompts, params, dev, args) -> dict:
