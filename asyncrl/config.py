@@ -192,6 +192,9 @@ class DraftConfig:
     passes: int = field_spec(3, ge=1, le=16, help="training-time-test passes: how many chained drafts it learns")
     label: str = field_spec("soft", choices=("soft", "token"), help="soft: match the policy's next-token "
                             "distribution; token: the sample's own next token")
+    head_init: str = field_spec("random", choices=("random", "identity"), help="a fresh head's weights (without "
+                                "draft.init): random N(0, 0.02); identity: starts as drafting the policy's last "
+                                "choice again, so tokens absent from the samples keep that rule (eagle_head.new_head)")
     eval_prompts: int = field_spec(64, ge=0, help="held-out prompts for the acceptance report (0: skip it)")
     num_speculative_tokens: int = field_spec(3, ge=1, le=16, help="k of the acceptance report")
 

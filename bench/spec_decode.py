@@ -43,6 +43,15 @@ def draft_from_target(target, layers: int):
     return draft.eval()
 
 
+def repetitive_prompt(vocab: int, seed: int, offset: int, period: int = 8, repeats: int = 8) -> list[int]:
+    """The long tail's repetitive kind of prompt: a random ``period``-token pattern (drawn with
+    ``seed``) repeated ``repeats`` times, entered at ``offset``, then the token ``offset + 1``.
+    The timed tails are seed 0 with offsets 0..batch-1 (one pattern, eight entry points);
+    spec_eagle.py's ``--train-task repetitive`` trains on other seeds (another pattern each)."""
+    pattern = torch.randint(1, vocab, (period,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return (pattern * repeats)[offset:] + [offset + 1]
+
+
 def quiet_upper_layers(model, first: int, scale: float) -> None:
     """Scale the residual writes (attention o_proj, MLP down_proj) of layers ``first..`` by ``scale``.
 
@@ -101,8 +110,7 @@ def main(argv=None) -> int:
     if args.quiet_upper is not None:
         quiet_upper_layers(hf, args.draft_layers, args.quiet_upper)
     vocab = hf.config.vocab_size
-    pattern = torch.randint(1, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
-    tail_prompts = [(pattern * 8)[i:] + [i + 1] for i in range(args.tail_batch)]
+    tail_prompts = [repetitive_prompt(vocab, seed=0, offset=i) for i in range(args.tail_batch)]
     tail_params = SamplingParams(temperature=0, max_tokens=args.tail_tokens, ignore_eos=True)
     g = torch.Generator().manual_seed(1)
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=g).tolist()

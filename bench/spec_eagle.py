@@ -57,7 +57,7 @@ import time
 from datetime import datetime, timezone
 
 import torch
-from spec_decode import quiet_upper_layers, timed
+from spec_decode import quiet_upper_layers, repetitive_prompt, timed
 from spec_round_profile import profile_rounds
 
 import asyncrl.engine.spec.eagle as eagle_module
@@ -71,6 +71,19 @@ from asyncrl.types import SamplingParams
 
 
 ROWS = ("off", "ngram", "eagle_untrained", "eagle_copy", "eagle_eager", "eagle")
+# prompt seeds: the timed tails (repetitive: seed 0, offsets 0..batch-1; random: seed 3) are none of
+# the training (7 / 1000 + i) or held-out (5 / 2000 + i) prompts' seeds
+TAIL_SEEDS = {"repetitive": 0, "random": 3}
+TRAIN_SEED0, HELDOUT_SEED0 = 1000, 2000
+
+
+def task_prompts(task: str, vocab: int, n: int, seed0: int) -> list[list[int]]:
+    """``n`` prompts of the training task: ``random`` = 16 random tokens each (one generator,
+    seed ``seed0``); ``repetitive`` = spec_decode.py's repetitive prompt with seed ``seed0 + i``
+    (another 8-token pattern per prompt) entered at offset ``i % 8``, as the tail's rows are."""
+    if task == "random":
+        return torch.randint(1, vocab, (n, 16), generator=torch.Generator().manual_seed(seed0)).tolist()
+    return [repetitive_prompt(vocab, seed=seed0 + i, offset=i % 8) for i in range(n)]
 
 
 def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list, train: bool = True) -> dict:
@@ -80,14 +93,20 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list,
     on ``--heldout-prompts`` prompts it never saw (``replay_heldout``). ``train=False``: only the
     untrained and the copy heads (no row needs a trained one); returns None."""
     if not train:
-        new_head(ModelConfig.from_module(hf), seed=0).save(f"{out_dir}/initial")
+        new_head(ModelConfig.from_module(hf), seed=0, init=args.head_init).save(f"{out_dir}/initial")
         copy_head(hf).save(f"{out_dir}/copy")
         return None
-    g = torch.Generator().manual_seed(7)
-    prompts = torch.randint(1, hf.config.vocab_size, (args.train_prompts, 16), generator=g).tolist()
-    heldout = torch.randint(1, hf.config.vocab_size, (args.heldout_prompts, 16),
-                            generator=torch.Generator().manual_seed(5)).tolist()
+    vocab, task = hf.config.vocab_size, args.train_task
+    seeds = (7, 5) if task == "random" else (TRAIN_SEED0, HELDOUT_SEED0)
+    prompts = task_prompts(task, vocab, args.train_prompts, seeds[0])
+    heldout = task_prompts(task, vocab, args.heldout_prompts, seeds[1])
     trained_on = prompts + (tail_prompts if args.train_on_tails else [])
+    overlap = sum(p in trained_on for p in heldout) + (0 if args.train_on_tails else sum(p in prompts for p in tail_prompts))
+    if overlap:
+        raise RuntimeError(f"{overlap} held-out or tail prompts are among the training prompts")
+    print(f"train: task {task}, {len(prompts)} prompts (seeds {describe_seeds(task, seeds[0], len(prompts))}), "
+          f"held-out {len(heldout)} (seeds {describe_seeds(task, seeds[1], len(heldout))}); the timed tails' "
+          f"prompts are {'AMONG' if args.train_on_tails else 'NOT among'} the training prompts", flush=True)
     t0 = time.perf_counter()
     llm = LLM(hf, **engine_kw)
     outs = llm.generate(trained_on + heldout, SamplingParams(temperature=0, max_tokens=args.train_len, ignore_eos=True))
@@ -97,7 +116,7 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list,
     all_samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids))
                    for o in outs for c in o.outputs]
     samples, heldout_samples = all_samples[:len(trained_on)], all_samples[len(trained_on):]
-    head = new_head(ModelConfig.from_module(hf), seed=0)
+    head = new_head(ModelConfig.from_module(hf), seed=0, init=args.head_init)
     head.save(f"{out_dir}/initial")
     head.to(hf.device)
     log = lambda s, m: print(f"  step {s + 1} {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True) \
@@ -110,10 +129,17 @@ def train_on_target(hf, engine_kw: dict, args, out_dir: str, tail_prompts: list,
     # the engine and the replays run
     seen = replay_acceptance(head, hf, samples[:8], args.k)
     copy_head(hf).save(f"{out_dir}/copy")
-    return dict(samples=len(samples), sample_tokens=sum(len(s.token_ids) for s in samples),
+    return dict(task=task, head_init=args.head_init, prompt_seeds=describe_seeds(task, seeds[0], len(prompts)),
+                heldout_seeds=describe_seeds(task, seeds[1], len(heldout)), tails_held_out=not args.train_on_tails,
+                samples=len(samples), sample_tokens=sum(len(s.token_ids) for s in samples),
                 generate_s=round(gen_s, 1), **metrics, replay_on_training_samples=seen,
                 replay_heldout=replay_acceptance(head, hf, heldout_samples, args.k) if heldout_samples else None,
                 batch_size=args.batch_size, forward_check=forward_check(head, hf, samples[:2]))
+
+
+def describe_seeds(task: str, seed0: int, n: int) -> str:
+    """The seeds of ``task_prompts(task, ., n, seed0)``, for the JSON."""
+    return f"one generator, seed {seed0}" if task == "random" else f"{seed0}..{seed0 + n - 1}, offset i % 8"
 
 
 def forward_check(head, hf, samples, passes: int = 3) -> dict:
@@ -208,9 +234,14 @@ def main(argv=None) -> int:
                     "--tail-tokens: a head trained on 128-token samples kept 0.91 acceptance on the first 128 "
                     "tokens of the H200 tail and 0.11 over its 2,048, as its attention had never seen a long "
                     "context)")
-    ap.add_argument("--train-on-tails", action=argparse.BooleanOptionalAction, default=True,
-                    help="add the timed tails' prompts to the training prompts (their first --train-len tokens): "
-                         "a random target's continuations share nothing a head could generalise from, so "
+    ap.add_argument("--train-task", default="random", choices=("random", "repetitive"),
+                    help="the training (and held-out) prompts: random tokens, or spec_decode.py's repetitive "
+                         "prompts with other seeds than the tail's (another pattern per prompt; needs "
+                         "--no-train-on-tails: the head must draft a task, not text it has seen)")
+    ap.add_argument("--train-on-tails", action=argparse.BooleanOptionalAction, default=None,
+                    help="add the timed tails' prompts to the training prompts (their first --train-len tokens; "
+                         "default: on with --train-task random, off with repetitive): a random target's "
+                         "continuations of random prompts share nothing a head could generalise from, so "
                          "held-out prompts measure memorisation, not the engine (their acceptance: "
                          "train.replay_heldout)")
     ap.add_argument("--heldout-prompts", type=int, default=8, help="fresh prompts for train.replay_heldout")
@@ -223,6 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="token", choices=("soft", "token"),
                     help="train-draft's draft.label: a random model's next-token distribution is nearly flat, so "
                          "its greedy argmax (the sample's own token) is the signal")
+    ap.add_argument("--head-init", default="random", choices=("random", "identity"),
+                    help="train-draft's draft.head_init: the trained (and the untrained) head's starting weights; "
+                         "identity = drafting the target's last choice again (eagle_head.new_head)")
     ap.add_argument("--quiet-upper", type=float, default=None, metavar="SCALE",
                     help="scale the residual writes of layers >= 2 by SCALE (spec_decode.py's quiet target)")
     ap.add_argument("--json", default=None)
@@ -231,6 +265,10 @@ def main(argv=None) -> int:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         ap.error(f"--rows: unknown rows {unknown}; known: {','.join(ROWS)}")
+    if args.train_task == "repetitive" and args.train_on_tails:
+        ap.error("--train-task repetitive trains on prompts other than the timed tails': drop --train-on-tails")
+    if args.train_on_tails is None:
+        args.train_on_tails = args.train_task == "random"
     args.train_len = args.train_len or args.tail_tokens
     args.batch_size = args.batch_size or max(1, args.batch_tokens // (args.train_len + 16))
     dev = args.device
@@ -246,10 +284,14 @@ def main(argv=None) -> int:
                    device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
                    shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, rows={})
     vocab = hf.config.vocab_size
-    pattern = torch.randint(1, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
-    tails = {"repetitive": [(pattern * 8)[i:] + [i + 1] for i in range(args.tail_batch)],
-             "random": torch.randint(1, vocab, (args.tail_batch, 16), generator=torch.Generator().manual_seed(3)).tolist()}
+    tails = {"repetitive": [repetitive_prompt(vocab, seed=TAIL_SEEDS["repetitive"], offset=i)
+                            for i in range(args.tail_batch)],
+             "random": task_prompts("random", vocab, args.tail_batch, TAIL_SEEDS["random"])}
     tails = {t: tails[t] for t in args.tails.split(",")}
+    results["tail_prompts"] = {t: (f"one generator, seed {TAIL_SEEDS[t]}" if t == "random"
+                                   else f"seed {TAIL_SEEDS[t]}, offsets 0..{args.tail_batch - 1}")
+                               for t in tails}
+    comparison_tail = "random" if "random" in tails else next(iter(tails))
     trained = bool({"eagle", "eagle_eager"} & set(rows))
     results["train"] = train_on_target(hf, engine_kw, args, head_dir, tails.get("repetitive", []) +
                                        tails.get("random", []), train=trained)
@@ -279,7 +321,7 @@ def main(argv=None) -> int:
         llm = LLM(hf, speculative_config=spec, **engine_kw)
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
         for tail, prompts in tails.items():
-            if name in ("eagle_untrained", "eagle_copy", "eagle_eager") and tail == "repetitive":
+            if name in ("eagle_untrained", "eagle_copy", "eagle_eager") and tail != comparison_tail:
                 continue  # comparison rows: one tail is enough
             m0 = dict(llm.metrics)
             row[tail], tokens = timed(llm, prompts, tail_params, dev)
@@ -304,9 +346,9 @@ def main(argv=None) -> int:
                                  tokens_per_target_pass=passes)
         if name in ("off", "eagle") and args.a_batch:
             row["a"], _ = timed(llm, a_prompts, a_params, dev)
-        if args.profile_rounds and spec is not None and "random" in tails:
+        if args.profile_rounds and spec is not None:
             rounds = args.profile_rounds
-            row["profile"] = profile_rounds(llm, tails["random"], SamplingParams(
+            row["profile"] = profile_rounds(llm, tails[comparison_tail], SamplingParams(
                 temperature=0, max_tokens=min(args.tail_tokens, (rounds + 1) * (args.k + 1)), ignore_eos=True), rounds)
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)

@@ -35,6 +35,10 @@ SHAPES = {
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    # CPU-sized but with a vocabulary the training samples cannot cover (as 0.6B's 152k): whether a
+    # trained draft head generalises to tokens it never saw (bench/spec_eagle.py)
+    "mini-32k": dict(vocab_size=32768, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
 }
 
 

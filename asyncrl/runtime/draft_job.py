@@ -91,7 +91,7 @@ def run_train_draft(cfg) -> dict:
     console.print(f"train-draft: sampling {len(train_prompts)} prompts x {cfg.rollout.n} from the policy...")
     samples = policy_samples(policy, train_prompts, rollout_params(cfg, cfg.seed), device)
     target = ModelConfig.from_module(policy)
-    head = load_head(d.init) if d.init else new_head(target, seed=cfg.seed)
+    head = load_head(d.init) if d.init else new_head(target, seed=cfg.seed, init=d.head_init)
     head.check_target(target)
     before = Path(d.output) / "initial"
     head.save(str(before))  # the starting head (untrained, or draft.init), for the same-run comparison

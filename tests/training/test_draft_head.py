@@ -34,6 +34,28 @@ def test_rollout_speculative_eagle_passes_the_head_to_the_engine():
     assert spec["method"] == "eagle" and spec["model"] == "heads/v0"
 
 
+def test_identity_head_drafts_the_targets_last_choice_again():
+    """``new_head(init="identity")`` before training: g = norm(feature_{p-1}), so pass 1 at position p
+    drafts the target's argmax at p - 1 and every later pass repeats it (the rule a random target
+    follows; on a real policy, where training starts)."""
+    from asyncrl.engine.bench import build_random_hf
+    from asyncrl.engine.models.config import ModelConfig
+    from asyncrl.engine.spec.eagle_head import new_head
+    from asyncrl.training.draft_head import policy_inputs
+    from asyncrl.training.draft_replay import lm_head_argmax
+
+    hf = build_random_hf("tiny", torch.float32, "cpu", 64)
+    head = new_head(ModelConfig.from_module(hf), seed=0, init="identity")
+    assert head.info["initialised"] == "identity"
+    ids = torch.randint(1, hf.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    feats, embeds = policy_inputs(hf, ids)
+    with torch.no_grad():
+        g1, g2, g3 = head.unrolled(embeds, feats, 3)
+    last_choice = lm_head_argmax(feats, hf.lm_head.weight)  # [B, T]: the target's argmax at p
+    for j, g in enumerate((g1, g2, g3), start=1):
+        assert torch.equal(lm_head_argmax(g, hf.lm_head.weight)[:, j:], last_choice[:, :-j])
+
+
 def test_a_head_drafts_tokens_it_never_saw():
     """A random tiny Qwen3 repeats its last token. A head trained (40 steps) on its continuations of
     prompts over tokens 1..255 must draft continuations of prompts over 256..511 in the engine: "repeat

@@ -196,14 +196,34 @@ def ttt_mask(T: int, j: int, device) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def new_head(target: ModelConfig, seed: int = 0, **provenance) -> EagleHead:
-    """A freshly initialised head for ``target`` (fp32): small normal weights, unit norms."""
-    head = EagleHead(ModelConfig.from_dict(head_config_dict(target, **provenance)))
+INITS = ("random", "identity")
+
+
+def new_head(target: ModelConfig, seed: int = 0, init: str = "random", **provenance) -> EagleHead:
+    """A freshly initialised head for ``target`` (fp32), unit norms and, by ``init``:
+
+    ``random``: every matrix ~ N(0, 0.02) (EAGLE's initialisation).
+    ``identity``: fc passes the feature through (its feature half = I, its embedding half = 0) and
+    the layer's residual writes (o_proj, down_proj) start at 0, the rest ~ N(0, 0.02): the untrained
+    head returns g = norm(feature_{p-1}), i.e. drafts the target's own last choice again, for any
+    target (tied or not). Training learns the change from there; what it never sees (tokens absent
+    from its samples) keeps that rule instead of the random map a random init leaves there
+    (bench/RESULTS.md, issue 23: a head trained from random init on a vocabulary its samples did
+    not cover drafted nothing on fresh prompts)."""
+    if init not in INITS:
+        raise ValueError(f"EAGLE head init {init!r}: expected one of {INITS}")
+    head = EagleHead(ModelConfig.from_dict(head_config_dict(target, initialised=init, **provenance)))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if p.dim() > 1:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        if init == "identity":
+            H = head.config.hidden_size
+            head.fc.weight.zero_()
+            head.fc.weight[:, H:].copy_(torch.eye(H))
+            head.layers[0].self_attn.o_proj.weight.zero_()
+            head.layers[0].mlp.down_proj.weight.zero_()
     return head
 
 
