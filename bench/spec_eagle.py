@@ -7,11 +7,17 @@ attention must have seen contexts as long as the ones it drafts in; a head train
 samples kept 0.91 acceptance over the first 128 tokens of the H200 tail and 0.11 over its 2,048),
 and ``training/draft_head.train_head`` (``--batch-tokens`` per step) fits a
 fresh head to the target's features and next-token distributions (``--steps`` steps, 3 chained
-passes). The timed tails' prompts are among the training prompts (their first ``--train-len``
-tokens; ``--no-train-on-tails``: not): a random target's continuations of fresh random prompts are
+passes). With ``--train-task random`` (the default) the timed tails' prompts are among the training
+prompts (their first ``--train-len`` tokens; ``--no-train-on-tails``: not): a random target's continuations of fresh random prompts are
 runs of tokens the head never saw, so on those a head shows how much it memorised, not what the
 engine does with a trained head (``train.replay_heldout``: the trained head on fresh prompts, from
-the replay below). Then, each in its own engine (same run, same prompts):
+the replay below). ``--train-task repetitive`` trains on the task instead of on the tails' text:
+spec_decode.py's repetitive prompts with other seeds (another pattern per prompt; held-out prompts
+likewise), the tails' prompts never among them (``train.tails_held_out``; seeds in ``train`` and
+``tail_prompts``). ``--head-init identity`` (train-draft's ``draft.head_init``) starts the head as
+drafting the target's last choice again instead of from random weights: tokens the samples never
+contained (a 152k vocabulary against a few thousand sampled tokens) keep that rule. Then, each in
+its own engine (same run, same prompts):
 
   long tail:  batch 8 x 2,048 new tokens, greedy, on (i) spec_decode.py's repetitive prompts and
               (ii) random prompts; off / n-gram / EAGLE trained (and on (ii) only: EAGLE untrained,
@@ -47,6 +53,9 @@ is not agree_1 (every draft after a miss is lost): compare the rows with ``repla
     python bench/spec_eagle.py --rows off,ngram,eagle_copy,eagle --tails random --a-batch 0 --steps 150 \
         --profile-rounds 64 --json ...     # ~3-4 min: tok/s vs off, acceptance, where a round's time goes
     python bench/spec_eagle.py --quiet-upper 0.05 --json ...   # a target whose first layers decide its output
+    python bench/spec_eagle.py --train-task repetitive --tails repetitive --rows off,ngram,eagle_copy,eagle \
+        --a-batch 0 --head-init identity --train-prompts 96 --steps 150 --json ...   # ~4-5 min, one H200:
+        # the draft-model row on the repetitive task, the head trained on other prompts of the task
     python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 300
 """
 import argparse

@@ -1,5 +1,6 @@
 """Draft-head training (training/draft_head.py): the training-time-test mask by hand, the loss
 mask, and the refresh path of ``rollout.speculative`` (config -> engine dict)."""
+import pytest
 import torch
 
 from asyncrl.engine.spec.eagle_head import ttt_mask
@@ -56,12 +57,15 @@ def test_identity_head_drafts_the_targets_last_choice_again():
         assert torch.equal(lm_head_argmax(g, hf.lm_head.weight)[:, j:], last_choice[:, :-j])
 
 
-def test_a_head_drafts_tokens_it_never_saw():
+@pytest.mark.parametrize("init, floor", [("random", 0.03), ("identity", 0.5)])
+def test_a_head_drafts_tokens_it_never_saw(init, floor):
     """A random tiny Qwen3 repeats its last token. A head trained (40 steps) on its continuations of
     prompts over tokens 1..255 must draft continuations of prompts over 256..511 in the engine: "repeat
     the token" learned as a rule, not per token. Without ``embed_norm`` the head reached training
     agreement 0.97 and drafted none of them (acceptance 0.0: the GPU bench's 0% of issue 23, whose
-    fresh prompts were runs of tokens the head never saw); with it 0.079."""
+    fresh prompts were runs of tokens the head never saw); with it 0.079 from a random init. From
+    ``init="identity"`` the rule is there before training and training must not lose it on the
+    tokens it never saw."""
     import tempfile
 
     from asyncrl.engine import LLM
@@ -80,10 +84,10 @@ def test_a_head_drafts_tokens_it_never_saw():
 
     outs = LLM(hf, **kw).generate(prompts(1, 256, 48, 0), params)
     samples = [DraftSample(o.prompt_token_ids + c.token_ids, 8) for o in outs for c in o.outputs]
-    head = new_head(ModelConfig.from_module(hf), seed=0)
+    head = new_head(ModelConfig.from_module(hf), seed=0, init=init)
     assert train_head(head, hf, samples, steps=40, batch_size=16, lr=3e-3, passes=3, label="token")["agree_1"] > 0.9
     with tempfile.TemporaryDirectory() as d:
         head.save(d)
         llm = LLM(hf, speculative_config={"method": "eagle", "model": d, "num_speculative_tokens": 3}, **kw)
         llm.generate(prompts(256, 512, 16, 1), params)
-    assert llm.metrics["spec_acceptance_rate"] > 0.03, llm.metrics
+    assert llm.metrics["spec_acceptance_rate"] > floor, llm.metrics
