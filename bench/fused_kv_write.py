@@ -17,7 +17,9 @@ from torch.profiler's table of 8 decode steps, the rows of the kernels in questi
 ``triton_poi_fused_clone_split_with_sizes_view``; on, ``_qkv_cache_kernel`` (28 layers x 8 steps = 224
 calls) and none of the others. Then ``agreement``: 16 prompts x 64 greedy tokens on both engines, the
 share of completions whose tokens are identical and the largest log-prob gap over their common prefix
-(bf16: a rounding flip may change a greedy token; tests/engine/test_gpu.py checks fp32 against HF).
+(bf16: a rounding flip may change a greedy token; tests/engine/test_triton_qkv.py checks fp32 against HF).
+
+    python bench/fused_kv_write.py --offline   # no GPU: compile the kernel for sm90, print its registers
 """
 from __future__ import annotations
 
@@ -79,11 +81,36 @@ def agreement(off: LLM, on: LLM, vocab: int) -> dict:
     return dict(identical_completions=f"{same}/{len(prompts)}", max_logprob_gap=round(gap, 4))
 
 
+def offline() -> None:
+    """``_qkv_cache_kernel`` compiled for sm90 (bf16 and e4m3 caches, Qwen3-0.6B's heads): registers,
+    spills (LOCAL), instructions of the PTX."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from sm90_offline import compile_sm90, register_usage
+
+    from asyncrl.engine.triton_qkv import _qkv_cache_kernel as kernel
+
+    for cache in ("bf16", "fp8e4nv"):
+        ptrs = dict(QKV="*bf16", POS="*i64", COS="*fp32", SIN="*fp32", QW="*bf16", KW="*bf16", Q="*bf16",
+                    KC=f"*{cache}", VC=f"*{cache}", SLOT="*i64")
+        consts = dict(H=16, HKV=8, D=128, HALF=64, BLOCK_HALF=64, NORM=True, FP8=cache != "bf16", FP8_MAX=448.0)
+        sig = {a: ptrs.get(a, "constexpr" if a in consts else ("fp32" if a == "eps" else "i32"))
+               for a in kernel.arg_names}
+        attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in sig if sig[a].startswith("*")}
+        compiled = compile_sm90(kernel, sig, consts, attrs, num_warps=1, num_stages=1)
+        ptx = compiled.asm["ptx"]
+        print(f"{cache:8s} {register_usage(compiled)}  ptx lines {len(ptx.splitlines())}, "
+              f"shared {compiled.metadata.shared} B")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=1, help="off/on rounds (each a timed workload b per side)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--offline", action="store_true", help="compile for sm90 only (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.offline:
+        offline()
+        return 0
     hf = bench.build_random_hf("qwen3-0.6b", torch.bfloat16, DEVICE, 4096)
     vocab = hf.config.vocab_size
     engines = {name: engine(hf, name == "on") for name in ("off", "on")}
