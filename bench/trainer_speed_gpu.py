@@ -51,7 +51,9 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          "fused": ["actor.kernels=auto", "actor.packing=auto"],
          "fused+compile": ["actor.kernels=auto", "actor.packing=auto", "actor.compile=true"],
          # async on one GPU with the engine on the trainer's (default) stream: the A/B of rollout.engine_stream
-         "fused+caller_stream": ["actor.kernels=auto", "actor.packing=auto", "rollout.engine_stream=caller"]}
+         "fused+caller_stream": ["actor.kernels=auto", "actor.packing=auto", "rollout.engine_stream=caller"],
+         # the engine's q/k norm + RoPE + K/V cache write in one kernel (EngineConfig.fused_kv_write)
+         "fused+kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=true"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 
