@@ -147,6 +147,9 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
         raise ValueError(f"qkv_to_cache: qkv {tuple(qkv.shape)} (stride {qkv.stride()}) is not "
                          f"[T, (H + 2 Hkv) * D] with contiguous columns and an even D "
                          f"(H={num_heads}, Hkv={num_kv_heads}, D={D})")
+    if cos.shape[1] != D or cos.stride(1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"qkv_to_cache: RoPE tables {tuple(cos.shape)} (strides {cos.stride()}, {sin.stride()}) are "
+                         f"not [max_pos, D={D}] rows with contiguous columns")
     if k_cache.dtype not in (qkv.dtype, FP8_KV):
         raise ValueError(f"qkv_to_cache: a {k_cache.dtype} cache for a {qkv.dtype} model (the model's dtype or "
                          "float8_e4m3fn)")
