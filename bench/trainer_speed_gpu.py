@@ -53,7 +53,9 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          # async on one GPU with the engine on the trainer's (default) stream: the A/B of rollout.engine_stream
          "fused+caller_stream": ["actor.kernels=auto", "actor.packing=auto", "rollout.engine_stream=caller"],
          # all 128 rows in one micro-batch (the peer run's default is 64): fewer, larger kernels per update
-         "fused+mb128": ["actor.kernels=auto", "actor.packing=auto", "actor.micro_batch_size=128"]}
+         "fused+mb128": ["actor.kernels=auto", "actor.packing=auto", "actor.micro_batch_size=128"],
+         # async: the weight-sync probe on every 10th push only (runtime.probe_every)
+         "fused+probe10": ["actor.kernels=auto", "actor.packing=auto", "runtime.probe_every=10"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 
