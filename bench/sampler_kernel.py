@@ -16,6 +16,7 @@ Exits 1 if any checked row disagrees (a near tie is labelled as such but still f
 
     python bench/sampler_kernel.py --json out.json [--no-sweep] [--no-torch]
     python bench/sampler_kernel.py --waves-only --json out.json    # part 4 alone: ~30 s
+    python bench/sampler_kernel.py --offline   # no GPU: registers per launch shape on sm90 -> programs per SM
 """
 from __future__ import annotations
 
@@ -155,6 +156,26 @@ def wave_sweep(batches=(1, 16, 64, 128, 256, 512)) -> list[dict]:
     return rows
 
 
+def offline() -> int:
+    """``_partial_kernel`` compiled for sm90 per (tile, warps): registers, and the programs that fit on an
+    SM (65,536 registers; at most 64 warps): ``triton_sampler.RESIDENT_PER_SM``'s numbers."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+    from sm90_offline import compile_sm90, register_usage
+
+    from asyncrl.engine import triton_sampler as ts
+
+    sig = dict(X="*fp32", stride_x="i32", V="i32", TEMP="*fp32", KEYS="*i64", PART="*fp32", IPART="*i32",
+               n_splits="i32", n_tiles="i32", BLOCK="constexpr", U_HI="constexpr", G_BOUND="constexpr")
+    for (tile, warps), table in ts.RESIDENT_PER_SM.items():
+        consts = dict(BLOCK=tile, U_HI=ts.U_MAX, G_BOUND=ts.G_BOUND)
+        usage = register_usage(compile_sm90(ts._partial_kernel, sig, consts, {(0,): [["tt.divisibility", 16]]},
+                                            warps, 3))
+        regs = int(usage.split("REG:")[1].split()[0])
+        fit = min(65536 // (-(-regs // 8) * 8 * 32 * warps), 64 // warps)
+        print(f"tile {tile:4d} x {warps} warps: {usage}; {fit} programs per SM (RESIDENT_PER_SM: {table})")
+    return 0
+
+
 @torch.inference_mode()
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -163,7 +184,10 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip the compiled torch sampler (its compile)")
     ap.add_argument("--waves", action="store_true", help="also part 4: the wave-aware launch vs the default")
     ap.add_argument("--waves-only", action="store_true", help="part 4 alone")
+    ap.add_argument("--offline", action="store_true", help="no GPU: sm90 registers -> programs per SM")
     args = ap.parse_args()
+    if args.offline:
+        return offline()
     assert torch.cuda.is_available(), "needs CUDA"
     t_start = time.perf_counter()
     if args.waves_only:
