@@ -288,6 +288,9 @@ class RolloutConfig:
     kv_cache_dtype: str = field_spec("auto", choices=("auto", "fp8"),
                                      help="engine: fp8 = K/V cached in e4m3 (scale 1.0, vLLM's default): half the "
                                           "KV bytes read per decode step, twice the tokens in the pool")
+    fused_kv_write: bool = field_spec(False, help="engine on a GPU: q/k norm + RoPE and the K/V cache write in one "
+                                                  "Triton kernel per layer instead of five (dense and MoE models; "
+                                                  "off until measured: bench/fused_kv_write.py)")
     mamba_ssm_cache_dtype: str = field_spec(
         "auto", choices=("auto", "float32", "bfloat16", "float16"),
         help="engine + Qwen3.5 (Gated DeltaNet): the recurrent state's storage dtype (vLLM's key); auto = the "
@@ -580,6 +583,8 @@ class RuntimeConfig:
     straggler_policy: str = field_spec("drop", choices=("drop", "partial"),
                                        help="a group over group_timeout_s: drop it, or emit its scored completions")
     probe: bool = field_spec(True, help="async: after each weight sync, check the backend's log-probs")
+    probe_every: int = field_spec(1, ge=1, help="async: probe the first push and then every N-th (1: every push; "
+                                                "a probe costs a few engine steps beside the rollout on one GPU)")
     probe_tolerance: Optional[float] = field_spec(None, gt=0, help="max |lp_backend - lp_trainer| on the probe "
                                                   "tokens (null: 1e-3 in float32, 0.1 in bfloat16/float16)")
     ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all, and at "
