@@ -53,9 +53,11 @@ is not agree_1 (every draft after a miss is lost): compare the rows with ``repla
     python bench/spec_eagle.py --rows off,ngram,eagle_copy,eagle --tails random --a-batch 0 --steps 150 \
         --profile-rounds 64 --json ...     # ~3-4 min: tok/s vs off, acceptance, where a round's time goes
     python bench/spec_eagle.py --quiet-upper 0.05 --json ...   # a target whose first layers decide its output
-    python bench/spec_eagle.py --train-task repetitive --tails repetitive --rows off,ngram,eagle_copy,eagle \
-        --a-batch 0 --head-init identity --train-prompts 96 --steps 150 --json ...   # ~4-5 min, one H200:
-        # the draft-model row on the repetitive task, the head trained on other prompts of the task
+    python bench/spec_eagle.py --train-task repetitive --no-train-on-tails --tails repetitive \
+        --rows off,ngram,eagle_copy,eagle --a-batch 0 --head-init identity --label soft --train-prompts 96 \
+        --steps 100 --json ...   # ~4 min, one H200: the draft-model row on the repetitive task, the head
+        # trained on other prompts of the task (identity + soft labels: training erodes the init's
+        # rule on unseen tokens least; bench/RESULTS.md, issue 23, branch i23r)
     python bench/spec_eagle.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16 --train-len 64 --steps 300
 """
 import argparse
@@ -262,7 +264,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--label", default="token", choices=("soft", "token"),
                     help="train-draft's draft.label: a random model's next-token distribution is nearly flat, so "
-                         "its greedy argmax (the sample's own token) is the signal")
+                         "from a random init its greedy argmax (the sample's own token) is the signal; from "
+                         "--head-init identity, soft labels pull unseen tokens toward the seen ones least")
     ap.add_argument("--head-init", default="random", choices=("random", "identity"),
                     help="train-draft's draft.head_init: the trained (and the untrained) head's starting weights; "
                          "identity = drafting the target's last choice again (eagle_head.new_head)")

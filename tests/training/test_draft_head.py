@@ -65,7 +65,7 @@ def test_a_head_drafts_tokens_it_never_saw(init, floor):
     agreement 0.97 and drafted none of them (acceptance 0.0: the GPU bench's 0% of issue 23, whose
     fresh prompts were runs of tokens the head never saw); with it 0.079 from a random init. From
     ``init="identity"`` the rule is there before training and training must not lose it on the
-    tokens it never saw."""
+    tokens it never saw (0.935; random init 0.079)."""
     import tempfile
 
     from asyncrl.engine import LLM
