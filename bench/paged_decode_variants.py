@@ -129,7 +129,7 @@ def offline_report() -> int:
         for kv in ("bf16", "fp8e4nv"):
             kernel = _packed_decode_kernel if launch.variant == "packed" else _paged_decode_kernel
             ptrs = {"Q": "*bf16", "K": f"*{kv}", "V": f"*{kv}", "O": "*bf16", "BT": "*i32", "CL": "*i32",
-                    "START": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16"}
+                    "START": "*i32", "NSP": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16"}
             sig = {a: ptrs.get(a, "i32") for a in kernel.arg_names if a.isupper() or a.startswith("stride")}
             sig = {a: t for a, t in sig.items() if a in ptrs or a.startswith("stride")}
             sig |= {"scale": "fp32"} | ({"total_items": "i32"} if launch.variant == "packed" else {})

@@ -12,10 +12,11 @@ half the bytes and upcast exactly).
 
 Cascade (shared-prefix) decode, see ``cascade.py``: ``_prefix_kernel`` attends each
 prefix tile (the members x GQA query rows of one group, one kv head) to the group's
-shared blocks once, in SPLITS chunks by a persistent grid (enough programs in flight to
-keep HBM busy even with few groups), and writes per-row (out, lse) of each chunk; the
-decode kernel with ``CASCADE`` then walks only ``[suffix_start, ctx)`` and merges the
-prefix chunks into its online softmax state before normalising (no merge kernel).
+shared blocks once, in the step's number of chunks (``cascade.CascadeLaunchRule``: more
+chunks when few groups leave SMs idle; read from the plan on the device) by a persistent grid,
+and writes per-row (out, lse) of each chunk; the decode kernel with ``CASCADE`` then walks only
+``[suffix_start, ctx)`` (optionally split-KV) and merges the prefix chunks into its online
+softmax state before normalising (no merge kernel unless the suffix is split).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
@@ -40,18 +41,21 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
-    (QLEN > 1: a speculative verify step, the last token and its drafts)."""
+    (QLEN > 1: a speculative verify step, the last token and its drafts).
+    CASCADE: keys ``[0, START[b])`` come from the prefix kernel as ``NSP[0]`` (clamped to
+    ``[1, SPLITS]``) parts in PO / PL, merged into the state of KV chunk 0."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
-    first = 0
+    sfx = 0
     if CASCADE:
-        first = tl.load(START + b)  # tokens [0, first) come from the prefix kernel
+        sfx = tl.load(START + b)  # tokens [0, sfx) come from the prefix kernel
+    first = sfx
     last = ctx
-    if KV_SPLITS > 1:  # split-KV (flash-decoding): this program takes one chunk of [0, ctx)
+    if KV_SPLITS > 1:  # split-KV (flash-decoding): this program takes one chunk of [sfx, ctx)
         sid = tl.program_id(2)
-        span = tl.cdiv(tl.cdiv(ctx, KV_SPLITS), BLOCK_N) * BLOCK_N
-        first = sid * span
+        span = tl.cdiv(tl.cdiv(ctx - sfx, KV_SPLITS), BLOCK_N) * BLOCK_N  # BLOCK_N-aligned: sfx is a block start
+        first = sfx + sid * span
         last = tl.minimum(first + span, ctx)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -103,11 +107,14 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     if CASCADE:
-        # merge the shared prefix's SPLITS parts (out o_p, log-sum-exp lse_p) by LSE; rows
-        # outside any group (first == 0) read lse_p = -inf, which weighs 0. m is finite
-        # here: the suffix holds at least the current token.
-        pmask = gmask & (first > 0)
-        for sp in tl.static_range(SPLITS):
+        # merge the shared prefix's parts (out o_p, log-sum-exp lse_p) by LSE; rows outside
+        # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
+        # m is finite (the suffix's first chunk holds at least the current token).
+        pmask = gmask & (sfx > 0)
+        nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), SPLITS)
+        if KV_SPLITS > 1:
+            nsp = tl.where(sid == 0, nsp, 0)  # other chunks may be empty (m = -inf): no merge there
+        for sp in range(0, nsp):
             lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
             o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
                           mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
@@ -154,24 +161,26 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
                    SPLITS: tl.constexpr, IEEE: tl.constexpr):
-    """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x SPLITS``
-    (``num_tiles`` = TILES[0, 0]; tile t is row t + 1). An item = one tile, one kv head,
-    one of SPLITS chunks of the prefix: rows r = member * GROUP + head-in-group, keys =
-    the chunk of the leader's first ``plen`` tokens. Writes that chunk's (out, lse) per
-    row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
-    total = tl.load(TILES) * (HKV * SPLITS)
+    """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
+    (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, SPLITS]``: the step's
+    chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
+    one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
+    head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
+    (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
+    nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), SPLITS)
+    total = tl.load(TILES) * (HKV * nsp)
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mi = r // GROUP
     dmask = d < D
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
-        sp = w % SPLITS
-        kvh = (w // SPLITS) % HKV
-        row = TILES + (w // (SPLITS * HKV) + 1) * stride_tile
+        sp = w % nsp
+        kvh = (w // nsp) % HKV
+        row = TILES + (w // (nsp * HKV) + 1) * stride_tile
         leader = tl.load(row)
         plen = tl.load(row + 1)
-        chunk = tl.cdiv(tl.cdiv(plen, SPLITS), BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(plen, nsp), BLOCK_N) * BLOCK_N
         lo = sp * chunk
         hi = tl.minimum(lo + chunk, plen)
         seq = tl.load(row + 2 + mi, mask=mi < MPT, other=-1)
@@ -301,7 +310,10 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
-                   launch: DecodeLaunch | None = None, qlen: int = 1):
+                   launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1):
+    """``cascade``: (suffix_start ``[B]``, prefix split count ``[1]``, prefix partials PO
+    ``[S, B, H, D]``, PL ``[S, B, H]``) or None. ``cascade_kv_splits``: split-KV of the suffix
+    under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only)."""
     T, H, D = q.shape
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -313,20 +325,26 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         return launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, launch, cascade)
     if launch.variant not in ("base", "packed"):
         raise ValueError(f"DecodeLaunch.variant={launch.variant!r}: the variants are 'base' and 'packed'")
-    # split-KV only without cascade: the cascade merge of prefix parts happens in the one program per row
-    splits = 1 if cascade is not None else kv_splits_for(B, hkv, q.device, launch)
+    if cascade is None:
+        splits = kv_splits_for(B, hkv, q.device, launch)
+    else:  # chunk 0 of each row's suffix merges the prefix parts
+        splits = cascade_kv_splits or kv_splits_for(B, hkv, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
     # unused pointers when not CASCADE / not split
-    start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
+    start, nsp, po, pl = cascade if cascade is not None else (context_lens, context_lens, out[None],
+                                                              out[None, :, :, 0])
     if splits > 1:
         so = torch.empty(splits, T, H, D, dtype=torch.float32, device=q.device)
         sl = torch.empty(splits, T, H, dtype=torch.float32, device=q.device)
-        po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
+        if cascade is None:
+            po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
+        else:  # both [*, T, H(, D)] contiguous: the same element strides
+            assert po.is_contiguous() and pl.is_contiguous() and po.shape[1:] == so.shape[1:]
     else:
         so, sl = po, pl
     block_d = max(16, triton.next_power_of_2(D))
     _paged_decode_kernel[(B, hkv, splits)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale,
+        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
@@ -355,9 +373,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                           launch=launch, qlen=query_len)
 
 
-# Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at
-# workload (b)'s shape (32 groups x 16, prefix 1024): see bench/RESULTS.md.
-PREFIX_SPLITS = 1         # chunks of each group's prefix attended in parallel (1 measured best)
+# Prefix-kernel launch shape (fixed per process: constexprs and the persistent grid). Set from
+# bench/cascade_decode.py's sweep on an H200 at workload (b)'s shape (32 groups x 16, prefix 1024):
+# see bench/RESULTS.md. The chunks per prefix are chosen per step by ``cascade.CASCADE_RULE``.
 PREFIX_PROGRAMS_PER_SM = 4  # persistent programs per SM
 PREFIX_BLOCK_N, PREFIX_WARPS = 64, 4
 
@@ -378,22 +396,32 @@ def _programs(device: torch.device, per_sm: int) -> int:
 
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
-                             tiles: torch.Tensor, scale: float, splits: int | None = None,
+                             tiles: torch.Tensor, scale: float, max_splits: int | None = None,
                              programs_per_sm: int | None = None, prefix_block_n: int | None = None,
-                             prefix_warps: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
+                             prefix_warps: int | None = None, launch: DecodeLaunch | None = None,
+                             suffix_kv_splits: int | None = None) -> torch.Tensor:
     """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
     suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
-    active tile count, then ``cascade.py``'s tile rows). Rows with ``suffix_start == 0``
-    get plain paged decode. The launch shape is fixed by ``tiles.shape`` (graph-safe). ``launch``:
-    the suffix decode's (default ``DECODE_LAUNCH``)."""
+    active tile count and the step's prefix chunk count, then ``cascade.py``'s tile rows).
+    Rows with ``suffix_start == 0`` get plain paged decode.
+
+    Graph-safe: the kernels and grids depend on ``tiles.shape``, ``max_splits`` (depth of the
+    prefix partials, default ``CASCADE_RULE.max_splits``; a header count above it is clamped)
+    and ``suffix_kv_splits`` (split-KV of the suffix, default ``CASCADE_RULE.suffix_kv_splits``,
+    0 = per batch size) only; the tile and chunk counts are read on the device. ``launch``: the
+    suffix decode's (default ``DECODE_LAUNCH``; the packed variant takes no suffix split-KV)."""
+    from asyncrl.engine import cascade as cascade_mod
+
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
     mpt = tiles.shape[1] - 2
     block_m = max(32, triton.next_power_of_2(group))
     assert block_m // group == mpt, "tiles made for another GQA shape"
-    assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.stride(1) == 1
-    splits = splits or PREFIX_SPLITS
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.is_contiguous()
+    rule = cascade_mod.CASCADE_RULE
+    splits = max_splits or rule.max_splits
+    suffix_kv_splits = rule.suffix_kv_splits if suffix_kv_splits is None else suffix_kv_splits
     po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)  # rows outside tiles: never read
     pl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
     grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, programs_per_sm or PREFIX_PROGRAMS_PER_SM))
@@ -404,5 +432,6 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PAGE=page, BLOCK_N=prefix_block_n or PREFIX_BLOCK_N, HKV=hkv, SPLITS=splits,
         IEEE=q.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
+    nsp = tiles.view(-1)[1:2]  # the header's chunk count
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          cascade=(suffix_start, po, pl), launch=launch)
+                          cascade=(suffix_start, nsp, po, pl), launch=launch, cascade_kv_splits=suffix_kv_splits)

@@ -122,3 +122,50 @@ def test_fp8_cache_cascade_decode_matches_plain_and_reference():
                                       D ** -0.5)
     torch.testing.assert_close(out, plain, rtol=0, atol=1e-4)
     torch.testing.assert_close(out.cpu().double(), ref, rtol=0, atol=1e-4)
+
+
+# (prefix chunks in the plan header, partials depth max_splits, suffix split-KV, suffix launch)
+CASCADE_LAUNCHES = [
+    (1, 1, 1, DecodeLaunch(block_n=4)),                   # today's launch
+    (2, 2, 1, DecodeLaunch(block_n=4)),
+    (3, 4, 2, DecodeLaunch(block_n=4)),                   # 3 chunks of 8: a tile's last chunk may be empty
+    (4, 4, 4, DecodeLaunch(block_n=8)),                   # suffix tiles over 2 blocks, per-token lookup
+    (8, 2, 2, DecodeLaunch(block_n=4, table_in_registers=True)),  # header above the depth: clamped to 2
+    (4, 4, 1, DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
+]
+
+
+def test_cascade_split_launches_match_plain_and_float64():
+    """Cascade decode with the prefix split into chunks (count read from the plan header on the
+    device) and the suffix split-KV (chunk 0 merges the prefix parts): every launch equals plain
+    paged decode and the float64 reference. Prefixes of 1, 3, 4 and 6 blocks (chunks that hold
+    nothing), a singleton row (no prefix: its whole context split), suffixes up to 5 blocks."""
+    import numpy as np
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, tile_shape
+    from asyncrl.engine.triton_decode import cascade_decode_attention
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    groups, prefix = [3, 1, 2, 2], [4, 3, 1, 6]
+    g = torch.Generator().manual_seed(3)
+    suffix = torch.randint(1, 5 * page, (sum(groups),), generator=g).tolist()
+    suffix[0], suffix[1] = 1, 5 * page  # the current token only; a suffix of several chunks
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=3)
+    kc, vc = (torch.randn(nb + 1, page, Hkv, D, generator=g) for _ in range(2))
+    B = len(tables)
+    q = torch.randn(B, H, D, generator=g)
+    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
+    plain = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=4, kv_splits=1))
+    ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
+    torch.testing.assert_close(plain.cpu().double(), ref, rtol=0, atol=1e-5)
+    for chunks, depth, suffix_splits, launch in CASCADE_LAUNCHES:
+        plan.prefix_splits = chunks
+        packed = torch.from_numpy(plan.packed()).to(DEVICE)
+        assert packed[B + 1].item() == chunks
+        out = cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5, max_splits=depth,
+                                       prefix_block_n=4, suffix_kv_splits=suffix_splits, launch=launch)
+        torch.testing.assert_close(out.cpu(), plain.cpu(), rtol=0, atol=1e-5, msg=lambda m: f"{chunks, depth}: {m}")
