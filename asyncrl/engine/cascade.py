@@ -29,6 +29,7 @@ This module imports no Triton (CPU CI imports it); kernels are in ``triton_decod
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -43,30 +44,43 @@ MIN_SAVED_FRACTION = 0.1
 
 @dataclass(frozen=True)
 class CascadeLaunchRule:
-    """How the cascade kernels' launch follows the decode step's shape (issue 23).
+    """The cascade kernels' launch shape, and how it follows the decode step's shape (issue 23).
 
-    Prefix kernel: ``tiles x kv heads`` work items of ``prefix / BLOCK_N`` loop iterations each.
+    Prefix kernel: ``tiles x kv heads`` work items of ``prefix / prefix_block_n`` loop iterations.
     With few groups (GRPO: 16 prompts x 8 samples -> 16 tiles x 8 kv heads = 128 items on 132
-    SMs, 4 iterations each) the kernel is latency-bound; splitting each tile's prefix into
-    ``s`` chunks (merged by log-sum-exp in the suffix kernel) gives ``s`` x the items of
-    ``1/s`` the iterations. ``prefix_splits_for`` picks the fewest power-of-2 ``s`` with
-    ``items x s >= prefix_fill x SMs``, at most ``max_prefix_splits`` and with chunks of at
-    least ``min_chunk_tokens``. Per step and graph-safe: the count travels in the plan's header
-    (device buffer), the persistent grid and the partials' buffer are sized for the maximum.
+    SMs, 4 iterations each) it is latency-bound; splitting each tile's prefix into ``s`` chunks
+    (merged by log-sum-exp in the suffix kernel) gives ``s`` x the items of ``1/s`` the
+    iterations. ``prefix_splits_for`` picks the fewest power-of-2 ``s`` with ``items x s >=
+    prefix_fill x SMs``, at most ``max_prefix_splits``, chunks of at least ``min_chunk_tokens``.
 
-    Suffix kernel: ``suffix_kv_splits`` chunks of each row's own ``[suffix_start, ctx)`` (1 =
-    none; 0 = the plain kernel's per-batch rule, ``triton_decode.kv_splits_for``). A grid
-    dimension, so fixed per batch bucket (one CUDA graph each), not per step: the suffix
-    length is not an input (chunks past a row's length are empty and cost an early exit).
+    When each choice is made (CUDA graphs: one graph per batch bucket, replayed every step):
+      * per step, graph-safe: the prefix chunk count. It travels in the plan's header (a device
+        buffer the kernels read); the persistent grid and the partials' buffer are sized for
+        ``max_splits``.
+      * per process (constexprs and grids, the same in every graph): ``prefix_programs_per_sm``,
+        ``prefix_block_n``, ``prefix_warps``, ``max_prefix_splits``, and the suffix decode's
+        ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages`` (0 = the plain decode's,
+        ``triton_decode.DECODE_LAUNCH``).
+      * per batch bucket: ``suffix_kv_splits`` (split-KV of each row's own ``[suffix_start,
+        ctx)``, a grid dimension; 1 = none, 0 = the plain kernel's per-batch rule
+        ``kv_splits_for``). The suffix length is not an input of any graph-fixed choice: a
+        split-KV chunk past a row's length is empty and exits early.
 
     The defaults are the launch measured best at workload (b) (32 groups x 16, prefix 1,024:
-    1 split, bench/RESULTS.md); ``bench/cascade_decode.py --shape peer`` measures the rest.
+    1 chunk, 4 programs per SM, bench/RESULTS.md); ``bench/cascade_decode.py --shape peer,b``
+    measures the alternatives and prints the ``ASYNCRL_CASCADE_LAUNCH`` it would set.
     """
 
-    prefix_fill: float = 0.0     # 0 = never split the prefix (the default, measured at (b))
-    max_prefix_splits: int = 8   # cap, and the partials' buffer depth when prefix_fill > 0
-    min_chunk_tokens: int = 64   # a chunk holds at least this many prefix tokens
-    suffix_kv_splits: int = 1    # 1 = no split-KV under cascade (the default), 0 = per batch
+    prefix_fill: float = 0.0       # 0 = never split the prefix (the default, measured at (b))
+    max_prefix_splits: int = 8     # cap, and the partials' buffer depth when prefix_fill > 0
+    min_chunk_tokens: int = 64     # a chunk holds at least this many prefix tokens
+    prefix_programs_per_sm: int = 4
+    prefix_block_n: int = 64
+    prefix_warps: int = 4
+    suffix_kv_splits: int = 1      # 1 = no split-KV under cascade (the default), 0 = per batch
+    suffix_block_n: int = 0        # 0 = DECODE_LAUNCH's
+    suffix_warps: int = 0
+    suffix_stages: int = 0
 
     @property
     def max_splits(self) -> int:
@@ -90,24 +104,26 @@ def prefix_splits_for(num_tiles: int, num_kv_heads: int, prefix_tokens: int, sms
 
 
 def rule_from_env(raw: Optional[str] = None) -> CascadeLaunchRule:
-    """``ASYNCRL_CASCADE_LAUNCH="prefix_fill[,max_prefix_splits[,min_chunk_tokens[,suffix_kv_splits]]]"``
-    (bench/cascade_decode.py prints the measured best in this form); unset: the defaults."""
+    """``ASYNCRL_CASCADE_LAUNCH="prefix_fill=2,suffix_block_n=32"`` (``CascadeLaunchRule``'s
+    fields, any subset; bench/cascade_decode.py prints the measured best in this form); unset:
+    the defaults. A bad key or value raises naming it."""
     raw = os.environ.get("ASYNCRL_CASCADE_LAUNCH", "") if raw is None else raw
-    if not raw.strip():
-        return CascadeLaunchRule()
-    parts = [x.strip() for x in raw.split(",")]
-    names = ("prefix_fill", "max_prefix_splits", "min_chunk_tokens", "suffix_kv_splits")
-    if len(parts) > len(names):
-        raise ValueError(f"ASYNCRL_CASCADE_LAUNCH={raw!r}: at most {len(names)} values ({', '.join(names)})")
-    try:
-        values = [float(parts[0])] + [int(x) for x in parts[1:]]
-    except ValueError:
-        raise ValueError(f"ASYNCRL_CASCADE_LAUNCH={raw!r}: expected numbers ({', '.join(names)})") from None
-    rule = CascadeLaunchRule(**dict(zip(names, values)))
-    if rule.max_prefix_splits < 1:
-        raise ValueError(f"ASYNCRL_CASCADE_LAUNCH={raw!r}: max_prefix_splits must be >= 1")
+    fields = [f.name for f in dataclasses.fields(CascadeLaunchRule)]
+    values = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in fields:
+            raise ValueError(f"ASYNCRL_CASCADE_LAUNCH: unknown key {key!r} (keys: {', '.join(fields)})")
+        try:
+            values[key] = float(value) if key == "prefix_fill" else int(value)
+        except ValueError:
+            raise ValueError(f"ASYNCRL_CASCADE_LAUNCH: {key}={value.strip()!r} is not a number") from None
+    rule = CascadeLaunchRule(**values)
+    if rule.max_prefix_splits < 1 or min(rule.prefix_programs_per_sm, rule.prefix_block_n, rule.prefix_warps) < 1:
+        raise ValueError("ASYNCRL_CASCADE_LAUNCH: max_prefix_splits and the prefix launch must be >= 1")
     if rule.suffix_kv_splits < 0 or rule.suffix_kv_splits & (rule.suffix_kv_splits - 1):
-        raise ValueError(f"ASYNCRL_CASCADE_LAUNCH={raw!r}: suffix_kv_splits must be 0 (per batch) or a power of 2")
+        raise ValueError("ASYNCRL_CASCADE_LAUNCH: suffix_kv_splits must be 0 (per batch) or a power of 2")
     return rule
 
 

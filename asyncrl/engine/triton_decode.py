@@ -29,6 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from asyncrl.engine import cascade as cascade_module
+from asyncrl.engine.cascade import CascadeLaunchRule
+
 
 @triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
@@ -373,13 +376,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                           launch=launch, qlen=query_len)
 
 
-# Prefix-kernel launch shape (fixed per process: constexprs and the persistent grid). Set from
-# bench/cascade_decode.py's sweep on an H200 at workload (b)'s shape (32 groups x 16, prefix 1024):
-# see bench/RESULTS.md. The chunks per prefix are chosen per step by ``cascade.CASCADE_RULE``.
-PREFIX_PROGRAMS_PER_SM = 4  # persistent programs per SM
-PREFIX_BLOCK_N, PREFIX_WARPS = 64, 4
-
-
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (8 off CUDA: the Triton interpreter's CPU tests)."""
@@ -394,24 +390,20 @@ def _programs(device: torch.device, per_sm: int) -> int:
     return num_sms(device) * per_sm
 
 
-def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
-                             tiles: torch.Tensor, scale: float, max_splits: int | None = None,
-                             programs_per_sm: int | None = None, prefix_block_n: int | None = None,
-                             prefix_warps: int | None = None, launch: DecodeLaunch | None = None,
-                             suffix_kv_splits: int | None = None) -> torch.Tensor:
-    """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
-    suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
-    active tile count and the step's prefix chunk count, then ``cascade.py``'s tile rows).
-    Rows with ``suffix_start == 0`` get plain paged decode.
+def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = None) -> DecodeLaunch:
+    """The suffix decode's launch: ``base`` (default ``DECODE_LAUNCH``) with the rule's non-zero
+    ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages``."""
+    base = base or DECODE_LAUNCH
+    return dataclasses.replace(base, block_n=rule.suffix_block_n or base.block_n,
+                               num_warps=rule.suffix_warps or base.num_warps,
+                               num_stages=rule.suffix_stages or base.num_stages)
 
-    Graph-safe: the kernels and grids depend on ``tiles.shape``, ``max_splits`` (depth of the
-    prefix partials, default ``CASCADE_RULE.max_splits``; a header count above it is clamped)
-    and ``suffix_kv_splits`` (split-KV of the suffix, default ``CASCADE_RULE.suffix_kv_splits``,
-    0 = per batch size) only; the tile and chunk counts are read on the device. ``launch``: the
-    suffix decode's (default ``DECODE_LAUNCH``; the packed variant takes no suffix split-KV)."""
-    from asyncrl.engine import cascade as cascade_mod
 
+def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix kernel alone: q ``[B, H, D]``, tiles as in ``cascade_decode_attention`` ->
+    partials (out ``[S, B, H, D]`` in q's dtype, lse ``[S, B, H]`` fp32), ``S = rule.max_splits``;
+    chunk ``c`` of a member row is valid for ``c <`` the header's count (rows outside tiles: never)."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
@@ -419,19 +411,46 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     block_m = max(32, triton.next_power_of_2(group))
     assert block_m // group == mpt, "tiles made for another GQA shape"
     assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.is_contiguous()
-    rule = cascade_mod.CASCADE_RULE
-    splits = max_splits or rule.max_splits
-    suffix_kv_splits = rule.suffix_kv_splits if suffix_kv_splits is None else suffix_kv_splits
-    po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)  # rows outside tiles: never read
+    splits = rule.max_splits
+    po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)
     pl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
-    grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, programs_per_sm or PREFIX_PROGRAMS_PER_SM))
+    grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, rule.prefix_programs_per_sm))
     _prefix_kernel[(max(1, grid),)](
         q, k_cache, v_cache, po, pl, block_tables, tiles, scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        PAGE=page, BLOCK_N=prefix_block_n or PREFIX_BLOCK_N, HKV=hkv, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
+        PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv, SPLITS=splits,
+        IEEE=q.dtype == torch.float32, num_warps=rule.prefix_warps)
+    return po, pl
+
+
+def launch_suffix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, suffix_start: torch.Tensor, tiles: torch.Tensor, scale: float,
+                  partials: tuple[torch.Tensor, torch.Tensor], rule: CascadeLaunchRule,
+                  launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """The suffix decode alone, merging ``launch_prefix``'s partials: -> out like q."""
     nsp = tiles.view(-1)[1:2]  # the header's chunk count
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          cascade=(suffix_start, nsp, po, pl), launch=launch, cascade_kv_splits=suffix_kv_splits)
+                          cascade=(suffix_start, nsp, *partials), launch=launch or cascade_suffix_launch(rule),
+                          cascade_kv_splits=rule.suffix_kv_splits)
+
+
+def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
+                             tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule | None = None,
+                             launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
+    suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
+    active tile count and the step's prefix chunk count, then ``cascade.py``'s tile rows).
+    Rows with ``suffix_start == 0`` get plain paged decode.
+
+    ``rule``: the launch (default ``cascade.CASCADE_RULE``, read at call time); ``launch``
+    overrides the suffix decode's (default ``cascade_suffix_launch(rule)``; the packed variant
+    takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
+    and the batch size only; the tile and chunk counts are read on the device (a header count
+    above ``rule.max_splits`` is clamped)."""
+    rule = rule or cascade_module.CASCADE_RULE
+    partials = launch_prefix(q, k_cache, v_cache, block_tables, tiles, scale, rule)
+    return launch_suffix(q, k_cache, v_cache, block_tables, context_lens, suffix_start, tiles, scale, partials,
+                         rule, launch)

@@ -164,10 +164,11 @@ def test_rule_from_env_parses_and_names_bad_values():
     from asyncrl.engine.cascade import CascadeLaunchRule, rule_from_env
 
     assert rule_from_env("") == CascadeLaunchRule()
-    assert rule_from_env("1.5,4") == CascadeLaunchRule(prefix_fill=1.5, max_prefix_splits=4)
-    assert rule_from_env("1,8,32,0") == CascadeLaunchRule(1.0, 8, 32, 0)
-    for bad, word in (("x", "numbers"), ("1,2,3,4,5", "at most 4"), ("1,0", "max_prefix_splits"),
-                      ("1,8,64,3", "suffix_kv_splits")):
+    assert rule_from_env("prefix_fill=1.5, max_prefix_splits=4") == CascadeLaunchRule(prefix_fill=1.5,
+                                                                                       max_prefix_splits=4)
+    assert rule_from_env("suffix_kv_splits=0,suffix_block_n=32").suffix_block_n == 32
+    for bad, word in (("fill=1", "unknown key 'fill'"), ("prefix_fill=x", "prefix_fill='x' is not a number"),
+                      ("max_prefix_splits=0", "must be >= 1"), ("suffix_kv_splits=3", "power of 2")):
         with pytest.raises(ValueError, match=word):
             rule_from_env(bad)
 

@@ -15,6 +15,7 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 
 from asyncrl.engine.attention import build_gathered_metadata, gathered_attention  # noqa: E402
+from asyncrl.engine.cascade import CascadeLaunchRule  # noqa: E402
 from asyncrl.engine.triton_decode import DecodeLaunch, paged_decode_attention  # noqa: E402
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -124,14 +125,20 @@ def test_fp8_cache_cascade_decode_matches_plain_and_reference():
     torch.testing.assert_close(out.cpu().double(), ref, rtol=0, atol=1e-4)
 
 
-# (prefix chunks in the plan header, partials depth max_splits, suffix split-KV, suffix launch)
+# (prefix chunks in the plan header, the launch rule, a suffix launch or None = the rule's)
 CASCADE_LAUNCHES = [
-    (1, 1, 1, DecodeLaunch(block_n=4)),                   # today's launch
-    (2, 2, 1, DecodeLaunch(block_n=4)),
-    (3, 4, 2, DecodeLaunch(block_n=4)),                   # 3 chunks of 8: a tile's last chunk may be empty
-    (4, 4, 4, DecodeLaunch(block_n=8)),                   # suffix tiles over 2 blocks, per-token lookup
-    (8, 2, 2, DecodeLaunch(block_n=4, table_in_registers=True)),  # header above the depth: clamped to 2
-    (4, 4, 1, DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
+    (1, CascadeLaunchRule(prefix_block_n=4), None),  # today's launch (1 chunk, no suffix split)
+    (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4), None),
+    # 3 chunks of 8 tokens (a tile's last chunk may be empty), suffix split-KV 2
+    (3, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, suffix_kv_splits=2), None),
+    # suffix tiles over 2 blocks (per-token lookup), 4 chunks of the suffix, 8 prefix warps
+    (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, prefix_warps=8,
+                          suffix_kv_splits=4, suffix_block_n=8, suffix_warps=2, suffix_stages=2), None),
+    # a header count above the partials' depth is clamped to it (2)
+    (8, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2),
+     DecodeLaunch(block_n=4, table_in_registers=True)),
+    (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4),
+     DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
 ]
 
 
@@ -162,10 +169,10 @@ def test_cascade_split_launches_match_plain_and_float64():
     plain = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=4, kv_splits=1))
     ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
     torch.testing.assert_close(plain.cpu().double(), ref, rtol=0, atol=1e-5)
-    for chunks, depth, suffix_splits, launch in CASCADE_LAUNCHES:
+    for chunks, rule, launch in CASCADE_LAUNCHES:
         plan.prefix_splits = chunks
         packed = torch.from_numpy(plan.packed()).to(DEVICE)
         assert packed[B + 1].item() == chunks
-        out = cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5, max_splits=depth,
-                                       prefix_block_n=4, suffix_kv_splits=suffix_splits, launch=launch)
-        torch.testing.assert_close(out.cpu(), plain.cpu(), rtol=0, atol=1e-5, msg=lambda m: f"{chunks, depth}: {m}")
+        out = cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5, rule=rule,
+                                       launch=launch)
+        torch.testing.assert_close(out.cpu(), plain.cpu(), rtol=0, atol=1e-5, msg=lambda m: f"{chunks, rule}: {m}")
