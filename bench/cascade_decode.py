@@ -48,7 +48,8 @@ SHAPES = {"b": dict(groups=32, n=16, prefix=1024, suffixes=(1, 64, 128)),
           "peer": dict(groups=16, n=8, prefix=256, suffixes=(1, 64, 128, 256))}
 H, HKV, D, PAGE = 16, 8, 128, 64
 LAYER_COPIES = 4  # K/V caches cycled through in one timed graph (> L2 together)
-REP_MS = 60
+REP_MS = 20  # per timing: ~0.2 s with graph capture (about 260 timings for peer,b)
+DEVICE, DTYPE = "cuda", torch.bfloat16  # a CPU dry run (TRITON_INTERPRET=1) sets "cpu", float32
 TOL = 2e-2  # bf16: a variant further than this from plain is wrong (reported, never picked)
 PREFIX_TILES = ((64, 4), (32, 4), (64, 8))  # (BLOCK_N, warps) of the prefix kernel
 PREFIX_PROGRAMS = (2, 4, 8)
@@ -68,10 +69,12 @@ SUFFIX_VARIANTS = {  # name -> (rule fields of the suffix, a DecodeLaunch overri
 }
 
 
-def kernel_case(suffix: int, groups=32, n=16, prefix=1024, page=PAGE, Hq=H, Hkv=HKV, Dh=D, copies=LAYER_COPIES,
-                dtype=torch.bfloat16, seed=0):
+def kernel_case(suffix: int, groups=32, n=16, prefix=1024, page=None, Hq=None, Hkv=None, Dh=None, copies=None,
+                dtype=None, seed=0):
     """Random paged KV where each group's members share ``prefix // page`` blocks; ``copies``
     caches ``[copies, N, page, Hkv, D]`` with the same tables (as an engine's layers)."""
+    page, Hq, Hkv, Dh = page or PAGE, Hq or H, Hkv or HKV, Dh or D
+    copies, dtype = copies or LAYER_COPIES, dtype or DTYPE
     g = np.random.default_rng(seed)
     B = groups * n
     pb, sb = prefix // page, -(-suffix // page)
@@ -81,7 +84,7 @@ def kernel_case(suffix: int, groups=32, n=16, prefix=1024, page=PAGE, Hq=H, Hkv=
     own = ids[groups * pb:].reshape(B, sb)
     bt = np.concatenate([np.repeat(shared, n, 0), own], 1).astype(np.int32)
     ctx = np.full(B, prefix + suffix, dtype=np.int32)
-    dev = torch.device("cuda")
+    dev = torch.device(DEVICE)
     kc = torch.randn(copies, nb + 1, page, Hkv, Dh, device=dev, dtype=dtype)
     vc = torch.randn(copies, nb + 1, page, Hkv, Dh, device=dev, dtype=dtype)
     q = torch.randn(B, Hq, Dh, device=dev, dtype=dtype)
@@ -121,9 +124,9 @@ class Case:
         for _ in range(20):
             self.plan = plan_cascade(bt_np, ctx_np, PAGE, mpt, bs=B)
         self.plan_us = (time.perf_counter() - t0) / 20 * 1e6
-        packed = torch.from_numpy(self.plan.packed()).cuda()
+        packed = torch.from_numpy(self.plan.packed()).to(DEVICE)
         self.sfx, self.tiles = packed[:B], packed[B:].view(-1, 2 + mpt)
-        self.bt, self.ctx = torch.from_numpy(bt_np).cuda(), torch.from_numpy(ctx_np).cuda()
+        self.bt, self.ctx = torch.from_numpy(bt_np).to(DEVICE), torch.from_numpy(ctx_np).to(DEVICE)
         self.scale = D ** -0.5
         self.plain = td.paged_decode_attention(q, kc[0], vc[0], self.bt, self.ctx, self.scale)
         self.plain_us = per_layer_us(lambda i: td.paged_decode_attention(q, kc[i], vc[i], self.bt, self.ctx,
@@ -174,12 +177,12 @@ def sweep_shape(name: str) -> dict:
     from asyncrl.engine.triton_decode import num_sms
 
     shape = SHAPES[name]
-    sms = num_sms(torch.device("cuda"))
+    sms = num_sms(torch.device(DEVICE))
     cases = {s: Case(shape, s) for s in shape["suffixes"]}
     first = cases[shape["suffixes"][0]]
     res = dict(shape=name, **{k: v for k, v in shape.items() if k != "suffixes"}, sms=sms,
                tiles=first.plan.num_tiles, plan_host_us=round(first.plan_us, 1),
-               plain_us={s: c.plain_us for s, c in cases.items()}, prefix={}, suffix={}, full={})
+               plain_us={s: c.plain_us for s, c in cases.items()}, prefix_sweep={}, suffix_sweep={}, full={})
     print(name, "plain", json.dumps(res["plain_us"]), flush=True)
     for (block_n, warps) in PREFIX_TILES:  # prefix sweep: once per shape (independent of S)
         for programs in PREFIX_PROGRAMS:
@@ -190,18 +193,18 @@ def sweep_shape(name: str) -> dict:
                 first.set_chunks(chunks)
                 key = f"c{chunks} p{programs} n{block_n} w{warps}"
                 row = dict(prefix_us=first.prefix_alone(rule), **first.cascade(rule))
-                res["prefix"][key] = row
+                res["prefix_sweep"][key] = row
                 print(name, "prefix", key, json.dumps(row), flush=True)
     for s, case in cases.items():  # suffix sweep at each S, a 1-chunk prefix
         case.set_chunks(1)
-        res["suffix"][s] = {}
+        res["suffix_sweep"][s] = {}
         for vname in SUFFIX_VARIANTS:
             fields, launch = suffix_launch(vname)
             row = case.suffix_alone(CascadeLaunchRule(**fields), launch)
-            res["suffix"][s][vname] = row
+            res["suffix_sweep"][s][vname] = row
             print(name, f"suffix S={s}", vname, json.dumps(row), flush=True)
     ok = lambda rows: {k: v for k, v in rows.items() if v["max_abs_diff"] < TOL}  # noqa: E731
-    best_prefix = min(ok(res["prefix"]), key=lambda k: res["prefix"][k]["prefix_us"])
+    best_prefix = min(ok(res["prefix_sweep"]), key=lambda k: res["prefix_sweep"][k]["prefix_us"])
     c, p, n, w = (int(x[1:]) for x in best_prefix.split())
     for s, case in cases.items():  # full cascade at each S
         full = res["full"][s] = {}
@@ -212,7 +215,7 @@ def sweep_shape(name: str) -> dict:
                                        CascadeLaunchRule(prefix_fill=fill))
             case.set_chunks(chunks)
             full[f"fill {fill}"] = dict(chunks=chunks, **case.cascade(CascadeLaunchRule(prefix_fill=fill)))
-        best_sfx = min(ok(res["suffix"][s]), key=lambda k: res["suffix"][s][k]["us"])
+        best_sfx = min(ok(res["suffix_sweep"][s]), key=lambda k: res["suffix_sweep"][s][k]["us"])
         fields, launch = suffix_launch(best_sfx)
         case.set_chunks(c)
         full["best"] = dict(prefix=best_prefix, suffix=best_sfx,
@@ -237,7 +240,7 @@ def pick(shapes: list[dict]) -> dict:
     launches: dict[str, float] = {}
     for r in shapes:
         per_launch: dict[str, float] = {}
-        for key, row in r["prefix"].items():
+        for key, row in r["prefix_sweep"].items():
             if row["max_abs_diff"] < TOL:
                 lk = key.split(" ", 1)[1]
                 per_launch[lk] = min(per_launch.get(lk, 1e9), row["prefix_us"])
@@ -246,7 +249,7 @@ def pick(shapes: list[dict]) -> dict:
     best_launch = min(launches, key=launches.get)
     sfx: dict[str, float] = {}
     for r in shapes:
-        for rows in r["suffix"].values():
+        for rows in r["suffix_sweep"].values():
             for k, row in rows.items():
                 bad = row["max_abs_diff"] >= TOL
                 sfx[k] = sfx.get(k, 0.0) + (1e9 if bad else row["us"] / rows["default"]["us"])
@@ -257,9 +260,11 @@ def pick(shapes: list[dict]) -> dict:
             if v != getattr(CascadeLaunchRule(), k)]
     fields, special = SUFFIX_VARIANTS[best_sfx]
     env += [f"{k}={v}" for k, v in fields.items()]
+    note = {None: "", "table": "the suffix's best needs ASYNCRL_DECODE_VARIANT=base,1 (plain decode too)",
+            "packed": "the suffix's best needs ASYNCRL_DECODE_VARIANT=packed (plain decode too)"}[special]
     return dict(fill_relative_sum=fills, best_fill=best_fill, prefix_launch_relative_sum=launches,
-                best_prefix_launch=best_launch, suffix_relative_sum=sfx, best_suffix=best_sfx,
-                suffix_needs=special, env="ASYNCRL_CASCADE_LAUNCH=" + ",".join(env))
+                best_prefix_launch=best_launch, suffix_relative_sum=sfx, best_suffix=best_sfx, note=note,
+                env="ASYNCRL_CASCADE_LAUNCH=" + ",".join(env))
 
 
 def engine_b(repeats: int) -> dict:
