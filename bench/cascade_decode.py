@@ -12,7 +12,8 @@
      * prefix sweep (the prefix kernel alone, and prefix + default suffix at the first S):
        chunks per prefix x persistent programs per SM x (BLOCK_N, warps);
      * suffix sweep at each S (the suffix kernel alone, merging a 1-chunk prefix): block_n /
-       warps / stages, split-KV 2 / 4, block table in registers, the packed variant;
+       warps / stages, split-KV 2 / 4, prefix part 0 loaded before the loop (``early``), block
+       table in registers, the packed variant;
      * full cascade at each S: today's launch, the rule (``CascadeLaunchRule.prefix_fill``) at
        each candidate fill, the best prefix + best suffix variant, and the process's
        ``ASYNCRL_CASCADE_LAUNCH`` (``configured``, = today's when unset).
@@ -64,6 +65,8 @@ SUFFIX_VARIANTS = {  # name -> (rule fields of the suffix, a DecodeLaunch overri
     "kv2": (dict(suffix_kv_splits=2), None),
     "kv4": (dict(suffix_kv_splits=4), None),
     "n32 kv4": (dict(suffix_block_n=32, suffix_kv_splits=4), None),
+    "early": (dict(suffix_early_prefix=1), None),
+    "early n32": (dict(suffix_early_prefix=1, suffix_block_n=32), None),
     "table regs": ({}, "table"),
     "packed": ({}, "packed"),
 }
@@ -339,7 +342,7 @@ def offline_report() -> int:
         launch = cascade_suffix_launch(rule, DECODE_LAUNCH)
         consts = dict(GROUP=H // HKV, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=launch.block_n, IEEE=False,
                       CASCADE=True, SPLITS=8, KV_SPLITS=max(1, rule.suffix_kv_splits), QLEN=1,
-                      BT_REGS=16 if special == "table" else 0)
+                      BT_REGS=16 if special == "table" else 0, EARLY_PREFIX=bool(rule.suffix_early_prefix))
         print(f"suffix {name}: {build(_paged_decode_kernel, consts, launch.num_warps, launch.num_stages)}", flush=True)
     return 0
 

@@ -60,7 +60,7 @@ class CascadeLaunchRule:
       * per process (constexprs and grids, the same in every graph): ``prefix_programs_per_sm``,
         ``prefix_block_n``, ``prefix_warps``, ``max_prefix_splits``, and the suffix decode's
         ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages`` (0 = the plain decode's,
-        ``triton_decode.DECODE_LAUNCH``).
+        ``triton_decode.DECODE_LAUNCH``), ``suffix_early_prefix``.
       * per batch bucket: ``suffix_kv_splits`` (split-KV of each row's own ``[suffix_start,
         ctx)``, a grid dimension; 1 = none, 0 = the plain kernel's per-batch rule
         ``kv_splits_for``). The suffix length is not an input of any graph-fixed choice: a
@@ -81,6 +81,7 @@ class CascadeLaunchRule:
     suffix_block_n: int = 0        # 0 = DECODE_LAUNCH's
     suffix_warps: int = 0
     suffix_stages: int = 0
+    suffix_early_prefix: int = 0   # 1 = the suffix kernel loads prefix part 0 before its loop (EARLY_PREFIX)
 
     @property
     def max_splits(self) -> int:

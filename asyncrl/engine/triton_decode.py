@@ -40,13 +40,16 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
-                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr):
+                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
+                         EARLY_PREFIX: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
     (QLEN > 1: a speculative verify step, the last token and its drafts).
     CASCADE: keys ``[0, START[b])`` come from the prefix kernel as ``NSP[0]`` (clamped to
-    ``[1, SPLITS]``) parts in PO / PL, merged into the state of KV chunk 0."""
+    ``[1, SPLITS]``) parts in PO / PL, merged into the state of KV chunk 0. EARLY_PREFIX (opt-in):
+    part 0 is loaded before the suffix loop and starts the online softmax (its load latency
+    overlaps the suffix's loads instead of following them); the other parts merge after."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -77,6 +80,21 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    merged = 0  # prefix parts already in (m, l, acc)
+    if CASCADE and EARLY_PREFIX:
+        # part 0 = (out o0, lse0) of the prefix's first chunk, never empty: the state (m, l, acc) =
+        # (lse0, 1, o0) stands for exactly its keys. Rows outside a group (sfx == 0) or in another KV
+        # chunk keep the empty state; their loaded values (never written for them) are discarded.
+        own = gmask & (sfx > 0)
+        if KV_SPLITS > 1:
+            own = own & (sid == 0)
+        lse0 = tl.load(PL + b * stride_plt + heads, mask=gmask, other=0.0)
+        o0 = tl.load(PO + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
+                     mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        m = tl.where(own, lse0, float("-inf"))
+        l = tl.where(own, 1.0, 0.0)
+        acc = tl.where(own[:, None], o0, 0.0)
+        merged = 1
     for start in range(first, last, BLOCK_N):
         tok = start + n
         kmask = tok < last
@@ -117,7 +135,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
         nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), SPLITS)
         if KV_SPLITS > 1:
             nsp = tl.where(sid == 0, nsp, 0)  # other chunks may be empty (m = -inf): no merge there
-        for sp in range(0, nsp):
+        for sp in range(merged, nsp):
             lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
             o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
                           mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
@@ -313,10 +331,12 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
-                   launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1):
+                   launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1,
+                   early_prefix: bool = False):
     """``cascade``: (suffix_start ``[B]``, prefix split count ``[1]``, prefix partials PO
     ``[S, B, H, D]``, PL ``[S, B, H]``) or None. ``cascade_kv_splits``: split-KV of the suffix
-    under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only)."""
+    under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only); ``early_prefix``:
+    the base kernel's EARLY_PREFIX."""
     T, H, D = q.shape
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -355,6 +375,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
+        EARLY_PREFIX=early_prefix and cascade is not None,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -433,7 +454,7 @@ def launch_suffix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     nsp = tiles.view(-1)[1:2]  # the header's chunk count
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
                           cascade=(suffix_start, nsp, *partials), launch=launch or cascade_suffix_launch(rule),
-                          cascade_kv_splits=rule.suffix_kv_splits)
+                          cascade_kv_splits=rule.suffix_kv_splits, early_prefix=bool(rule.suffix_early_prefix))
 
 
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -107,6 +107,8 @@ CASCADE_RULES = [
     (2, dict(prefix_fill=1, max_prefix_splits=2, suffix_kv_splits=4, suffix_block_n=16, suffix_warps=2,
              suffix_stages=2), None),
     (1, dict(suffix_kv_splits=0, suffix_warps=8), None),
+    (1, dict(suffix_early_prefix=1), None),
+    (4, dict(prefix_fill=1, max_prefix_splits=4, suffix_early_prefix=1, suffix_kv_splits=2), None),
     (2, dict(prefix_fill=1, max_prefix_splits=2), dict(table_in_registers=True)),
     (4, dict(prefix_fill=1, max_prefix_splits=4), dict(block_n=16, num_warps=8, variant="packed",
                                                       table_in_registers=True)),

@@ -131,6 +131,10 @@ CASCADE_LAUNCHES = [
     (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4), None),
     # 3 chunks of 8 tokens (a tile's last chunk may be empty), suffix split-KV 2
     (3, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, suffix_kv_splits=2), None),
+    # prefix part 0 starts the suffix's online softmax (EARLY_PREFIX), alone and with split-KV
+    (1, CascadeLaunchRule(prefix_block_n=4, suffix_early_prefix=1), None),
+    (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2,
+                          suffix_early_prefix=1), None),
     # suffix tiles over 2 blocks (per-token lookup), 4 chunks of the suffix, 8 prefix warps
     (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, prefix_warps=8,
                           suffix_kv_splits=4, suffix_block_n=8, suffix_warps=2, suffix_stages=2), None),
