@@ -139,7 +139,7 @@ class Case:
         self.tiles[0, 1] = chunks  # the header's prefix chunk count, read by the kernels on the device
 
     def diff(self, out: torch.Tensor) -> float:
-        return round((out.float() - self.plain.float()).abs().max().item(), 5)
+        return float(f"{(out.float() - self.plain.float()).abs().max().item():.3g}")
 
     def cascade(self, rule: CascadeLaunchRule, launch=None) -> dict:
         """Full cascade (prefix + suffix) at the header's current chunk count."""
