@@ -577,6 +577,8 @@ class RuntimeConfig:
     straggler_policy: str = field_spec("drop", choices=("drop", "partial"),
                                        help="a group over group_timeout_s: drop it, or emit its scored completions")
     probe: bool = field_spec(True, help="async: after each weight sync, check the backend's log-probs")
+    probe_every: int = field_spec(1, ge=1, help="async: probe the first push and then every N-th (1: every push; "
+                                                "a probe costs a few engine steps beside the rollout on one GPU)")
     probe_tolerance: Optional[float] = field_spec(None, gt=0, help="max |lp_backend - lp_trainer| on the probe "
                                                   "tokens (null: 1e-3 in float32, 0.1 in bfloat16/float16)")
     ray_num_cpus: Optional[int] = field_spec(None, ge=1, help="ray: CPUs of the local ray.init (null: all, and at "

@@ -9,8 +9,9 @@ the torch LM head: the trainer before issue 20 (``actor.kernels=eager actor.pack
 the Triton LM head) with ``actor.packing=auto`` (the varlen layout); "fused+compile" adds
 ``actor.compile=true``. Parts, each guarded (a failure is reported in its row, the run goes on):
 
-  update  Actor.update on issue 8's batch (16 prompts x 8, 256 + 256 tokens, micro-batches of
-          64 rows as in the peer run): s/update (median of 5 after 2 warm-ups), MFU, peak GiB.
+  update  Actor.update on issue 8's batch (16 prompts x 8, 256 + 256 tokens, one micro-batch of
+          128 rows as in the peer run; plan fused+mb64: micro-batches of 64, the peer run's before):
+          s/update (median of 5 after 2 warm-ups), MFU, peak GiB.
   error   bf16, fused vs eager from the same weights, for every loss_agg_mode: relative error of
           the summed loss, of the gradient (all parameters, ||g_f - g_e|| / ||g_e||) and the
           log-probs' mean / max absolute difference.
@@ -43,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from actor_update_gpu import make_batch  # noqa: E402
-from peer_trl_h200 import PROMPT_TOKENS, PROMPTS, SAMPLES, VOCAB, build_checkpoint, timed_summary  # noqa: E402
+from peer_trl_h200 import (MICRO_BATCH, PROMPT_TOKENS, PROMPTS, SAMPLES, VOCAB, build_checkpoint,  # noqa: E402
+                           timed_summary)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = os.environ.get("PEER_TRL_TINY") == "1"
@@ -51,7 +53,11 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          "fused": ["actor.kernels=auto", "actor.packing=auto"],
          "fused+compile": ["actor.kernels=auto", "actor.packing=auto", "actor.compile=true"],
          # async on one GPU with the engine on the trainer's (default) stream: the A/B of rollout.engine_stream
-         "fused+caller_stream": ["actor.kernels=auto", "actor.packing=auto", "rollout.engine_stream=caller"]}
+         "fused+caller_stream": ["actor.kernels=auto", "actor.packing=auto", "rollout.engine_stream=caller"],
+         # micro-batches of 64 rows (the peer run's setting until 2026-12-02: 0.524 s vs 0.472 s in one of 128)
+         "fused+mb64": ["actor.kernels=auto", "actor.packing=auto", "actor.micro_batch_size=64"],
+         # async: the weight-sync probe on every 10th push only (runtime.probe_every)
+         "fused+probe10": ["actor.kernels=auto", "actor.packing=auto", "runtime.probe_every=10"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 
@@ -335,7 +341,7 @@ def main():
         out["error"] = part_error(checkpoint, batch, 64)
         save()
     if "update" in parts:
-        out["update"] = part_update(checkpoint, batch, 64, args.plans.split(","), args.update_warmup,
+        out["update"] = part_update(checkpoint, batch, MICRO_BATCH, args.plans.split(","), args.update_warmup,
                                     args.update_repeats)
         save()
     if "long" in parts:

@@ -129,7 +129,8 @@ class AsyncController(SyncController):
         # update (finish_probe in ``step``), so the push itself costs a load, as in sync mode
         self.weight_sync = WeightSync(backend, gate, self._probe() if rt.probe else None, inflight_update,
                                       on_loaded=self.staleness.set_version, timeout_s=rt.hang_timeout_s,
-                                      overlap_probe=getattr(backend, "concurrent_generate", False))
+                                      overlap_probe=getattr(backend, "concurrent_generate", False),
+                                      probe_every=rt.probe_every)
         self.loop = RolloutLoop(backend, self.staleness, self.inflight, prompt_stream, self.encode, self.params,
                                 rt.rollout_chunk or batch, cfg.seed, self.score,
                                 lambda task: self.executor.submit_score(task), gate, rt.group_timeout_s,

@@ -200,8 +200,10 @@ class WeightSync:
 
     def __init__(self, backend, gate: GenerationGate, probe: Optional[LogprobProbe], inflight: bool,
                  on_loaded: Callable[[int], None] = lambda version: None, timeout_s: Optional[float] = None,
-                 overlap_probe: bool = False):
+                 overlap_probe: bool = False, probe_every: int = 1):
         """``timeout_s``: the longest wait for a deferred load + probe (``runtime.hang_timeout_s``).
+        ``probe_every`` (``runtime.probe_every``): probe the first push and every N-th after it; the
+        pushes in between load only (``weight_sync/probed`` says which did).
         ``overlap_probe`` (an in-flight backend in this process: the engine): the probe's generate
         runs in the background, next to the rollout's, and :meth:`finish_probe` compares it with
         the trainer before the trainer's next update (the weights are still the pushed ones then)."""
@@ -213,31 +215,42 @@ class WeightSync:
                       if self.deferred or self.overlapped else None)
         self._pending: Optional[Future] = None
         self._probing: Optional[tuple[int, Future]] = None  # overlapped: (version, its probe sample)
+        self.probe_every, self._pushes = probe_every, 0
+
+    def _probe_due(self) -> bool:
+        """Whether this push is probed (counted per push, not per version: a resumed run probes
+        its first push too)."""
+        due = self.probe is not None and self._pushes % self.probe_every == 0
+        self._pushes += 1
+        return due
 
     def push(self, model: torch.nn.Module, version: int) -> dict[str, float]:
+        if self.overlapped and self._probing is not None:
+            raise RuntimeError("finish_probe must run between a push and the trainer's next update")
+        due = self._probe_due()
+        sent = {"weight_sync/probed": float(due)} if self.probe is not None else {}
         if self.deferred:
             metrics = self.wait()  # the previous load and probe read the tensors this push overwrites
             started = time.perf_counter()
             tensors = rollout_weights(model, self.backend)
             loaded = self.backend.start_update(tensors, version)
-            self._pending = self._pool.submit(self._load_then_probe, loaded, version, started)
-            return {**metrics, "weight_sync/bytes": _nbytes(tensors)}
+            self._pending = self._pool.submit(self._load_then_probe, loaded, version, started, due)
+            return {**metrics, **sent, "weight_sync/bytes": _nbytes(tensors)}
         tensors = rollout_weights(model, self.backend)
-        if self.overlapped:  # load now, probe in the background; finish_probe before the next update
-            if self._probing is not None:
-                raise RuntimeError("finish_probe must run between a push and the trainer's next update")
+        if self.overlapped and due:  # load now, probe in the background; finish_probe before the next update
             self.backend.update_weights(tensors, version)
             self._probing = (version, self._pool.submit(self._sample_then_admit, version))
-            return {**_update_timing(self.backend), "weight_sync/bytes": _nbytes(tensors)}
+            return {**_update_timing(self.backend), **sent, "weight_sync/bytes": _nbytes(tensors)}
+        probe = (lambda: self._probe(model, version)) if due else dict
         if self.inflight:  # the engine swaps weights between two steps; running requests continue
             self.backend.update_weights(tensors, version)
-            metrics = {**_update_timing(self.backend), **self._probe(model, version)}
+            metrics = {**_update_timing(self.backend), **probe()}
         else:
             with self.gate.writing():  # wait for running generate calls, keep new ones out
                 self.backend.update_weights(tensors, version)
-                metrics = {**_update_timing(self.backend), **self._probe(model, version)}
+                metrics = {**_update_timing(self.backend), **probe()}
         self.on_loaded(version)
-        return {**metrics, "weight_sync/bytes": _nbytes(tensors)}
+        return {**metrics, **sent, "weight_sync/bytes": _nbytes(tensors)}
 
     def wait(self) -> dict[str, float]:
         """The metrics of the deferred load + probe in flight ({} if none); raises its error."""
@@ -301,12 +314,13 @@ class WeightSync:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
 
-    def _load_then_probe(self, loaded: Callable[[], int], version: int, started: float) -> dict[str, float]:
+    def _load_then_probe(self, loaded: Callable[[], int], version: int, started: float,
+                         due: bool = True) -> dict[str, float]:
         loaded()
         # push -> the child's ack: copy, transfer, and the wait for an engine step boundary
         metrics = {"weight_sync/load_latency_s": time.perf_counter() - started}
         self.on_loaded(version)
-        if self.probe is None:
+        if self.probe is None or not due:
             return metrics
         return {**metrics, **_probe_metrics(self.backend.run_probe(self.probe, version))}
 

@@ -352,3 +352,30 @@ def test_overlapped_probe_checks_the_push_before_the_next_update(cfg_of, stale):
     assert sync.finish_probe(model)["weight_sync/probe_gap"] < 1e-4 and sync.finish_probe(model) == {}
     assert loaded == [1]  # admission rose once the backend's probe tokens were out
     sync.close(model=model)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_probe_every_n_probes_the_first_push_and_every_nth(cfg_of, overlap):
+    """``runtime.probe_every=2``: pushes 1 and 3 are probed, push 2 loads only (admitted at once);
+    a stale backend is still caught, at the next probed push."""
+    cfg = cfg_of()
+    model, tok, _ = prepare_policy(cfg, build_task(cfg.task, cfg.seed), torch.device("cpu"), announce=False)
+    backend = StaleInflightBackend(clone_for_rollout(model), tok)
+    loaded = []
+    sync = WeightSync(backend, GenerationGate(), LogprobProbe(tok("12+34=")["input_ids"], 1.0, tolerance=1e-4),
+                      inflight=True, on_loaded=loaded.append, overlap_probe=overlap, probe_every=2)
+    probed = []
+    for version in (1, 2, 3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        try:
+            metrics = sync.push(model, version)
+            if overlap:
+                metrics.update(sync.finish_probe(model))
+        except WeightSyncError:
+            probed.append((version, "caught"))
+            continue
+        probed.append((version, metrics["weight_sync/probed"], "weight_sync/probe_gap" in metrics))
+    assert probed == [(1, "caught"), (2, 0.0, False), (3, "caught")]
+    assert 2 in loaded
