@@ -241,6 +241,7 @@ class CascadeBuffers:
         self.enabled = True  # bench toggles this to compare against the plain kernel
         self.steps = 0  # decode steps run with cascade (metrics)
         self.saved_tokens = 0
+        self.prefix_chunks = 0  # sum over cascade steps of the prefix chunk count (mean = / steps)
 
     def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(suffix_start ``[bs]``, tiles with header row ``[1 + max_tiles(bs), 2 + MPT]``)
@@ -257,6 +258,7 @@ class CascadeBuffers:
                                                 CASCADE_RULE)
             self.steps += 1
             self.saved_tokens += p.saved_tokens
+            self.prefix_chunks += p.prefix_splits
         return p
 
     def load(self, plan: CascadePlan, bs: int) -> tuple[torch.Tensor, torch.Tensor]:

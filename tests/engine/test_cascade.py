@@ -187,3 +187,4 @@ def test_buffers_write_the_rules_prefix_splits_into_the_header(monkeypatch):
     assert plan.prefix_splits == 2 and plan.max_prefix_tokens == 16
     _, t = bufs.load(plan, 16)
     assert t[0, :2].tolist() == [2, 2]
+    assert bufs.steps == 2 and bufs.prefix_chunks == 1 + 2

@@ -231,6 +231,26 @@ def test_cascade_engine_greedy_groups_match_hf(tiny_dirs, gpu_hf):
     assert eager.runner.cascade.steps > 0
 
 
+def test_cascade_engine_with_split_launch_matches_hf(tiny_dirs, gpu_hf, monkeypatch):
+    """The engine with a non-default cascade launch (issue 23: the prefix split into chunks per
+    step, read from the plan header inside the CUDA graphs; suffix split-KV; EARLY_PREFIX):
+    greedy tokens equal HF's, with graphs and eager."""
+    from asyncrl.engine import cascade
+
+    rule = cascade.CascadeLaunchRule(prefix_fill=8, min_chunk_tokens=16, prefix_block_n=16, suffix_kv_splits=2,
+                                     suffix_early_prefix=1)
+    monkeypatch.setattr(cascade, "CASCADE_RULE", rule)
+    prompts = prompts_for(22, [37, 50, 21])
+    params = SamplingParams(n=4, temperature=0.0, max_tokens=24, ignore_eos=True)
+    for eager in (False, True):
+        llm = _gpu_llm(tiny_dirs["qwen3"], enforce_eager=eager)
+        outs = llm.generate(prompts, params)
+        c = llm.runner.cascade
+        assert c.steps > 0 and c.prefix_chunks > c.steps  # some steps split the prefix (2 blocks of 16 -> 2)
+        for p, o in zip(prompts, outs):
+            assert [x.token_ids for x in o.completions] == [hf_greedy_loop(gpu_hf, p, 24)] * 4
+
+
 def test_engine_on_its_own_stream_beside_a_busy_default_stream(tiny_dirs, gpu_hf):
     """``stream_priority=-1`` (rollout.engine_stream, async on one GPU): the engine's steps run on
     its own stream, greedy tokens still equal HF's while a trainer thread keeps the default stream
