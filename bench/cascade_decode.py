@@ -324,7 +324,8 @@ def offline_report() -> int:
     def build(kernel, consts, warps, stages):
         ptrs = {a: "*i32" for a in ("BT", "CL", "START", "NSP", "TILES")} | {a: "*bf16" for a in "QKVO"}
         ptrs |= {"PO": "*bf16", "PL": "*fp32", "SO": "*fp32", "SL": "*fp32"}
-        sig = {a: ptrs.get(a, "fp32" if a == "scale" else ("i32" if a.startswith("stride") else "constexpr"))
+        sig = {a: ptrs.get(a, "fp32" if a == "scale" else ("i32" if a.startswith("stride") or a == "max_parts"
+                                                            else "constexpr"))
                for a in kernel.arg_names}
         aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
         attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
@@ -333,7 +334,7 @@ def offline_report() -> int:
 
     for block_n, warps in PREFIX_TILES:
         consts = dict(GROUP=H // HKV, MPT=16, BLOCK_M=32, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=block_n, HKV=HKV,
-                      SPLITS=8, IEEE=False)
+                      IEEE=False)
         print(f"prefix n{block_n} w{warps}: {build(_prefix_kernel, consts, warps, 3)}", flush=True)
     for name, (fields, special) in SUFFIX_VARIANTS.items():
         if special == "packed":
@@ -341,7 +342,7 @@ def offline_report() -> int:
         rule = CascadeLaunchRule(**fields)
         launch = cascade_suffix_launch(rule, DECODE_LAUNCH)
         consts = dict(GROUP=H // HKV, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=launch.block_n, IEEE=False,
-                      CASCADE=True, SPLITS=8, KV_SPLITS=max(1, rule.suffix_kv_splits), QLEN=1,
+                      CASCADE=True, KV_SPLITS=max(1, rule.suffix_kv_splits), QLEN=1,
                       BT_REGS=16 if special == "table" else 0, EARLY_PREFIX=bool(rule.suffix_early_prefix))
         print(f"suffix {name}: {build(_paged_decode_kernel, consts, launch.num_warps, launch.num_stages)}", flush=True)
     return 0

@@ -34,12 +34,12 @@ from asyncrl.engine.cascade import CascadeLaunchRule
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
+                         IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
@@ -47,7 +47,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
     (QLEN > 1: a speculative verify step, the last token and its drafts).
     CASCADE: keys ``[0, START[b])`` come from the prefix kernel as ``NSP[0]`` (clamped to
-    ``[1, SPLITS]``) parts in PO / PL, merged into the state of KV chunk 0. EARLY_PREFIX (opt-in):
+    ``[1, max_parts]``) parts in PO / PL, merged into the state of KV chunk 0. EARLY_PREFIX (opt-in):
     part 0 is loaded before the suffix loop and starts the online softmax (its load latency
     overlaps the suffix's loads instead of following them); the other parts merge after."""
     b = tl.program_id(0)
@@ -132,7 +132,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
         # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
         # m is finite (the suffix's first chunk holds at least the current token).
         pmask = gmask & (sfx > 0)
-        nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), SPLITS)
+        nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
         if KV_SPLITS > 1:
             nsp = tl.where(sid == 0, nsp, 0)  # other chunks may be empty (m = -inf): no merge there
         for sp in range(merged, nsp):
@@ -176,19 +176,19 @@ def _merge_splits_kernel(SO, SL, O, stride_pos, stride_pot, stride_poh, stride_p
 
 
 @triton.jit
-def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
+def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_tile,
                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
-                   SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                   IEEE: tl.constexpr):
     """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
-    (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, SPLITS]``: the step's
+    (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, max_parts]``: the step's
     chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
     one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
     head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
     (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
-    nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), SPLITS)
+    nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), max_parts)
     total = tl.load(TILES) * (HKV * nsp)
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
@@ -367,13 +367,13 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         so, sl = po, pl
     block_d = max(16, triton.next_power_of_2(D))
     _paged_decode_kernel[(B, hkv, splits)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale,
+        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
-        IEEE=q.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
+        IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
         EARLY_PREFIX=early_prefix and cascade is not None,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
@@ -437,11 +437,11 @@ def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     pl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
     grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, rule.prefix_programs_per_sm))
     _prefix_kernel[(max(1, grid),)](
-        q, k_cache, v_cache, po, pl, block_tables, tiles, scale,
+        q, k_cache, v_cache, po, pl, block_tables, tiles, scale, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv, SPLITS=splits,
+        PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv,
         IEEE=q.dtype == torch.float32, num_warps=rule.prefix_warps)
     return po, pl
 
