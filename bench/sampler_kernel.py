@@ -9,9 +9,14 @@ engine warms it up) and the kernel at T = 1 (the RL default), T = 0.7 (the divis
 path) and on peaked (LM-like) logits at T = 1 (tiles that cannot win skip their noise),
 each also replayed from a CUDA graph (device time without launch overhead).
 Part 3 times a few launch shapes (tile, warps, programs per SM) at batches 1 and 256.
+Part 4 (``--waves``, issue 20) times the wave-aware launch (``waves=True``: splits from the programs that
+fit per SM, ``triton_sampler.wave_launch_shape``) against the default one, tiles 2048 and 1024 at 8 warps,
+at the engine's fp32 logits, batches 1-512 (the GRPO decode runs batch 128: 94 us per step there).
 Exits 1 if any checked row disagrees (a near tie is labelled as such but still fails).
 
     python bench/sampler_kernel.py --json out.json [--no-sweep] [--no-torch]
+    python bench/sampler_kernel.py --waves-only --json out.json    # part 4 alone: ~30 s
+    python bench/sampler_kernel.py --offline   # no GPU: registers per launch shape on sm90 -> programs per SM
 """
 from __future__ import annotations
 
@@ -128,15 +133,65 @@ def sweep(batches=(1, 256)) -> list[dict]:
     return rows
 
 
+def wave_sweep(batches=(1, 16, 64, 128, 256, 512)) -> list[dict]:
+    """Default vs wave-aware splits, fp32 logits (the engine's), T = 1 random and peaked rows; CUDA-graph
+    replay times (the engine replays the sampler in its decode graph)."""
+    from asyncrl.engine import triton_sampler as ts
+
+    rows = []
+    for B in batches:
+        for peaked in (False, True):
+            x, _, keys = case(B, VOCAB, seed=B + 5, peaked=peaked)
+            x, temp = x.float(), torch.ones(B, device="cuda")
+            ref = ts.sample_unfiltered(x, temp, keys)[0]
+            for tile, warps in ((2048, 8), (1024, 8)):
+                for waves in (False, True):
+                    fn = functools.partial(ts.sample_unfiltered, x, temp, keys, block=tile, num_warps=warps,
+                                           waves=waves)
+                    splits = (ts.wave_launch_shape(B, VOCAB, x.device, tile, ts.RESIDENT_PER_SM[tile, warps])
+                              if waves else ts.launch_shape(B, VOCAB, x.device, tile))[0]
+                    same = torch.equal(fn()[0], ref)  # the launch shape must not change a token
+                    rows.append({"batch": B, "peaked": peaked, "tile": tile, "warps": warps, "waves": waves,
+                                 "splits": splits, "same_tokens": same, "ms": median_ms(fn, graph=True)})
+    return rows
+
+
+def offline() -> int:
+    """``_partial_kernel`` compiled for sm90 per (tile, warps): registers, and the programs that fit on an
+    SM (65,536 registers; at most 64 warps): ``triton_sampler.RESIDENT_PER_SM``'s numbers."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+    from sm90_offline import compile_sm90, register_usage
+
+    from asyncrl.engine import triton_sampler as ts
+
+    sig = dict(X="*fp32", stride_x="i32", V="i32", TEMP="*fp32", KEYS="*i64", PART="*fp32", IPART="*i32",
+               n_splits="i32", n_tiles="i32", BLOCK="constexpr", U_HI="constexpr", G_BOUND="constexpr")
+    for (tile, warps), table in ts.RESIDENT_PER_SM.items():
+        consts = dict(BLOCK=tile, U_HI=ts.U_MAX, G_BOUND=ts.G_BOUND)
+        usage = register_usage(compile_sm90(ts._partial_kernel, sig, consts, {(0,): [["tt.divisibility", 16]]},
+                                            warps, 3))
+        regs = int(usage.split("REG:")[1].split()[0])
+        fit = min(65536 // (-(-regs // 8) * 8 * 32 * warps), 64 // warps)
+        print(f"tile {tile:4d} x {warps} warps: {usage}; {fit} programs per SM (RESIDENT_PER_SM: {table})")
+    return 0
+
+
 @torch.inference_mode()
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-sweep", action="store_true", help="skip the launch-shape sweep")
     ap.add_argument("--no-torch", action="store_true", help="skip the compiled torch sampler (its compile)")
+    ap.add_argument("--waves", action="store_true", help="also part 4: the wave-aware launch vs the default")
+    ap.add_argument("--waves-only", action="store_true", help="part 4 alone")
+    ap.add_argument("--offline", action="store_true", help="no GPU: sm90 registers -> programs per SM")
     args = ap.parse_args()
+    if args.offline:
+        return offline()
     assert torch.cuda.is_available(), "needs CUDA"
     t_start = time.perf_counter()
+    if args.waves_only:
+        return _print_waves(wave_sweep(), args.json)
     from asyncrl.engine.sampler import Sampler
 
     checks = [check(B) for B in BATCHES] + [check(B, peaked=True) for B in (16, 256)]
@@ -152,6 +207,8 @@ def main() -> int:
         t_compile = time.perf_counter() - t0
     rows = [bench_batch(B, torch_sampler) for B in BATCHES]
     sweep_rows = [] if args.no_sweep else sweep()
+    if args.waves:
+        _print_waves(wave_sweep(), None)
 
     print("ms, median; (graph): CUDA-graph replay; speedup: torch / triton T1, eager calls")
     print(f"{'batch':>5} {'torch':>7} {'triton T1':>9} {'(graph)':>8} {'T0.7':>7} {'(graph)':>8} "
@@ -180,6 +237,19 @@ def main() -> int:
                        "dtype": "bfloat16", "rows": rows, "sweep": sweep_rows, "checks": checks,
                        "torch_compile_s": t_compile, "elapsed_s": elapsed, "ok": ok}, fh, indent=1)
     return 0 if ok else 1
+
+
+def _print_waves(rows: list[dict], path) -> int:
+    for r in rows:
+        print(f"waves B={r['batch']:>3}{' peaked' if r['peaked'] else '       '} tile={r['tile']:>4} "
+              f"warps={r['warps']} {'waves  ' if r['waves'] else 'default'} splits={r['splits']:>3}: "
+              f"{r['ms']:.4f} ms same_tokens={r['same_tokens']}")
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"date": datetime.now(timezone.utc).isoformat(), "device": torch.cuda.get_device_name(),
+                       "triton": __import__("triton").__version__, "vocab": VOCAB, "dtype": "float32",
+                       "waves": rows}, fh, indent=1)
+    return 0 if all(r["same_tokens"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          # micro-batches of 64 rows (the peer run's setting until 2026-12-02: 0.524 s vs 0.472 s in one of 128)
          "fused+mb64": ["actor.kernels=auto", "actor.packing=auto", "actor.micro_batch_size=64"],
          # async: the weight-sync probe on every 10th push only (runtime.probe_every)
-         "fused+probe10": ["actor.kernels=auto", "actor.packing=auto", "runtime.probe_every=10"]}
+         "fused+probe10": ["actor.kernels=auto", "actor.packing=auto", "runtime.probe_every=10"],
+         # the engine's q/k norm + RoPE + K/V cache write in one kernel (EngineConfig.fused_kv_write)
+         "fused+kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=true"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 

@@ -197,6 +197,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Store this step's K/V, then attend. q ``[T, H, D]``, k/v ``[T, Hkv, D]``."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    return attend_cached(q, k_cache, v_cache, meta, scale)
+
+
+def attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                  scale: float) -> torch.Tensor:
+    """q ``[T, H, D]`` -> out ``[T, H, D]``, this step's K/V already in the cache (``store_kv``, or the
+    fused write of ``triton_qkv.qkv_to_cache``)."""
     if meta.paged_decode:
         from asyncrl.engine.triton_decode import cascade_decode_attention, paged_decode_attention
 

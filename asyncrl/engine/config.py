@@ -23,6 +23,10 @@ class EngineConfig:
     # waits on them; None: the calling thread's current stream (llm.py's module doc)
     stream_priority: Optional[int] = None
     cascade_attention: bool = True    # GPU decode: rows sharing prefix blocks read them once per group
+    # CUDA: q/k norm + RoPE and the K/V cache write in one Triton kernel per layer (triton_qkv.py) instead of
+    # five (compiled norm/RoPE, v copy, two index_copy_); dense and MoE decoders. None/False: the torch path
+    # (the default until measured on the H200: bench/fused_kv_write.py)
+    fused_kv_write: Optional[bool] = None
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
     seed: int = 0                     # seeds requests that give none

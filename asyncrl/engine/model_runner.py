@@ -166,6 +166,8 @@ class ModelRunner:
         for attn in self._attention_layers():
             attn.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             attn.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            if hasattr(attn, "fused_kv_write"):  # the dense decoder's Attention (not the hybrid's gated one)
+                attn.fused_kv_write = bool(self.config.fused_kv_write) and self.is_cuda
 
     def release(self) -> None:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""

@@ -199,12 +199,37 @@ def launch_shape(batch: int, vocab: int, device: torch.device, block: int = 2048
     return max(1, min(n_tiles, triton.cdiv(want, batch))), n_tiles
 
 
+# Programs of ``_partial_kernel`` that fit on one sm90 SM at once, by (BLOCK, num_warps): 65,536
+# registers / (registers per thread x threads), registers from ``bench/sampler_kernel.py --offline``
+# (triton 3.6: 97 at 2048 x 8 warps -> 2 programs, 16 warps per SM; 56 at 1024 x 8 -> 4; 91 at 1024 x 4 -> 5).
+RESIDENT_PER_SM = {(2048, 8): 2, (1024, 8): 4, (1024, 4): 5, (2048, 4): 3, (4096, 8): 1}
+
+
+def wave_launch_shape(batch: int, vocab: int, device: torch.device, block: int, resident: int) -> tuple[int, int]:
+    """(n_splits, n_tiles) for whole waves: with ``resident`` programs per SM at once, a launch of P
+    programs takes ceil(P / slots) waves, each as long as its programs' ``ceil(n_tiles / splits)``
+    tiles plus about one tile's worth of fixed cost (the lane reductions and partial stores), so the
+    split count minimizing ``waves x (tiles per program + 1)`` wins (fewest splits on a tie: less to
+    combine). ``launch_shape`` asks for 4 programs per SM where 2 fit: batch 128 x 151,936 got 5
+    splits = 640 programs = 2.4 waves of 264, the last 42% full (3 x 16 = 48 tile-times; 2 splits:
+    1 x 39). Pure in (batch, vocab, device)."""
+    n_tiles = triton.cdiv(vocab, block)
+    slots = max(1, resident) * num_sms(device)
+
+    def cost(splits: int) -> int:
+        return triton.cdiv(batch * splits, slots) * (triton.cdiv(n_tiles, splits) + 1)
+
+    return min(range(1, n_tiles + 1), key=cost), n_tiles
+
+
 def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor,
-                      block: int = 2048, num_warps: int = 8, programs_per_sm: int = 4
+                      block: int = 2048, num_warps: int = 8, programs_per_sm: int = 4, waves: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits ``[B, V]`` (any float dtype, unit stride along V), temperature ``[B]`` fp32
     (<= 0: greedy), keys ``[B]`` int64 (< 2^32, from ``row_keys``)
-    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32): ``sample(..., use_filter=False)``."""
+    -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32): ``sample(..., use_filter=False)``.
+    ``waves``: splits from ``wave_launch_shape`` (the programs that fit per SM, in whole waves)
+    instead of ``launch_shape``; opt-in until bench/sampler_kernel.py measures it on the H200."""
     B, V = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -214,7 +239,10 @@ def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: tor
     logprobs = torch.empty(B, dtype=torch.float32, device=logits.device)
     if B == 0:
         return tokens, logprobs
-    n_splits, n_tiles = launch_shape(B, V, logits.device, block, programs_per_sm)
+    if waves and (block, num_warps) in RESIDENT_PER_SM:
+        n_splits, n_tiles = wave_launch_shape(B, V, logits.device, block, RESIDENT_PER_SM[block, num_warps])
+    else:
+        n_splits, n_tiles = launch_shape(B, V, logits.device, block, programs_per_sm)
     part = torch.empty(3, B, n_splits, dtype=torch.float32, device=logits.device)
     ipart = torch.empty(2, B, n_splits, dtype=torch.int32, device=logits.device)
     _partial_kernel[(B, n_splits)](logits, logits.stride(0), V, temperature, keys, part, ipart,

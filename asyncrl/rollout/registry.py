@@ -33,7 +33,7 @@ def _auto(architecture: str) -> str:
 def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
     from asyncrl.rollout.hf import HFGenerateBackend
     for option, key in (("speculative_config", "rollout.speculative"), ("quantization", "rollout.quantization"),
-                        ("kv_cache_dtype", "rollout.kv_cache_dtype"),
+                        ("kv_cache_dtype", "rollout.kv_cache_dtype"), ("fused_kv_write", "rollout.fused_kv_write"),
                         ("mamba_ssm_cache_dtype", "rollout.mamba_ssm_cache_dtype")):
         if _engine_options.get(option):
             raise ValueError(f"{key} needs the asyncrl engine; this model runs on HF generate "
@@ -83,6 +83,7 @@ def engine_options(rollout_cfg, lora_cfg=None) -> dict:
                "quantization": None if rollout_cfg.quantization == "none" else rollout_cfg.quantization,
                "fp8_scaling": rollout_cfg.fp8_scaling,
                "kv_cache_dtype": None if rollout_cfg.kv_cache_dtype == "auto" else rollout_cfg.kv_cache_dtype,
+               "fused_kv_write": rollout_cfg.fused_kv_write or None,
                "mamba_ssm_cache_dtype": None if rollout_cfg.mamba_ssm_cache_dtype == "auto"
                else rollout_cfg.mamba_ssm_cache_dtype,
                # auto: none here; the async runtime's in-process engine asks for its own (async_controller.py)

@@ -19,6 +19,7 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
 pytest.importorskip("triton")
 from asyncrl.engine import triton_sampler as ts  # noqa: E402
+from test_triton_decode import _interpreter_index_on_numpy_2  # noqa: E402,F401  (autouse: numpy >= 2.3)
 
 # GPU tests on CUDA (``-m gpu`` selects them); interpreter tests elsewhere, not skipped
 pytestmark = [pytest.mark.gpu] if CUDA else []
@@ -91,6 +92,26 @@ def test_peaked_logits_skip_tiles_exactly(dtype):
     for programs_per_sm in (0, 4):  # 0: one program per row walks every tile
         tok, _ = _check_against_sample(x, temp, keys, tol, programs_per_sm=programs_per_sm)
         assert len(set(tok.tolist())) > 1
+
+
+@pytest.mark.parametrize("B,V,block,warps", [(7, 1000, 2048, 8), (24, 3000, 1024, 8)])
+def test_wave_launch_matches_torch_sample(B, V, block, warps):
+    """``waves=True`` (splits in whole waves of the programs that fit per SM): the same law."""
+    x, temp, keys = _case(B, V, torch.float32, seed=B)
+    _check_against_sample(x, temp, keys, 1e-4, block=block, num_warps=warps, waves=True)
+
+
+def test_wave_launch_shape_fills_whole_waves(monkeypatch):
+    """On 132 SMs with 2 programs each (264 slots) batch 128 takes 2 splits (one wave of 256; the
+    default asks for 5: 640 programs, 2.4 waves); batch 1 one split per tile; never more than the tiles."""
+    monkeypatch.setattr(ts, "num_sms", lambda device: 132)
+    cuda = torch.device("cuda")
+    assert ts.launch_shape(128, 151936, cuda)[0] == 5
+    assert ts.wave_launch_shape(128, 151936, cuda, 2048, 2) == (2, 75)
+    assert ts.wave_launch_shape(1, 151936, cuda, 2048, 2) == (75, 75)
+    for B in (3, 64, 200, 256, 512, 4096):
+        splits, tiles = ts.wave_launch_shape(B, 151936, cuda, 1024, 4)
+        assert 1 <= splits <= tiles and B * splits <= max(528, B) * 2  # at most two waves' worth
 
 
 def test_noise_matches_gumbel_noise():

@@ -128,3 +128,16 @@ def test_engine_stream_auto_is_own_high_priority_only_for_an_async_thread():
     assert engine_options(load_config("quickstart").rollout)["stream_priority"] is None
     cfg = load_config("quickstart", ["rollout.engine_stream=high_priority"])
     assert engine_options(cfg.rollout)["stream_priority"] == HIGH_STREAM_PRIORITY
+
+
+def test_rollout_fused_kv_write_reaches_the_engine_config(tiny_policy):
+    """``rollout.fused_kv_write=true`` becomes ``EngineConfig.fused_kv_write`` (used on CUDA only: the CPU
+    engine keeps the torch path); HF generate refuses it by name."""
+    model, tok = tiny_policy
+    options = engine_options(load_config("quickstart", ["rollout.fused_kv_write=true"]).rollout)
+    assert options["fused_kv_write"] is True
+    assert engine_options(load_config("quickstart").rollout)["fused_kv_write"] is None
+    llm = build_backend("engine", model, tok, **options).llm
+    assert llm.config.fused_kv_write and not llm.model.model.layers[0].self_attn.fused_kv_write  # CPU
+    with pytest.raises(ValueError, match="rollout.fused_kv_write needs the asyncrl engine"):
+        build_backend("hf", model, tok, **options)

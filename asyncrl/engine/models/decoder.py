@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine.attention import AttentionMetadata, paged_attention
+from asyncrl.engine.attention import AttentionMetadata, attend_cached, paged_attention
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.parallel.layers import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                                             RowParallelLinear, VocabParallelEmbedding, load_replicated)
@@ -160,15 +160,26 @@ class Attention(nn.Module):
         # set by ModelRunner.allocate_kv_cache: [num_blocks + 1, block_size, Hkv, D]
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # set by ModelRunner (EngineConfig.fused_kv_write, CUDA only): q/k norm + RoPE and the K/V cache
+        # write in one Triton kernel (triton_qkv.py) instead of the compiled glue + store_kv
+        self.fused_kv_write = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 meta: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
         qn = self.q_norm.weight if self.q_norm is not None else None
         kn = self.k_norm.weight if self.k_norm is not None else None
-        q, k, v = qkv_prepare(self.qkv_proj(x), positions, rope.cos, rope.sin, qn, kn, self.eps,
-                              self.num_heads, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        qkv = self.qkv_proj(x)
+        if self.fused_kv_write:
+            from asyncrl.engine.triton_qkv import qkv_to_cache  # Triton: imported only where it runs
+
+            q = qkv_to_cache(qkv, positions, rope.cos, rope.sin, qn, kn, self.eps, self.num_heads,
+                             self.num_kv_heads, self.head_dim, self.k_cache, self.v_cache, meta.slot_mapping)
+            o = attend_cached(q, self.k_cache, self.v_cache, meta, self.scale)
+        else:
+            q, k, v = qkv_prepare(qkv, positions, rope.cos, rope.sin, qn, kn, self.eps,
+                                  self.num_heads, self.num_kv_heads, self.head_dim)
+            o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 
