@@ -132,7 +132,9 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
         # m is finite (the suffix's first chunk holds at least the current token).
         pmask = gmask & (sfx > 0)
-        nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
+        nsp = 1
+        if max_parts > 1:  # one part (specialised when 1): no load
+            nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
         if KV_SPLITS > 1:
             nsp = tl.where(sid == 0, nsp, 0)  # other chunks may be empty (m = -inf): no merge there
         for sp in range(merged, nsp):
@@ -188,7 +190,9 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
     one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
     head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
     (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
-    nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), max_parts)
+    nsp = 1
+    if max_parts > 1:  # one part (specialised when 1): no load
+        nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), max_parts)
     total = tl.load(TILES) * (HKV * nsp)
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)

@@ -117,7 +117,9 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale,
             m = m_new
         if CASCADE:  # merge the shared prefix's NSP[0] parts by LSE (as the base kernel does)
             pmask = rmask & (first > 0)
-            nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
+            nsp = 1
+            if max_parts > 1:  # one part (specialised when 1): no load
+                nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
             for sp in range(0, nsp):
                 lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
                 o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + dd[None, :],
