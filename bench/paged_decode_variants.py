@@ -129,13 +129,14 @@ def offline_report() -> int:
         for kv in ("bf16", "fp8e4nv"):
             kernel = _packed_decode_kernel if launch.variant == "packed" else _paged_decode_kernel
             ptrs = {"Q": "*bf16", "K": f"*{kv}", "V": f"*{kv}", "O": "*bf16", "BT": "*i32", "CL": "*i32",
-                    "START": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16"}
+                    "START": "*i32", "NSP": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16"}
             sig = {a: ptrs.get(a, "i32") for a in kernel.arg_names if a.isupper() or a.startswith("stride")}
             sig = {a: t for a, t in sig.items() if a in ptrs or a.startswith("stride")}
-            sig |= {"scale": "fp32"} | ({"total_items": "i32"} if launch.variant == "packed" else {})
+            sig |= {"scale": "fp32", "max_parts": "i32"}
+            sig |= {"total_items": "i32"} if launch.variant == "packed" else {}
             block_n = launch.fp8_block_n if (kv != "bf16" and launch.fp8_block_n) else launch.block_n
             common = dict(GROUP=H // HKV, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=block_n, IEEE=False, CASCADE=False,
-                          SPLITS=1, KV_SPLITS=1)
+                          KV_SPLITS=1)
             if launch.variant == "packed":
                 hp = heads_per_program(H // HKV, HKV, launch.heads_per_program)
                 consts = common | dict(HP=hp, HGROUPS=HKV // hp, ROWS=max(16, hp * H // HKV),

@@ -20,7 +20,8 @@ prefix-cache hits across requests are both found, with no scheduler state.
 Plan layout (one int32 buffer per step, fixed size per batch bucket so CUDA graphs can
 replay it): ``[suffix_start (bs) | header (2 + MPT) | tiles (max_tiles x (2 + MPT))]``,
 the header row starting with the number of active tiles (the prefix kernel's persistent
-grid walks only those), a tile row being ``(leader row, prefix length in tokens, MPT
+grid walks only those, and then the number of chunks each tile's prefix is split into this
+step, ``CascadeLaunchRule``), a tile row being ``(leader row, prefix length in tokens, MPT
 member rows padded with -1)``. Unused tiles have prefix length 0 and no members; rows
 outside any group have ``suffix_start = 0``.
 
@@ -28,6 +29,8 @@ This module imports no Triton (CPU CI imports it); kernels are in ``triton_decod
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,6 +40,96 @@ import torch
 # Cascade only when the shared prefix reads saved are at least this share of all the
 # context tokens of the step: below it the extra launch and merge are not worth it.
 MIN_SAVED_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class CascadeLaunchRule:
+    """The cascade kernels' launch shape, and how it follows the decode step's shape (issue 23).
+
+    Prefix kernel: ``tiles x kv heads`` work items of ``prefix / prefix_block_n`` loop iterations.
+    With few groups (GRPO: 16 prompts x 8 samples -> 16 tiles x 8 kv heads = 128 items on 132
+    SMs, 4 iterations each) it is latency-bound; splitting each tile's prefix into ``s`` chunks
+    (merged by log-sum-exp in the suffix kernel) gives ``s`` x the items of ``1/s`` the
+    iterations. ``prefix_splits_for`` picks the fewest power-of-2 ``s`` with ``items x s >=
+    prefix_fill x SMs``, at most ``max_prefix_splits``, chunks of at least ``min_chunk_tokens``.
+
+    When each choice is made (CUDA graphs: one graph per batch bucket, replayed every step):
+      * per step, graph-safe: the prefix chunk count. It travels in the plan's header (a device
+        buffer the kernels read); the persistent grid and the partials' buffer are sized for
+        ``max_splits``.
+      * per process (constexprs and grids, the same in every graph): ``prefix_programs_per_sm``,
+        ``prefix_block_n``, ``prefix_warps``, ``max_prefix_splits``, and the suffix decode's
+        ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages`` (0 = the plain decode's,
+        ``triton_decode.DECODE_LAUNCH``), ``suffix_early_prefix``.
+      * per batch bucket: ``suffix_kv_splits`` (split-KV of each row's own ``[suffix_start,
+        ctx)``, a grid dimension; 1 = none, 0 = the plain kernel's per-batch rule
+        ``kv_splits_for``). The suffix length is not an input of any graph-fixed choice: a
+        split-KV chunk past a row's length is empty and exits early.
+
+    The defaults are the launch measured best at workload (b) (32 groups x 16, prefix 1,024:
+    1 chunk, 4 programs per SM, bench/RESULTS.md); ``bench/cascade_decode.py --shape peer,b``
+    measures the alternatives and prints the ``ASYNCRL_CASCADE_LAUNCH`` it would set.
+    """
+
+    prefix_fill: float = 0.0       # 0 = never split the prefix (the default, measured at (b))
+    max_prefix_splits: int = 8     # cap, and the partials' buffer depth when prefix_fill > 0
+    min_chunk_tokens: int = 64     # a chunk holds at least this many prefix tokens
+    prefix_programs_per_sm: int = 4
+    prefix_block_n: int = 64
+    prefix_warps: int = 4
+    suffix_kv_splits: int = 1      # 1 = no split-KV under cascade (the default), 0 = per batch
+    suffix_block_n: int = 0        # 0 = DECODE_LAUNCH's
+    suffix_warps: int = 0
+    suffix_stages: int = 0
+    suffix_early_prefix: int = 0   # 1 = the suffix kernel loads prefix part 0 before its loop (EARLY_PREFIX)
+
+    @property
+    def max_splits(self) -> int:
+        """Depth of the prefix partials' buffer (and of the kernel's grid)."""
+        return self.max_prefix_splits if self.prefix_fill > 0 else 1
+
+
+def prefix_splits_for(num_tiles: int, num_kv_heads: int, prefix_tokens: int, sms: int,
+                      rule: CascadeLaunchRule) -> int:
+    """Chunks per prefix tile this step (a power of 2): 1 unless ``rule.prefix_fill > 0``; else
+    the fewest with ``num_tiles x num_kv_heads x splits >= prefix_fill x sms``, capped by
+    ``rule.max_prefix_splits`` and by ``prefix_tokens // rule.min_chunk_tokens`` (the longest
+    prefix of the step). Pure: the engine calls it per step on the host."""
+    if rule.prefix_fill <= 0:
+        return 1
+    cap = max(1, min(rule.max_prefix_splits, prefix_tokens // max(1, rule.min_chunk_tokens)))
+    splits, target = 1, rule.prefix_fill * sms
+    while splits * 2 <= cap and num_tiles * num_kv_heads * splits < target:
+        splits *= 2
+    return splits
+
+
+def rule_from_env(raw: Optional[str] = None) -> CascadeLaunchRule:
+    """``ASYNCRL_CASCADE_LAUNCH="prefix_fill=2,suffix_block_n=32"`` (``CascadeLaunchRule``'s
+    fields, any subset; bench/cascade_decode.py prints the measured best in this form); unset:
+    the defaults. A bad key or value raises naming it."""
+    raw = os.environ.get("ASYNCRL_CASCADE_LAUNCH", "") if raw is None else raw
+    fields = [f.name for f in dataclasses.fields(CascadeLaunchRule)]
+    values = {}
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in fields:
+            raise ValueError(f"ASYNCRL_CASCADE_LAUNCH: unknown key {key!r} (keys: {', '.join(fields)})")
+        try:
+            values[key] = float(value) if key == "prefix_fill" else int(value)
+        except ValueError:
+            raise ValueError(f"ASYNCRL_CASCADE_LAUNCH: {key}={value.strip()!r} is not a number") from None
+    rule = CascadeLaunchRule(**values)
+    if rule.max_prefix_splits < 1 or min(rule.prefix_programs_per_sm, rule.prefix_block_n, rule.prefix_warps) < 1:
+        raise ValueError("ASYNCRL_CASCADE_LAUNCH: max_prefix_splits and the prefix launch must be >= 1")
+    if rule.suffix_kv_splits < 0 or rule.suffix_kv_splits & (rule.suffix_kv_splits - 1):
+        raise ValueError("ASYNCRL_CASCADE_LAUNCH: suffix_kv_splits must be 0 (per batch) or a power of 2")
+    return rule
+
+
+# The process's rule (read when the engine plans a step and when a kernel launches).
+CASCADE_RULE = rule_from_env()
 
 
 def tile_shape(gqa: int) -> tuple[int, int]:
@@ -59,17 +152,23 @@ def plan_size(bs: int, mpt: int) -> int:
 @dataclass
 class CascadePlan:
     """suffix_start ``[bs]`` int32 (tokens; 0 = not in a group), tiles ``[max_tiles, 2 + MPT]``
-    int32, ``num_tiles`` active tiles (the rest inert), ``saved_tokens`` prefix reads saved."""
+    int32, ``num_tiles`` active tiles (the rest inert), ``saved_tokens`` prefix reads saved,
+    ``prefix_splits`` chunks per tile's prefix (``prefix_splits_for``)."""
 
     suffix_start: np.ndarray
     tiles: np.ndarray
     num_tiles: int
     saved_tokens: int
+    prefix_splits: int = 1
+
+    @property
+    def max_prefix_tokens(self) -> int:
+        return int(self.tiles[:self.num_tiles, 1].max()) if self.num_tiles else 0
 
     def packed(self) -> np.ndarray:
-        """The device layout: suffix_start, header row (num_tiles, 0...), tiles."""
+        """The device layout: suffix_start, header row (num_tiles, prefix_splits, 0...), tiles."""
         header = np.zeros(self.tiles.shape[1], dtype=np.int32)
-        header[0] = self.num_tiles
+        header[0], header[1] = self.num_tiles, self.prefix_splits
         return np.concatenate([self.suffix_start, header, self.tiles.ravel()])
 
 
@@ -130,14 +229,19 @@ class CascadeBuffers:
     """Device buffer of the plan, sliced per batch bucket (stable addresses for graphs)."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, block_size: int, max_bs: int, device: torch.device,
-                 min_saved_fraction: float = MIN_SAVED_FRACTION):
+                 min_saved_fraction: float = MIN_SAVED_FRACTION, sms: Optional[int] = None):
         self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        # SMs for the launch rule (8 off CUDA, as the kernels' interpreter grid assumes)
+        self.sms = sms or (torch.cuda.get_device_properties(device).multi_processor_count
+                           if torch.device(device).type == "cuda" else 8)
         self.block_m, self.mpt = tile_shape(num_heads // num_kv_heads)
         self.min_saved_fraction = min_saved_fraction
         self.buf = torch.zeros(plan_size(max_bs, self.mpt), dtype=torch.int32, device=device)
         self.enabled = True  # bench toggles this to compare against the plain kernel
         self.steps = 0  # decode steps run with cascade (metrics)
         self.saved_tokens = 0
+        self.prefix_chunks = 0  # sum over cascade steps of the prefix chunk count (mean = / steps)
 
     def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(suffix_start ``[bs]``, tiles with header row ``[1 + max_tiles(bs), 2 + MPT]``)
@@ -150,8 +254,11 @@ class CascadeBuffers:
             return None
         p = plan_cascade(block_tables, context_lens, self.block_size, self.mpt, bs, self.min_saved_fraction)
         if p is not None:
+            p.prefix_splits = prefix_splits_for(p.num_tiles, self.num_kv_heads, p.max_prefix_tokens, self.sms,
+                                                CASCADE_RULE)
             self.steps += 1
             self.saved_tokens += p.saved_tokens
+            self.prefix_chunks += p.prefix_splits
         return p
 
     def load(self, plan: CascadePlan, bs: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,10 +12,11 @@ half the bytes and upcast exactly).
 
 Cascade (shared-prefix) decode, see ``cascade.py``: ``_prefix_kernel`` attends each
 prefix tile (the members x GQA query rows of one group, one kv head) to the group's
-shared blocks once, in SPLITS chunks by a persistent grid (enough programs in flight to
-keep HBM busy even with few groups), and writes per-row (out, lse) of each chunk; the
-decode kernel with ``CASCADE`` then walks only ``[suffix_start, ctx)`` and merges the
-prefix chunks into its online softmax state before normalising (no merge kernel).
+shared blocks once, in the step's number of chunks (``cascade.CascadeLaunchRule``: more
+chunks when few groups leave SMs idle; read from the plan on the device) by a persistent grid,
+and writes per-row (out, lse) of each chunk; the decode kernel with ``CASCADE`` then walks only
+``[suffix_start, ctx)`` (optionally split-KV) and merges the prefix chunks into its online
+softmax state before normalising (no merge kernel unless the suffix is split).
 """
 from __future__ import annotations
 
@@ -28,30 +29,39 @@ import torch
 import triton
 import triton.language as tl
 
+from asyncrl.engine import cascade as cascade_module
+from asyncrl.engine.cascade import CascadeLaunchRule
+
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
-                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr):
+                         IEEE: tl.constexpr, CASCADE: tl.constexpr,
+                         KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
+                         EARLY_PREFIX: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
-    (QLEN > 1: a speculative verify step, the last token and its drafts)."""
+    (QLEN > 1: a speculative verify step, the last token and its drafts).
+    CASCADE: keys ``[0, START[b])`` come from the prefix kernel as ``NSP[0]`` (clamped to
+    ``[1, max_parts]``) parts in PO / PL, merged into the state of KV chunk 0. EARLY_PREFIX (opt-in):
+    part 0 is loaded before the suffix loop and starts the online softmax (its load latency
+    overlaps the suffix's loads instead of following them); the other parts merge after."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
-    first = 0
+    sfx = 0
     if CASCADE:
-        first = tl.load(START + b)  # tokens [0, first) come from the prefix kernel
+        sfx = tl.load(START + b)  # tokens [0, sfx) come from the prefix kernel
+    first = sfx
     last = ctx
-    if KV_SPLITS > 1:  # split-KV (flash-decoding): this program takes one chunk of [0, ctx)
+    if KV_SPLITS > 1:  # split-KV (flash-decoding): this program takes one chunk of [sfx, ctx)
         sid = tl.program_id(2)
-        span = tl.cdiv(tl.cdiv(ctx, KV_SPLITS), BLOCK_N) * BLOCK_N
-        first = sid * span
+        span = tl.cdiv(tl.cdiv(ctx - sfx, KV_SPLITS), BLOCK_N) * BLOCK_N  # BLOCK_N-aligned: sfx is a block start
+        first = sfx + sid * span
         last = tl.minimum(first + span, ctx)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -70,6 +80,21 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    merged = 0  # prefix parts already in (m, l, acc)
+    if CASCADE and EARLY_PREFIX:
+        # part 0 = (out o0, lse0) of the prefix's first chunk, never empty: the state (m, l, acc) =
+        # (lse0, 1, o0) stands for exactly its keys. Rows outside a group (sfx == 0) or in another KV
+        # chunk keep the empty state; their loaded values (never written for them) are discarded.
+        own = gmask & (sfx > 0)
+        if KV_SPLITS > 1:
+            own = own & (sid == 0)
+        lse0 = tl.load(PL + b * stride_plt + heads, mask=gmask, other=0.0)
+        o0 = tl.load(PO + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
+                     mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        m = tl.where(own, lse0, float("-inf"))
+        l = tl.where(own, 1.0, 0.0)
+        acc = tl.where(own[:, None], o0, 0.0)
+        merged = 1
     for start in range(first, last, BLOCK_N):
         tok = start + n
         kmask = tok < last
@@ -103,11 +128,16 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale,
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     if CASCADE:
-        # merge the shared prefix's SPLITS parts (out o_p, log-sum-exp lse_p) by LSE; rows
-        # outside any group (first == 0) read lse_p = -inf, which weighs 0. m is finite
-        # here: the suffix holds at least the current token.
-        pmask = gmask & (first > 0)
-        for sp in tl.static_range(SPLITS):
+        # merge the shared prefix's parts (out o_p, log-sum-exp lse_p) by LSE; rows outside
+        # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
+        # m is finite (the suffix's first chunk holds at least the current token).
+        pmask = gmask & (sfx > 0)
+        nsp = 1
+        if max_parts > 1:  # one part (specialised when 1): no load
+            nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
+        if KV_SPLITS > 1:
+            nsp = tl.where(sid == 0, nsp, 0)  # other chunks may be empty (m = -inf): no merge there
+        for sp in range(merged, nsp):
             lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
             o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
                           mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
@@ -148,30 +178,34 @@ def _merge_splits_kernel(SO, SL, O, stride_pos, stride_pot, stride_poh, stride_p
 
 
 @triton.jit
-def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale,
+def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_tile,
                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
-                   SPLITS: tl.constexpr, IEEE: tl.constexpr):
-    """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x SPLITS``
-    (``num_tiles`` = TILES[0, 0]; tile t is row t + 1). An item = one tile, one kv head,
-    one of SPLITS chunks of the prefix: rows r = member * GROUP + head-in-group, keys =
-    the chunk of the leader's first ``plen`` tokens. Writes that chunk's (out, lse) per
-    row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
-    total = tl.load(TILES) * (HKV * SPLITS)
+                   IEEE: tl.constexpr):
+    """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
+    (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, max_parts]``: the step's
+    chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
+    one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
+    head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
+    (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
+    nsp = 1
+    if max_parts > 1:  # one part (specialised when 1): no load
+        nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), max_parts)
+    total = tl.load(TILES) * (HKV * nsp)
     r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     mi = r // GROUP
     dmask = d < D
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
-        sp = w % SPLITS
-        kvh = (w // SPLITS) % HKV
-        row = TILES + (w // (SPLITS * HKV) + 1) * stride_tile
+        sp = w % nsp
+        kvh = (w // nsp) % HKV
+        row = TILES + (w // (nsp * HKV) + 1) * stride_tile
         leader = tl.load(row)
         plen = tl.load(row + 1)
-        chunk = tl.cdiv(tl.cdiv(plen, SPLITS), BLOCK_N) * BLOCK_N
+        chunk = tl.cdiv(tl.cdiv(plen, nsp), BLOCK_N) * BLOCK_N
         lo = sp * chunk
         hi = tl.minimum(lo + chunk, plen)
         seq = tl.load(row + 2 + mi, mask=mi < MPT, other=-1)
@@ -301,7 +335,12 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
-                   launch: DecodeLaunch | None = None, qlen: int = 1):
+                   launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1,
+                   early_prefix: bool = False):
+    """``cascade``: (suffix_start ``[B]``, prefix split count ``[1]``, prefix partials PO
+    ``[S, B, H, D]``, PL ``[S, B, H]``) or None. ``cascade_kv_splits``: split-KV of the suffix
+    under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only); ``early_prefix``:
+    the base kernel's EARLY_PREFIX."""
     T, H, D = q.shape
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -313,27 +352,34 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         return launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, launch, cascade)
     if launch.variant not in ("base", "packed"):
         raise ValueError(f"DecodeLaunch.variant={launch.variant!r}: the variants are 'base' and 'packed'")
-    # split-KV only without cascade: the cascade merge of prefix parts happens in the one program per row
-    splits = 1 if cascade is not None else kv_splits_for(B, hkv, q.device, launch)
+    if cascade is None:
+        splits = kv_splits_for(B, hkv, q.device, launch)
+    else:  # chunk 0 of each row's suffix merges the prefix parts
+        splits = cascade_kv_splits or kv_splits_for(B, hkv, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
     # unused pointers when not CASCADE / not split
-    start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
+    start, nsp, po, pl = cascade if cascade is not None else (context_lens, context_lens, out[None],
+                                                              out[None, :, :, 0])
     if splits > 1:
         so = torch.empty(splits, T, H, D, dtype=torch.float32, device=q.device)
         sl = torch.empty(splits, T, H, dtype=torch.float32, device=q.device)
-        po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
+        if cascade is None:
+            po, pl = so, sl  # the split buffers' strides travel in the po/pl stride slots
+        else:  # both [*, T, H(, D)] contiguous: the same element strides
+            assert po.is_contiguous() and pl.is_contiguous() and po.shape[1:] == so.shape[1:]
     else:
         so, sl = po, pl
     block_d = max(16, triton.next_power_of_2(D))
     _paged_decode_kernel[(B, hkv, splits)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale,
+        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
-        IEEE=q.dtype == torch.float32, CASCADE=cascade is not None, SPLITS=po.shape[0],
+        IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
+        EARLY_PREFIX=early_prefix and cascade is not None,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -355,13 +401,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                           launch=launch, qlen=query_len)
 
 
-# Prefix-kernel launch shape. Set from bench/cascade_decode.py's sweep on an H200 at
-# workload (b)'s shape (32 groups x 16, prefix 1024): see bench/RESULTS.md.
-PREFIX_SPLITS = 1         # chunks of each group's prefix attended in parallel (1 measured best)
-PREFIX_PROGRAMS_PER_SM = 4  # persistent programs per SM
-PREFIX_BLOCK_N, PREFIX_WARPS = 64, 4
-
-
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (8 off CUDA: the Triton interpreter's CPU tests)."""
@@ -376,33 +415,67 @@ def _programs(device: torch.device, per_sm: int) -> int:
     return num_sms(device) * per_sm
 
 
-def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
-                             tiles: torch.Tensor, scale: float, splits: int | None = None,
-                             programs_per_sm: int | None = None, prefix_block_n: int | None = None,
-                             prefix_warps: int | None = None, launch: DecodeLaunch | None = None) -> torch.Tensor:
-    """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
-    suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
-    active tile count, then ``cascade.py``'s tile rows). Rows with ``suffix_start == 0``
-    get plain paged decode. The launch shape is fixed by ``tiles.shape`` (graph-safe). ``launch``:
-    the suffix decode's (default ``DECODE_LAUNCH``)."""
+def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = None) -> DecodeLaunch:
+    """The suffix decode's launch: ``base`` (default ``DECODE_LAUNCH``) with the rule's non-zero
+    ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages``."""
+    base = base or DECODE_LAUNCH
+    return dataclasses.replace(base, block_n=rule.suffix_block_n or base.block_n,
+                               num_warps=rule.suffix_warps or base.num_warps,
+                               num_stages=rule.suffix_stages or base.num_stages)
+
+
+def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix kernel alone: q ``[B, H, D]``, tiles as in ``cascade_decode_attention`` ->
+    partials (out ``[S, B, H, D]`` in q's dtype, lse ``[S, B, H]`` fp32), ``S = rule.max_splits``;
+    chunk ``c`` of a member row is valid for ``c <`` the header's count (rows outside tiles: never)."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
     mpt = tiles.shape[1] - 2
     block_m = max(32, triton.next_power_of_2(group))
     assert block_m // group == mpt, "tiles made for another GQA shape"
-    assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.stride(1) == 1
-    splits = splits or PREFIX_SPLITS
-    po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)  # rows outside tiles: never read
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.is_contiguous()
+    splits = rule.max_splits
+    po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)
     pl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
-    grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, programs_per_sm or PREFIX_PROGRAMS_PER_SM))
+    grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, rule.prefix_programs_per_sm))
     _prefix_kernel[(max(1, grid),)](
-        q, k_cache, v_cache, po, pl, block_tables, tiles, scale,
+        q, k_cache, v_cache, po, pl, block_tables, tiles, scale, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
-        PAGE=page, BLOCK_N=prefix_block_n or PREFIX_BLOCK_N, HKV=hkv, SPLITS=splits,
-        IEEE=q.dtype == torch.float32, num_warps=prefix_warps or PREFIX_WARPS)
+        PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv,
+        IEEE=q.dtype == torch.float32, num_warps=rule.prefix_warps)
+    return po, pl
+
+
+def launch_suffix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                  context_lens: torch.Tensor, suffix_start: torch.Tensor, tiles: torch.Tensor, scale: float,
+                  partials: tuple[torch.Tensor, torch.Tensor], rule: CascadeLaunchRule,
+                  launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """The suffix decode alone, merging ``launch_prefix``'s partials: -> out like q."""
+    nsp = tiles.view(-1)[1:2]  # the header's chunk count
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          cascade=(suffix_start, po, pl), launch=launch)
+                          cascade=(suffix_start, nsp, *partials), launch=launch or cascade_suffix_launch(rule),
+                          cascade_kv_splits=rule.suffix_kv_splits, early_prefix=bool(rule.suffix_early_prefix))
+
+
+def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
+                             tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule | None = None,
+                             launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """Like ``paged_decode_attention`` with a plan from ``cascade.plan_cascade``:
+    suffix_start ``[B]`` int32, tiles ``[1 + T, 2 + MPT]`` int32 (header row holding the
+    active tile count and the step's prefix chunk count, then ``cascade.py``'s tile rows).
+    Rows with ``suffix_start == 0`` get plain paged decode.
+
+    ``rule``: the launch (default ``cascade.CASCADE_RULE``, read at call time); ``launch``
+    overrides the suffix decode's (default ``cascade_suffix_launch(rule)``; the packed variant
+    takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
+    and the batch size only; the tile and chunk counts are read on the device (a header count
+    above ``rule.max_splits`` is clamped)."""
+    rule = rule or cascade_module.CASCADE_RULE
+    partials = launch_prefix(q, k_cache, v_cache, block_tables, tiles, scale, rule)
+    return launch_suffix(q, k_cache, v_cache, block_tables, context_lens, suffix_start, tiles, scale, partials,
+                         rule, launch)

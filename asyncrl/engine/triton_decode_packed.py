@@ -40,12 +40,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, total_items,
+def _packed_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, total_items, max_parts,
                           stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                           stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                           GROUP: tl.constexpr, HP: tl.constexpr, HGROUPS: tl.constexpr, ROWS: tl.constexpr,
                           D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                          IEEE: tl.constexpr, CASCADE: tl.constexpr, SPLITS: tl.constexpr,
+                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                           KV_SPLITS: tl.constexpr, PERSISTENT: tl.constexpr, BT_REGS: tl.constexpr):
     """Work item w = (sequence b, head group hg, KV chunk sid), w = (b * HGROUPS + hg) * KV_SPLITS + sid.
     Row r (< HP * GROUP) is q head ``hg * HP * GROUP + r`` (kv head ``hg * HP + r // GROUP``);
@@ -115,9 +115,12 @@ def _packed_decode_kernel(Q, K, V, O, BT, CL, START, PO, PL, SO, SL, scale, tota
             else:
                 acc = acc * alpha[None, :] + tl.dot(tl.trans(v), tl.trans(p.to(v.dtype)))
             m = m_new
-        if CASCADE:  # merge the shared prefix's SPLITS parts by LSE (as the base kernel does)
+        if CASCADE:  # merge the shared prefix's NSP[0] parts by LSE (as the base kernel does)
             pmask = rmask & (first > 0)
-            for sp in tl.static_range(SPLITS):
+            nsp = 1
+            if max_parts > 1:  # one part (specialised when 1): no load
+                nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
+            for sp in range(0, nsp):
                 lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
                 o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + dd[None, :],
                               mask=own & pmask[:, None], other=0.0).to(tl.float32)
@@ -173,7 +176,8 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
     hgroups = hkv // hp
     splits = 1 if cascade is not None else kv_splits_for(B, hgroups, q.device, launch)
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2 (the merge kernel's tl.arange)"
-    start, po, pl = cascade if cascade is not None else (context_lens, out[None], out[None, :, :, 0])
+    start, nsp, po, pl = cascade if cascade is not None else (context_lens, context_lens, out[None],
+                                                              out[None, :, :, 0])
     if splits > 1:
         so = torch.empty(splits, B, H, D, dtype=torch.float32, device=q.device)
         sl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
@@ -185,13 +189,13 @@ def launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, l
     bt_regs = table_regs(block_tables, page, block_n, launch)
     grid = min(items, _programs(q.device, launch.persistent_per_sm)) if launch.persistent_per_sm else items
     _packed_decode_kernel[(max(1, grid),)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, po, pl, so, sl, scale, items,
+        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale, items, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, HP=hp, HGROUPS=hgroups, ROWS=max(16, triton.next_power_of_2(hp * group)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=block_n, IEEE=q.dtype == torch.float32,
-        CASCADE=cascade is not None, SPLITS=po.shape[0], KV_SPLITS=splits,
+        CASCADE=cascade is not None, KV_SPLITS=splits,
         PERSISTENT=bool(launch.persistent_per_sm), BT_REGS=bt_regs,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:

@@ -48,8 +48,9 @@ def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page, launch):
     assert (out.float() - ref.float()).abs().max().item() < tol
 
 
-def cascade_case(dev, dtype, H, Hkv, D, page, seed=0):
-    """Random groups on a scattered KV pool: (cascade out, plain paged out, torch reference)."""
+def cascade_case(dev, dtype, H, Hkv, D, page, seed=0, rule=None, chunks=1, launch=None):
+    """Random groups on a scattered KV pool: (cascade out, plain paged out, torch reference).
+    ``chunks``: the plan header's prefix chunk count; ``rule`` / ``launch``: the cascade launch."""
     from test_cascade import _pad, _tables
 
     from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, plan_size, tile_shape
@@ -71,12 +72,14 @@ def cascade_case(dev, dtype, H, Hkv, D, page, seed=0):
     ctx_np = np.r_[ctx, [1, 1, 1]].astype(np.int32)
     _, mpt = tile_shape(H // Hkv)
     plan = plan_cascade(bt_np[:B], ctx_np[:B], page, mpt, bs=bs, min_saved_fraction=0.0)
+    plan.prefix_splits = chunks
     packed = torch.from_numpy(plan.packed()).to(dev)
     assert packed.numel() == plan_size(bs, mpt)
     bt = torch.from_numpy(bt_np).to(dev)
     cl = torch.from_numpy(ctx_np).to(dev)
     qp = torch.cat([q, torch.randn(3, H, D, device=dev, dtype=dtype)])
-    out = cascade_decode_attention(qp, kc, vc, bt, cl, packed[:bs], packed[bs:].view(-1, 2 + mpt), D ** -0.5)
+    out = cascade_decode_attention(qp, kc, vc, bt, cl, packed[:bs], packed[bs:].view(-1, 2 + mpt), D ** -0.5,
+                                   rule=rule, launch=launch)
     plain = paged_decode_attention(qp, kc, vc, bt, cl, D ** -0.5)
     ref = cascade_attention_reference(q.double().cpu(), kc.double().cpu(), vc.double().cpu(), tables, ctx,
                                       plan, D ** -0.5)
@@ -87,6 +90,43 @@ def cascade_case(dev, dtype, H, Hkv, D, page, seed=0):
 @pytest.mark.parametrize("H,Hkv,D,page", [(16, 8, 128, 64), (4, 2, 16, 4), (8, 1, 64, 16), (12, 4, 32, 8)])
 def test_cascade_decode_matches_paged_decode(dtype, H, Hkv, D, page):
     out, plain, ref = cascade_case(torch.device("cuda"), dtype, H, Hkv, D, page)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert (out.float() - plain.float()).abs().max().item() < tol
+    assert (out.double().cpu() - ref).abs().max().item() < tol
+
+
+# (header chunks, CascadeLaunchRule fields, suffix DecodeLaunch fields or None): every launch the
+# sweep of bench/cascade_decode.py can pick (prefix chunks / programs / tile / warps, suffix
+# split-KV / tile / warps / stages, table in registers, packed)
+CASCADE_RULES = [
+    (1, {}, None),
+    (2, dict(prefix_fill=1, max_prefix_splits=2), None),
+    (4, dict(prefix_fill=1, max_prefix_splits=8, prefix_programs_per_sm=8, prefix_block_n=32), None),
+    (8, dict(prefix_fill=1, max_prefix_splits=8, prefix_programs_per_sm=2, prefix_warps=8), None),
+    (3, dict(prefix_fill=1, max_prefix_splits=4, suffix_kv_splits=2, suffix_block_n=32), None),
+    (2, dict(prefix_fill=1, max_prefix_splits=2, suffix_kv_splits=4, suffix_block_n=16, suffix_warps=2,
+             suffix_stages=2), None),
+    (1, dict(suffix_kv_splits=0, suffix_warps=8), None),
+    (1, dict(suffix_early_prefix=1), None),
+    (4, dict(prefix_fill=1, max_prefix_splits=4, suffix_early_prefix=1, suffix_kv_splits=2), None),
+    (2, dict(prefix_fill=1, max_prefix_splits=2), dict(table_in_registers=True)),
+    (4, dict(prefix_fill=1, max_prefix_splits=4), dict(block_n=16, num_warps=8, variant="packed",
+                                                      table_in_registers=True)),
+]
+
+
+@pytest.mark.parametrize("chunks,fields,launch", CASCADE_RULES, ids=lambda x: str(x).replace(" ", ""))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("H,Hkv,D,page", [(16, 8, 128, 64), (8, 1, 64, 16)])
+def test_cascade_launches_match_paged_decode(dtype, H, Hkv, D, page, chunks, fields, launch):
+    """Every cascade launch (issue 23: prefix split into chunks per step, suffix split-KV and
+    launch shape) equals plain paged decode within bf16 rounding, and the float64 reference."""
+    from asyncrl.engine.cascade import CascadeLaunchRule
+    from asyncrl.engine.triton_decode import DecodeLaunch
+
+    launch = DecodeLaunch(**launch) if launch else None
+    out, plain, ref = cascade_case(torch.device("cuda"), dtype, H, Hkv, D, page, rule=CascadeLaunchRule(**fields),
+                                   chunks=chunks, launch=launch)
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     assert (out.float() - plain.float()).abs().max().item() < tol
     assert (out.double().cpu() - ref).abs().max().item() < tol
@@ -189,6 +229,26 @@ def test_cascade_engine_greedy_groups_match_hf(tiny_dirs, gpu_hf):
     assert [[c.token_ids for c in o.completions] for o in eager.generate(prompts, params)] == \
         [[c.token_ids for c in o.completions] for o in outs]
     assert eager.runner.cascade.steps > 0
+
+
+def test_cascade_engine_with_split_launch_matches_hf(tiny_dirs, gpu_hf, monkeypatch):
+    """The engine with a non-default cascade launch (issue 23: the prefix split into chunks per
+    step, read from the plan header inside the CUDA graphs; suffix split-KV; EARLY_PREFIX):
+    greedy tokens equal HF's, with graphs and eager."""
+    from asyncrl.engine import cascade
+
+    rule = cascade.CascadeLaunchRule(prefix_fill=8, min_chunk_tokens=16, prefix_block_n=16, suffix_kv_splits=2,
+                                     suffix_early_prefix=1)
+    monkeypatch.setattr(cascade, "CASCADE_RULE", rule)
+    prompts = prompts_for(22, [37, 50, 21])
+    params = SamplingParams(n=4, temperature=0.0, max_tokens=24, ignore_eos=True)
+    for eager in (False, True):
+        llm = _gpu_llm(tiny_dirs["qwen3"], enforce_eager=eager)
+        outs = llm.generate(prompts, params)
+        c = llm.runner.cascade
+        assert c.steps > 0 and c.prefix_chunks > c.steps  # some steps split the prefix (2 blocks of 16 -> 2)
+        for p, o in zip(prompts, outs):
+            assert [x.token_ids for x in o.completions] == [hf_greedy_loop(gpu_hf, p, 24)] * 4
 
 
 def test_engine_on_its_own_stream_beside_a_busy_default_stream(tiny_dirs, gpu_hf):

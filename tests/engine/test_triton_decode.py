@@ -15,6 +15,7 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 
 from asyncrl.engine.attention import build_gathered_metadata, gathered_attention  # noqa: E402
+from asyncrl.engine.cascade import CascadeLaunchRule  # noqa: E402
 from asyncrl.engine.triton_decode import DecodeLaunch, paged_decode_attention  # noqa: E402
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -122,3 +123,60 @@ def test_fp8_cache_cascade_decode_matches_plain_and_reference():
                                       D ** -0.5)
     torch.testing.assert_close(out, plain, rtol=0, atol=1e-4)
     torch.testing.assert_close(out.cpu().double(), ref, rtol=0, atol=1e-4)
+
+
+# (prefix chunks in the plan header, the launch rule, a suffix launch or None = the rule's)
+CASCADE_LAUNCHES = [
+    (1, CascadeLaunchRule(prefix_block_n=4), None),  # today's launch (1 chunk, no suffix split)
+    (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4), None),
+    # 3 chunks of 8 tokens (a tile's last chunk may be empty), suffix split-KV 2
+    (3, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, suffix_kv_splits=2), None),
+    # prefix part 0 starts the suffix's online softmax (EARLY_PREFIX), alone and with split-KV
+    (1, CascadeLaunchRule(prefix_block_n=4, suffix_early_prefix=1), None),
+    (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2,
+                          suffix_early_prefix=1), None),
+    # suffix tiles over 2 blocks (per-token lookup), 4 chunks of the suffix, 8 prefix warps
+    (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, prefix_warps=8,
+                          suffix_kv_splits=4, suffix_block_n=8, suffix_warps=2, suffix_stages=2), None),
+    # a header count above the partials' depth is clamped to it (2)
+    (8, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2),
+     DecodeLaunch(block_n=4, table_in_registers=True)),
+    (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4),
+     DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
+]
+
+
+def test_cascade_split_launches_match_plain_and_float64():
+    """Cascade decode with the prefix split into chunks (count read from the plan header on the
+    device) and the suffix split-KV (chunk 0 merges the prefix parts): every launch equals plain
+    paged decode and the float64 reference. Prefixes of 1, 3, 4 and 6 blocks (chunks that hold
+    nothing), a singleton row (no prefix: its whole context split), suffixes up to 5 blocks."""
+    import numpy as np
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, tile_shape
+    from asyncrl.engine.triton_decode import cascade_decode_attention
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    groups, prefix = [3, 1, 2, 2], [4, 3, 1, 6]
+    g = torch.Generator().manual_seed(3)
+    suffix = torch.randint(1, 5 * page, (sum(groups),), generator=g).tolist()
+    suffix[0], suffix[1] = 1, 5 * page  # the current token only; a suffix of several chunks
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=3)
+    kc, vc = (torch.randn(nb + 1, page, Hkv, D, generator=g) for _ in range(2))
+    B = len(tables)
+    q = torch.randn(B, H, D, generator=g)
+    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
+    plain = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=4, kv_splits=1))
+    ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
+    torch.testing.assert_close(plain.cpu().double(), ref, rtol=0, atol=1e-5)
+    for chunks, rule, launch in CASCADE_LAUNCHES:
+        plan.prefix_splits = chunks
+        packed = torch.from_numpy(plan.packed()).to(DEVICE)
+        assert packed[B + 1].item() == chunks
+        out = cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5, rule=rule,
+                                       launch=launch)
+        torch.testing.assert_close(out.cpu(), plain.cpu(), rtol=0, atol=1e-5, msg=lambda m: f"{chunks, rule}: {m}")
