@@ -288,9 +288,10 @@ class RolloutConfig:
     kv_cache_dtype: str = field_spec("auto", choices=("auto", "fp8"),
                                      help="engine: fp8 = K/V cached in e4m3 (scale 1.0, vLLM's default): half the "
                                           "KV bytes read per decode step, twice the tokens in the pool")
-    fused_kv_write: bool = field_spec(False, help="engine on a GPU: q/k norm + RoPE and the K/V cache write in one "
-                                                  "Triton kernel per layer instead of five (dense and MoE models; "
-                                                  "off until measured: bench/fused_kv_write.py)")
+    fused_kv_write: Optional[bool] = field_spec(None, help="engine on a GPU: q/k norm + RoPE and the K/V cache write "
+                                                           "in one Triton kernel per layer instead of five (dense and "
+                                                           "MoE models); null: on for a GPU engine (1.11x decode at "
+                                                           "the GRPO shape on an H200), false: the torch path")
     mamba_ssm_cache_dtype: str = field_spec(
         "auto", choices=("auto", "float32", "bfloat16", "float16"),
         help="engine + Qwen3.5 (Gated DeltaNet): the recurrent state's storage dtype (vLLM's key); auto = the "

@@ -4,8 +4,8 @@ decode step, the per-layer kernels the fused write replaces, and how close the t
     python bench/fused_kv_write.py --json bench/results/fused_kv_write_h200.json   # ~1.5-2 min on one H200
 
 Workload and engine as ``asyncrl bench rollout --workloads b --b-prompts 16 --b-samples 8 --b-prompt 256
---b-response 256 --no-hf --warmup-runs 1 --also-profile --profile-workload b`` (``--fused-kv-write`` for
-the second side): the qwen3-0.6b shape with random weights, bf16, CUDA graphs, cascade attention, prefix
+--b-response 256 --no-hf --warmup-runs 1 --also-profile --profile-workload b`` (``--torch-kv-write`` for
+the first side): the qwen3-0.6b shape with random weights, bf16, CUDA graphs, cascade attention, prefix
 sharing (bench/peer_trl_h200.py's rollout), built from bench.py's own helpers in ONE process (one HF
 model, one engine per side, no sharing-off engine), sides alternating off, on, off, on (``--repeats``).
 
@@ -45,7 +45,7 @@ def engine(hf, fused: bool) -> LLM:
     # 2048 blocks of 64 tokens (15 GB): workload b needs ~1100 with its prompts shared; a fixed pool, since
     # sizing from free memory would leave the second engine only what the first one left over
     llm = LLM(hf, dtype=torch.bfloat16, device=DEVICE, block_size=64, max_num_seqs=512, max_model_len=4096,
-              num_kv_blocks=2048, fused_kv_write=fused or None)
+              num_kv_blocks=2048, fused_kv_write=fused)
     assert all(a.fused_kv_write == fused for a in llm.runner._attention_layers())
     llm.generate([[1] * 16] * 4, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))  # warm-up
     return llm

@@ -136,7 +136,7 @@ class _Source:
 def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
     import torch
     from asyncrl.rollout.engine_backend import EngineBackend
-    from asyncrl.rollout.registry import engine_stream_priority
+    from asyncrl.rollout.registry import engine_options, engine_stream_priority
     from asyncrl.runtime.async_controller import build_async_controller
     from asyncrl.runtime.sync_controller import build_sync_controller
     from asyncrl.training.model import load_policy
@@ -157,6 +157,8 @@ def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
     kwargs = {"gpu_memory_utilization": ENGINE_MEMORY} if torch.cuda.is_available() else {}
     # as build_async_controller builds it: async = a thread of this process, its own stream (rollout.engine_stream)
     kwargs["stream_priority"] = engine_stream_priority(cfg.rollout.engine_stream, async_thread=mode == "async")
+    # the rollout section's other engine fields, as the registry passes them (e.g. rollout.fused_kv_write)
+    kwargs = {**{k: v for k, v in engine_options(cfg.rollout).items() if k not in kwargs and v is not None}, **kwargs}
     backend = EngineBackend(model, tokenizer, dtype=torch.bfloat16, device=_device(), **kwargs)
     if mode == "async":
         controller = build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(),

@@ -58,8 +58,9 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          "fused+mb64": ["actor.kernels=auto", "actor.packing=auto", "actor.micro_batch_size=64"],
          # async: the weight-sync probe on every 10th push only (runtime.probe_every)
          "fused+probe10": ["actor.kernels=auto", "actor.packing=auto", "runtime.probe_every=10"],
-         # the engine's q/k norm + RoPE + K/V cache write in one kernel (EngineConfig.fused_kv_write)
-         "fused+kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=true"]}
+         # the engine's q/k norm + RoPE + K/V cache write in five kernels, as before 2026-12-02 (the default
+         # on a GPU is one: EngineConfig.fused_kv_write)
+         "fused+torch_kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=false"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 

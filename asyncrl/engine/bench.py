@@ -237,8 +237,9 @@ def parse_args(argv):
                     help="what --profile / --also-profile run: workload a, or b's G prompts x n samples "
                          "(prefix sharing on: the GRPO rollout's decode, cascade attention included)")
     ap.add_argument("--no-cascade", action="store_true", help="plain paged decode even where rows share a prefix")
-    ap.add_argument("--fused-kv-write", action="store_true",
-                    help="EngineConfig.fused_kv_write: q/k norm + RoPE + K/V cache write in one Triton kernel")
+    ap.add_argument("--torch-kv-write", action="store_true",
+                    help="EngineConfig.fused_kv_write=False: q/k norm + RoPE and the K/V cache write in five kernels "
+                         "(the default on a GPU is one Triton kernel)")
     ap.add_argument("--json", default=None, help="write results to this path")
     ap.add_argument("--cpu-quickstart", action="store_true",
                     help="only the CPU quickstart's rollout (engine vs HF generate, bench_quickstart.py)")
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                      async_scheduling=False if args.no_async_scheduling else None,
                      quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
                      fp8_scaling=args.fp8_scaling, cascade_attention=not args.no_cascade,
-                     fused_kv_write=args.fused_kv_write or None)
+                     fused_kv_write=False if args.torch_kv_write else None)
 
     def make_llm(**kw):
         t0 = time.perf_counter()

@@ -24,8 +24,8 @@ class EngineConfig:
     stream_priority: Optional[int] = None
     cascade_attention: bool = True    # GPU decode: rows sharing prefix blocks read them once per group
     # CUDA: q/k norm + RoPE and the K/V cache write in one Triton kernel per layer (triton_qkv.py) instead of
-    # five (compiled norm/RoPE, v copy, two index_copy_); dense and MoE decoders. None/False: the torch path
-    # (the default until measured on the H200: bench/fused_kv_write.py)
+    # five (compiled norm/RoPE, v copy, two index_copy_); dense and MoE decoders. None: on for CUDA (the
+    # GRPO-shaped decode 1.11x on the H200, bench/fused_kv_write.py); False: the torch path
     fused_kv_write: Optional[bool] = None
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p

@@ -167,7 +167,7 @@ class ModelRunner:
             attn.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             attn.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             if hasattr(attn, "fused_kv_write"):  # the dense decoder's Attention (not the hybrid's gated one)
-                attn.fused_kv_write = bool(self.config.fused_kv_write) and self.is_cuda
+                attn.fused_kv_write = self.is_cuda and self.config.fused_kv_write is not False
 
     def release(self) -> None:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""

@@ -83,7 +83,7 @@ def engine_options(rollout_cfg, lora_cfg=None) -> dict:
                "quantization": None if rollout_cfg.quantization == "none" else rollout_cfg.quantization,
                "fp8_scaling": rollout_cfg.fp8_scaling,
                "kv_cache_dtype": None if rollout_cfg.kv_cache_dtype == "auto" else rollout_cfg.kv_cache_dtype,
-               "fused_kv_write": rollout_cfg.fused_kv_write or None,
+               "fused_kv_write": rollout_cfg.fused_kv_write,
                "mamba_ssm_cache_dtype": None if rollout_cfg.mamba_ssm_cache_dtype == "auto"
                else rollout_cfg.mamba_ssm_cache_dtype,
                # auto: none here; the async runtime's in-process engine asks for its own (async_controller.py)

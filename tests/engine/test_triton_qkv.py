@@ -137,7 +137,7 @@ def test_engine_fused_matches_torch_path(tiny_dirs, tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_gpu_engine_with_fused_write_matches_hf(tiny_dirs):
-    """EngineConfig.fused_kv_write=True on CUDA (graphs captured over the kernel, cascade decode of
+    """EngineConfig.fused_kv_write (on by default on CUDA; graphs captured over the kernel, cascade decode of
     shared prompts): fp32 greedy tokens equal HF's for Qwen3 (q/k norm), Qwen2 (qkv bias) and Llama;
     with an FP8 cache the fused engine's tokens equal the torch path's."""
     from transformers import AutoModelForCausalLM
@@ -154,7 +154,7 @@ def test_gpu_engine_with_fused_write_matches_hf(tiny_dirs):
 
     for family in ("qwen3", "qwen2", "llama"):
         hf = AutoModelForCausalLM.from_pretrained(tiny_dirs[family], dtype=torch.float32).cuda().eval()
-        on = llm(tiny_dirs[family], fused_kv_write=True)
+        on = llm(tiny_dirs[family])  # the default on CUDA
         assert on.runner.graphs and all(a.fused_kv_write for a in on.runner._attention_layers())
         outs = on.generate(prompts, params)
         assert on.runner.cascade.steps > 0
@@ -162,6 +162,6 @@ def test_gpu_engine_with_fused_write_matches_hf(tiny_dirs):
             assert [c.token_ids for c in o.completions] == [hf_greedy_loop(hf, p, 24)] * 4, family
     if torch.cuda.get_device_capability() >= (8, 9):
         fp8 = dict(kv_cache_dtype="fp8")
-        off = llm(tiny_dirs["qwen3"], **fp8).generate(prompts, params)
+        off = llm(tiny_dirs["qwen3"], fused_kv_write=False, **fp8).generate(prompts, params)
         on = llm(tiny_dirs["qwen3"], fused_kv_write=True, **fp8).generate(prompts, params)
         assert [[c.token_ids for c in o.completions] for o in on] == [[c.token_ids for c in o.completions] for o in off]
