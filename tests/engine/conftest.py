@@ -1,6 +1,8 @@
 """Tiny random-weight HF checkpoints (Qwen3, Qwen2, Llama) saved to a tmp dir, fp32."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -84,3 +86,14 @@ def hf_greedy_loop(hf, prompt, n):
         for _ in range(n):
             ids.append(int(hf(torch.tensor([ids], device=hf.device)).logits[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+def skip_unless_triton_runs() -> bool:
+    """Module-level guard of the Triton kernel tests: they run natively on a GPU, or on CPU through
+    the Triton interpreter (``TRITON_INTERPRET=1``, set before the process starts); otherwise the
+    module is skipped. Returns whether CUDA is available."""
+    cuda = torch.cuda.is_available()
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
+    pytest.importorskip("triton")
+    return cuda

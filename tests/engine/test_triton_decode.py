@@ -4,15 +4,12 @@ step: the last token and its drafts, causal among themselves) vs the gathered re
 On a GPU it runs natively; on CPU with ``TRITON_INTERPRET=1`` (and triton installed) through the
 Triton interpreter; otherwise the module is skipped.
 """
-import os
 
 import pytest
 import torch
+from conftest import skip_unless_triton_runs
 
-CUDA = torch.cuda.is_available()
-if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
-pytest.importorskip("triton")
+CUDA = skip_unless_triton_runs()
 
 from asyncrl.engine.attention import build_gathered_metadata, gathered_attention  # noqa: E402
 from asyncrl.engine.cascade import CascadeLaunchRule  # noqa: E402

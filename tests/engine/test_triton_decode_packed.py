@@ -8,16 +8,13 @@ block boundaries, tiles that span several blocks, split-KV, the persistent grid,
 program, and cascade (shared-prefix) decode. On CPU under ``TRITON_INTERPRET=1`` (with triton
 installed); the ``gpu`` test runs bf16 queries natively.
 """
-import os
 
 import numpy as np
 import pytest
 import torch
+from conftest import skip_unless_triton_runs
 
-CUDA = torch.cuda.is_available()
-if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
-pytest.importorskip("triton")
+CUDA = skip_unless_triton_runs()
 
 from test_cascade import _pad, _tables, plain_attention  # noqa: E402
 from test_triton_decode import _interpreter_index_on_numpy_2  # noqa: E402,F401 - autouse fixture

@@ -4,16 +4,13 @@ their torch references.
 On a GPU they run natively; on CPU with ``TRITON_INTERPRET=1`` (and triton installed) the same
 checks run through the Triton interpreter; otherwise the module is skipped.
 """
-import os
 import warnings
 
 import pytest
 import torch
+from conftest import skip_unless_triton_runs
 
-CUDA = torch.cuda.is_available()
-if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
-pytest.importorskip("triton")
+CUDA = skip_unless_triton_runs()
 
 from asyncrl.engine.models.gated_delta import delta_rule_recurrent, _expand_heads  # noqa: E402
 from asyncrl.engine.models.moe import moe_experts_torch, route  # noqa: E402

@@ -1,15 +1,12 @@
 """The fused routing and align kernels (triton_moe_align.py) vs their torch references
 (``moe.route_torch``, ``triton_moe.align_pairs``). On a GPU natively; on CPU with
 ``TRITON_INTERPRET=1`` (and triton installed) through the Triton interpreter; else skipped."""
-import os
 
 import pytest
 import torch
+from conftest import skip_unless_triton_runs
 
-CUDA = torch.cuda.is_available()
-if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
-pytest.importorskip("triton")
+CUDA = skip_unless_triton_runs()
 
 from asyncrl.engine.models.moe import route_torch  # noqa: E402
 from asyncrl.engine.triton_moe import align_pairs  # noqa: E402

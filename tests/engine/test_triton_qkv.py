@@ -5,18 +5,14 @@ inside the engine (prefill and decode, speculative verify, Qwen3 / Qwen2 / Llama
 On a GPU it runs natively; on CPU with ``TRITON_INTERPRET=1`` (and triton installed) through the
 Triton interpreter; otherwise the module is skipped.
 """
-import os
 
 import pytest
 import torch
-from conftest import make_llm, prompts_for
+from conftest import make_llm, prompts_for, skip_unless_triton_runs
 
 from asyncrl.types import SamplingParams
 
-CUDA = torch.cuda.is_available()
-if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
-pytest.importorskip("triton")
+CUDA = skip_unless_triton_runs()
 
 from asyncrl.engine.attention import FP8_KV, raw, store_kv  # noqa: E402
 from asyncrl.engine.models.decoder import _qkv_prepare  # noqa: E402
