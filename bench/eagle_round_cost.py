@@ -110,19 +110,29 @@ def _interpreter_on_numpy_2() -> None:
     interpreter._patch_lang_tensor = patch
 
 
+def round_cost_parser(doc: str) -> argparse.ArgumentParser:
+    """The flags both round-cost scripts take (batch rows, drafts per round, new tokens per row)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64)
+    return ap
+
+
+def stand_in_graphs(module) -> None:
+    """``module.capture_graphs`` replaced by stand-ins that run each step eagerly (uncounted)."""
+    module.capture_graphs = lambda sizes, *steps, **_: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
+
+
 def main(argv=None) -> int:
     from spec_eagle import copy_head
 
     _interpreter_on_numpy_2()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=64)
-    args = ap.parse_args(argv)
+    args = round_cost_parser(__doc__).parse_args(argv)
     hf = build_random_hf("tiny", torch.float32, "cpu", 512)
     head_dir = tempfile.mkdtemp(prefix="eagle_copy_")
     copy_head(hf).save(head_dir)
-    eagle_module.capture_graphs = lambda sizes, *steps, **_: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
+    stand_in_graphs(eagle_module)
     llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
               speculative_config={"method": "eagle", "model": head_dir, "num_speculative_tokens": args.k})
     proposer = llm.spec.proposer

@@ -158,7 +158,7 @@ def run_asyncrl_h200(checkpoint: str, steps: int, mode: str, out_dir: str):
     # as build_async_controller builds it: async = a thread of this process, its own stream (rollout.engine_stream)
     kwargs["stream_priority"] = engine_stream_priority(cfg.rollout.engine_stream, async_thread=mode == "async")
     # the rollout section's other engine fields, as the registry passes them (e.g. rollout.fused_kv_write)
-    kwargs = {**{k: v for k, v in engine_options(cfg.rollout).items() if k not in kwargs and v is not None}, **kwargs}
+    kwargs = {**{k: v for k, v in engine_options(cfg.rollout).items() if v is not None}, **kwargs}
     backend = EngineBackend(model, tokenizer, dtype=torch.bfloat16, device=_device(), **kwargs)
     if mode == "async":
         controller = build_async_controller(cfg, model, tokenizer, source.reward, source.train_stream(),

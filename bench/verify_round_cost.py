@@ -23,7 +23,6 @@ Run it against any checkout to compare (the code under test is whatever ``asyncr
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,8 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import asyncrl.engine.spec.verify_step as verify_module  # noqa: E402
-from eagle_round_cost import (_count_host_tensors, _CountOps, _interpreter_on_numpy_2, _StandInGraph,  # noqa: E402
-                              counted)
+from eagle_round_cost import (_count_host_tensors, _CountOps, _interpreter_on_numpy_2, counted,  # noqa: E402
+                              round_cost_parser, stand_in_graphs)
 
 from asyncrl.engine import LLM  # noqa: E402
 from asyncrl.engine.bench import build_random_hf  # noqa: E402
@@ -58,14 +57,11 @@ def _unfiltered(logits, temperature, keys):
 
 def main(argv=None) -> int:
     _interpreter_on_numpy_2()
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap = round_cost_parser(__doc__)
     ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args(argv)
     hf = build_random_hf("tiny", torch.float32, "cpu", 512)
-    verify_module.capture_graphs = lambda sizes, *steps, **_: [{b: _StandInGraph(s, b) for b in sizes} for s in steps]
+    stand_in_graphs(verify_module)
     llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
               speculative_config={"method": "ngram", "num_speculative_tokens": args.k})
     step = llm.spec.verify_step
