@@ -14,10 +14,11 @@
      * suffix sweep at each S (the suffix kernel alone, merging a 1-chunk prefix): block_n /
        warps / stages, split-KV 2 / 4, prefix part 0 loaded before the loop (``early``), block
        table in registers, the packed variant;
-     * full cascade at each S: today's launch, the rule (``CascadeLaunchRule.prefix_fill``) at
-       each candidate fill, the best prefix + best suffix variant, and the process's
-       ``ASYNCRL_CASCADE_LAUNCH`` (``configured``, = today's when unset).
-   Last lines: the fill whose summed time over all shapes and S is lowest (relative to today's),
+     * full cascade at each S: ``today`` = the launch before the 2026-12-02 sweep (``BEFORE``: 1
+       chunk, the plain decode's suffix tile; the sweep's base), the rule (``prefix_fill``) at each
+       candidate fill, the best prefix + best suffix variant, ``defaults`` (``CascadeLaunchRule()``,
+       now the sweep's pick) and the process's ``ASYNCRL_CASCADE_LAUNCH`` (``configured``).
+   Last lines: the fill whose summed time over all shapes and S is lowest (relative to ``today``),
    the best prefix and suffix launches, and the ``ASYNCRL_CASCADE_LAUNCH`` they make.
 2. Engine, workload (b) only (``asyncrl bench rollout``'s, engine only): prefix sharing on with
    cascade, sharing on with the plain kernel (cascade toggled off in the same engine), and
@@ -166,9 +167,14 @@ class Case:
         return dict(us=per_layer_us(f), max_abs_diff=self.diff(f(0)))
 
 
+# The sweep's base: the launch before the 2026-12-02 pick (1 prefix chunk, the plain decode's suffix
+# tile at every batch size), so each variant is measured against the same thing as in that sweep.
+BEFORE = CascadeLaunchRule(prefix_fill=0.0, max_prefix_splits=8, small_batch_rows=0)
+
+
 def prefix_rule(chunks: int, programs: int, block_n: int, warps: int, **suffix) -> CascadeLaunchRule:
     """A rule whose partials hold ``chunks`` (the header says how many are used)."""
-    return CascadeLaunchRule(prefix_fill=1.0 if chunks > 1 else 0.0, max_prefix_splits=chunks,
+    return dataclasses.replace(BEFORE, prefix_fill=1.0 if chunks > 1 else 0.0, max_prefix_splits=chunks,
                              min_chunk_tokens=block_n, prefix_programs_per_sm=programs, prefix_block_n=block_n,
                              prefix_warps=warps, **suffix)
 
@@ -203,7 +209,7 @@ def sweep_shape(name: str) -> dict:
         res["suffix_sweep"][s] = {}
         for vname in SUFFIX_VARIANTS:
             fields, launch = suffix_launch(vname)
-            row = case.suffix_alone(CascadeLaunchRule(**fields), launch)
+            row = case.suffix_alone(dataclasses.replace(BEFORE, **fields), launch)
             res["suffix_sweep"][s][vname] = row
             print(name, f"suffix S={s}", vname, json.dumps(row), flush=True)
     ok = lambda rows: {k: v for k, v in rows.items() if v["max_abs_diff"] < TOL}  # noqa: E731
@@ -212,19 +218,21 @@ def sweep_shape(name: str) -> dict:
     for s, case in cases.items():  # full cascade at each S
         full = res["full"][s] = {}
         case.set_chunks(1)
-        full["today"] = case.cascade(CascadeLaunchRule())
+        full["today"] = case.cascade(BEFORE)
         for fill in FILLS[1:]:
-            chunks = prefix_splits_for(case.plan.num_tiles, HKV, shape["prefix"], sms,
-                                       CascadeLaunchRule(prefix_fill=fill))
+            rule = dataclasses.replace(BEFORE, prefix_fill=fill)
+            chunks = prefix_splits_for(case.plan.num_tiles, HKV, shape["prefix"], sms, rule)
             case.set_chunks(chunks)
-            full[f"fill {fill}"] = dict(chunks=chunks, **case.cascade(CascadeLaunchRule(prefix_fill=fill)))
+            full[f"fill {fill}"] = dict(chunks=chunks, **case.cascade(rule))
         best_sfx = min(ok(res["suffix_sweep"][s]), key=lambda k: res["suffix_sweep"][s][k]["us"])
         fields, launch = suffix_launch(best_sfx)
         case.set_chunks(c)
         full["best"] = dict(prefix=best_prefix, suffix=best_sfx,
                             **case.cascade(prefix_rule(c, p, n, w, **fields), launch))
-        case.set_chunks(prefix_splits_for(case.plan.num_tiles, HKV, shape["prefix"], sms, cm.CASCADE_RULE))
-        full["configured"] = case.cascade(cm.CASCADE_RULE)
+        for key, rule in (("defaults", CascadeLaunchRule()), ("configured", cm.CASCADE_RULE)):
+            chunks = prefix_splits_for(case.plan.num_tiles, HKV, shape["prefix"], sms, rule)
+            case.set_chunks(chunks)
+            full[key] = dict(chunks=chunks, **case.cascade(rule))
         print(name, f"full S={s}", json.dumps(full), flush=True)
     res["best_prefix"] = best_prefix
     return res
@@ -260,7 +268,7 @@ def pick(shapes: list[dict]) -> dict:
     p, n, w = (int(x[1:]) for x in best_launch.split())
     env = [] if best_fill == "today" else [f"prefix_fill={best_fill.split()[1]}"]
     env += [f"{k}={v}" for k, v in (("prefix_programs_per_sm", p), ("prefix_block_n", n), ("prefix_warps", w))
-            if v != getattr(CascadeLaunchRule(), k)]
+            if v != getattr(BEFORE, k)]
     fields, special = SUFFIX_VARIANTS[best_sfx]
     env += [f"{k}={v}" for k, v in fields.items()]
     note = {None: "", "table": "the suffix's best needs ASYNCRL_DECODE_VARIANT=base,1 (plain decode too)",
@@ -339,7 +347,7 @@ def offline_report() -> int:
     for name, (fields, special) in SUFFIX_VARIANTS.items():
         if special == "packed":
             continue  # bench/paged_decode_variants.py --offline compiles the packed kernel
-        rule = CascadeLaunchRule(**fields)
+        rule = dataclasses.replace(BEFORE, **fields)
         launch = cascade_suffix_launch(rule, DECODE_LAUNCH)
         consts = dict(GROUP=H // HKV, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=launch.block_n, IEEE=False,
                       CASCADE=True, KV_SPLITS=max(1, rule.suffix_kv_splits), QLEN=1,

@@ -66,13 +66,22 @@ class CascadeLaunchRule:
         ``kv_splits_for``). The suffix length is not an input of any graph-fixed choice: a
         split-KV chunk past a row's length is empty and exits early.
 
-    The defaults are the launch measured best at workload (b) (32 groups x 16, prefix 1,024:
-    1 chunk, 4 programs per SM, bench/RESULTS.md); ``bench/cascade_decode.py --shape peer,b``
-    measures the alternatives and prints the ``ASYNCRL_CASCADE_LAUNCH`` it would set.
+      * per batch bucket: the suffix launch of small batches (``small_batch_rows``): at most that
+        many rows take ``small_suffix_block_n`` / ``small_suffix_warps`` (unless ``suffix_block_n``
+        / ``suffix_warps`` are set, which win at every batch size).
+
+    The defaults are the sweep's pick on an H200 (``bench/cascade_decode.py --shape peer,b``,
+    2026-12-02, bench/RESULTS.md): the GRPO shape (16 groups x 8, prefix 256, batch 128) gets 2
+    prefix chunks (128 items < 132 SMs; 14.1 -> 10.9 us for the prefix kernel) and the 16-token,
+    2-warp suffix tile (9.6 -> 4.8 us at a 1-token suffix, 37.9 -> 36.6 at 256); workload (b)
+    (32 groups x 16, prefix 1,024, batch 512) keeps 1 chunk and the plain decode's suffix tile,
+    which the 16-token tile loses to at 512 rows from a 64-token suffix on (40.9 -> 43.3 us).
+    Batches between 128 and 512 rows were not measured: the threshold is the measured side.
+    ``bench/cascade_decode.py`` prints the ``ASYNCRL_CASCADE_LAUNCH`` its sweep would set.
     """
 
-    prefix_fill: float = 0.0       # 0 = never split the prefix (the default, measured at (b))
-    max_prefix_splits: int = 8     # cap, and the partials' buffer depth when prefix_fill > 0
+    prefix_fill: float = 1.0       # 0 = never split the prefix; 1 = split while items < SMs
+    max_prefix_splits: int = 2     # cap, and the partials' buffer depth when prefix_fill > 0
     min_chunk_tokens: int = 64     # a chunk holds at least this many prefix tokens
     prefix_programs_per_sm: int = 4
     prefix_block_n: int = 64
@@ -82,6 +91,9 @@ class CascadeLaunchRule:
     suffix_warps: int = 0
     suffix_stages: int = 0
     suffix_early_prefix: int = 0   # 1 = the suffix kernel loads prefix part 0 before its loop (EARLY_PREFIX)
+    small_batch_rows: int = 128    # batches of at most this many rows take the small suffix tile (0 = never)
+    small_suffix_block_n: int = 16
+    small_suffix_warps: int = 2
 
     @property
     def max_splits(self) -> int:
@@ -123,6 +135,8 @@ def rule_from_env(raw: Optional[str] = None) -> CascadeLaunchRule:
     rule = CascadeLaunchRule(**values)
     if rule.max_prefix_splits < 1 or min(rule.prefix_programs_per_sm, rule.prefix_block_n, rule.prefix_warps) < 1:
         raise ValueError("ASYNCRL_CASCADE_LAUNCH: max_prefix_splits and the prefix launch must be >= 1")
+    if rule.small_batch_rows < 0 or min(rule.small_suffix_block_n, rule.small_suffix_warps) < 1:
+        raise ValueError("ASYNCRL_CASCADE_LAUNCH: small_batch_rows must be >= 0 and the small suffix launch >= 1")
     if rule.suffix_kv_splits < 0 or rule.suffix_kv_splits & (rule.suffix_kv_splits - 1):
         raise ValueError("ASYNCRL_CASCADE_LAUNCH: suffix_kv_splits must be 0 (per batch) or a power of 2")
     return rule

@@ -415,12 +415,17 @@ def _programs(device: torch.device, per_sm: int) -> int:
     return num_sms(device) * per_sm
 
 
-def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = None) -> DecodeLaunch:
+def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = None,
+                          batch_rows: int | None = None) -> DecodeLaunch:
     """The suffix decode's launch: ``base`` (default ``DECODE_LAUNCH``) with the rule's non-zero
-    ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages``."""
+    ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages``; where those are 0 and the batch has at
+    most ``rule.small_batch_rows`` rows, the rule's small-batch tile. ``batch_rows`` is the launch's
+    batch size (fixed per CUDA graph bucket, so graph-safe); None = not a small batch."""
     base = base or DECODE_LAUNCH
-    return dataclasses.replace(base, block_n=rule.suffix_block_n or base.block_n,
-                               num_warps=rule.suffix_warps or base.num_warps,
+    small = batch_rows is not None and batch_rows <= rule.small_batch_rows
+    return dataclasses.replace(base,
+                               block_n=rule.suffix_block_n or (rule.small_suffix_block_n if small else base.block_n),
+                               num_warps=rule.suffix_warps or (rule.small_suffix_warps if small else base.num_warps),
                                num_stages=rule.suffix_stages or base.num_stages)
 
 
@@ -457,7 +462,8 @@ def launch_suffix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """The suffix decode alone, merging ``launch_prefix``'s partials: -> out like q."""
     nsp = tiles.view(-1)[1:2]  # the header's chunk count
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          cascade=(suffix_start, nsp, *partials), launch=launch or cascade_suffix_launch(rule),
+                          cascade=(suffix_start, nsp, *partials),
+                          launch=launch or cascade_suffix_launch(rule, batch_rows=q.shape[0]),
                           cascade_kv_splits=rule.suffix_kv_splits, early_prefix=bool(rule.suffix_early_prefix))
 
 
@@ -471,7 +477,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     Rows with ``suffix_start == 0`` get plain paged decode.
 
     ``rule``: the launch (default ``cascade.CASCADE_RULE``, read at call time); ``launch``
-    overrides the suffix decode's (default ``cascade_suffix_launch(rule)``; the packed variant
+    overrides the suffix decode's (default ``cascade_suffix_launch(rule, batch_rows=B)``; the packed variant
     takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
     and the batch size only; the tile and chunk counts are read on the device (a header count
     above ``rule.max_splits`` is clamped)."""

@@ -222,14 +222,21 @@ def wave_launch_shape(batch: int, vocab: int, device: torch.device, block: int, 
     return min(range(1, n_tiles + 1), key=cost), n_tiles
 
 
+# The vocab tile: 1024 x 8 warps measured faster than 2048 x 8 on the H200 at every batch
+# (bench/sampler_kernel.py --waves-only, 2026-12-02, 151,936 vocab: 0.102 vs 0.107 ms at 128 rows,
+# 0.198 vs 0.202 at 256, 0.364 vs 0.392 at 512; 56 registers a thread -> 4 programs an SM, the 4
+# ``launch_shape`` asks for). The wave-sized launch (``waves``) was not faster at either tile.
+DEFAULT_BLOCK = 1024
+
+
 def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor,
-                      block: int = 2048, num_warps: int = 8, programs_per_sm: int = 4, waves: bool = False
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      block: int = DEFAULT_BLOCK, num_warps: int = 8, programs_per_sm: int = 4,
+                      waves: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits ``[B, V]`` (any float dtype, unit stride along V), temperature ``[B]`` fp32
     (<= 0: greedy), keys ``[B]`` int64 (< 2^32, from ``row_keys``)
     -> (tokens ``[B]`` int64, logprobs ``[B]`` fp32): ``sample(..., use_filter=False)``.
     ``waves``: splits from ``wave_launch_shape`` (the programs that fit per SM, in whole waves)
-    instead of ``launch_shape``; opt-in until bench/sampler_kernel.py measures it on the H200."""
+    instead of ``launch_shape``; opt-in (measured no faster on the H200, ``DEFAULT_BLOCK``)."""
     B, V = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()

@@ -143,12 +143,16 @@ def test_buffers_views_are_fixed_per_bucket():
 
 
 def test_prefix_splits_rule_fills_the_sms_with_few_groups():
-    """The rule's hand-derived picks: default = 1 split always; with ``prefix_fill`` the fewest
-    power-of-2 chunks making ``tiles x kv heads x splits >= fill x SMs``, capped by
-    ``max_prefix_splits`` and by chunks of ``min_chunk_tokens``."""
+    """The rule's hand-derived picks: ``prefix_fill=0`` = 1 split always; with ``prefix_fill`` the
+    fewest power-of-2 chunks making ``tiles x kv heads x splits >= fill x SMs``, capped by
+    ``max_prefix_splits`` and by chunks of ``min_chunk_tokens``. The defaults (fill 1, at most 2):
+    2 chunks at the GRPO shape (128 items < 132 SMs), 1 at workload (b) (256 items)."""
     from asyncrl.engine.cascade import CascadeLaunchRule, prefix_splits_for
 
-    assert prefix_splits_for(16, 8, 256, 132, CascadeLaunchRule()) == 1  # today's launch
+    assert prefix_splits_for(16, 8, 256, 132, CascadeLaunchRule(prefix_fill=0.0)) == 1  # the launch before
+    assert prefix_splits_for(16, 8, 256, 132, CascadeLaunchRule()) == 2  # the defaults, GRPO shape
+    assert prefix_splits_for(32, 8, 1024, 132, CascadeLaunchRule()) == 1  # the defaults, workload (b)
+    assert prefix_splits_for(16, 8, 64, 132, CascadeLaunchRule()) == 1  # one chunk's worth of prefix
     rule = CascadeLaunchRule(prefix_fill=2.0, max_prefix_splits=8, min_chunk_tokens=64)
     # GRPO peer shape: 16 tiles x 8 heads = 128 items; 264 wanted -> 4 (512), 2 gives only 256
     assert prefix_splits_for(16, 8, 256, 132, rule) == 4
@@ -157,7 +161,8 @@ def test_prefix_splits_rule_fills_the_sms_with_few_groups():
     assert prefix_splits_for(2, 8, 4096, 132, rule) == 8  # capped by max_prefix_splits
     assert prefix_splits_for(32, 8, 1024, 132, rule) == 2  # workload (b): 256 items, 264 wanted
     assert prefix_splits_for(32, 8, 1024, 132, CascadeLaunchRule(prefix_fill=1.0)) == 1
-    assert CascadeLaunchRule().max_splits == 1 and rule.max_splits == 8
+    assert CascadeLaunchRule(prefix_fill=0.0).max_splits == 1 and rule.max_splits == 8
+    assert CascadeLaunchRule().max_splits == 2
 
 
 def test_rule_from_env_parses_and_names_bad_values():
@@ -168,7 +173,8 @@ def test_rule_from_env_parses_and_names_bad_values():
                                                                                        max_prefix_splits=4)
     assert rule_from_env("suffix_kv_splits=0,suffix_block_n=32").suffix_block_n == 32
     for bad, word in (("fill=1", "unknown key 'fill'"), ("prefix_fill=x", "prefix_fill='x' is not a number"),
-                      ("max_prefix_splits=0", "must be >= 1"), ("suffix_kv_splits=3", "power of 2")):
+                      ("max_prefix_splits=0", "must be >= 1"), ("suffix_kv_splits=3", "power of 2"),
+                      ("small_batch_rows=-1", "small_batch_rows"), ("small_suffix_warps=0", "small suffix")):
         with pytest.raises(ValueError, match=word):
             rule_from_env(bad)
 
@@ -180,7 +186,7 @@ def test_buffers_write_the_rules_prefix_splits_into_the_header(monkeypatch):
     tables, ctx, nb = _tables([3, 2], 4, [2, 4], [1, 2, 3, 4, 1])
     bufs = CascadeBuffers(16, 8, 4, 64, torch.device("cpu"), sms=8)
     _, t = bufs.load(bufs.plan(_pad(tables, 6, nb), ctx, 16), 16)
-    assert t[0, :2].tolist() == [2, 1]  # default rule: one chunk
+    assert t[0, :2].tolist() == [2, 1]  # default rule: one chunk (16 items >= 8 SMs; a 16-token prefix)
     monkeypatch.setattr(cascade, "CASCADE_RULE", cascade.CascadeLaunchRule(prefix_fill=4.0, min_chunk_tokens=4))
     plan = bufs.plan(_pad(tables, 6, nb), ctx, 16)
     # 2 tiles x 8 kv heads = 16 items, 32 wanted -> 2; the longest prefix (16 tokens) allows 4

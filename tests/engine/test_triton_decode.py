@@ -124,7 +124,9 @@ def test_fp8_cache_cascade_decode_matches_plain_and_reference():
 
 # (prefix chunks in the plan header, the launch rule, a suffix launch or None = the rule's)
 CASCADE_LAUNCHES = [
-    (1, CascadeLaunchRule(prefix_block_n=4), None),  # today's launch (1 chunk, no suffix split)
+    # the launch before 2026-12-02 (1 chunk, the plain decode's suffix tile)
+    (1, CascadeLaunchRule(prefix_fill=0, prefix_block_n=4, small_batch_rows=0), None),
+    (2, CascadeLaunchRule(prefix_block_n=4), None),  # the defaults: 2 chunks, the small-batch suffix tile
     (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4), None),
     # 3 chunks of 8 tokens (a tile's last chunk may be empty), suffix split-KV 2
     (3, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, suffix_kv_splits=2), None),
@@ -177,3 +179,20 @@ def test_cascade_split_launches_match_plain_and_float64():
         out = cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5, rule=rule,
                                        launch=launch)
         torch.testing.assert_close(out.cpu(), plain.cpu(), rtol=0, atol=1e-5, msg=lambda m: f"{chunks, rule}: {m}")
+
+
+def test_cascade_suffix_launch_takes_the_small_batch_tile_up_to_its_row_count():
+    """The suffix launch per batch bucket: at most ``small_batch_rows`` rows -> the small tile;
+    more rows (or no batch size) -> ``DECODE_LAUNCH``'s; explicit ``suffix_*`` win at any size."""
+    from asyncrl.engine.triton_decode import DECODE_LAUNCH, cascade_suffix_launch
+
+    rule = CascadeLaunchRule()
+    small = cascade_suffix_launch(rule, DECODE_LAUNCH, batch_rows=128)
+    assert (small.block_n, small.num_warps) == (rule.small_suffix_block_n, rule.small_suffix_warps) == (16, 2)
+    for rows in (129, 512, None):
+        big = cascade_suffix_launch(rule, DECODE_LAUNCH, batch_rows=rows)
+        assert (big.block_n, big.num_warps) == (DECODE_LAUNCH.block_n, DECODE_LAUNCH.num_warps)
+    pinned = cascade_suffix_launch(CascadeLaunchRule(suffix_block_n=32), DECODE_LAUNCH, batch_rows=8)
+    assert (pinned.block_n, pinned.num_warps) == (32, 2)
+    off = cascade_suffix_launch(CascadeLaunchRule(small_batch_rows=0), DECODE_LAUNCH, batch_rows=8)
+    assert off == DECODE_LAUNCH
