@@ -52,13 +52,16 @@ from text_lm import (chunk, distinct_ngrams, document, eval_loss, gsm8k_rows, lo
 from asyncrl.engine.bench import SHAPES  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 
-ROWS = ("off", "ngram", "draft_model", "eagle")
-# The draft model per target shape: same tokenizer (vocabulary) and head_dim as the target, ~1/10 of
-# its layers' width x depth. 0.6B: 4 layers of width 512 (~15M without the embedding; the tied
-# 512 x 151,936 LM head is most of its cost per drafted token).
+# timed in this order (off first: the reference); n-gram last, its row is met elsewhere (bench/RESULTS.md)
+ROWS = ("off", "draft_model", "eagle", "ngram")
+# The draft model per target shape: same tokenizer (vocabulary) and head_dim as the target. 0.6B:
+# 2 layers of width 512 (~7M without the embedding; its tied 512 x 151,936 LM head is 78M), so a
+# drafted token costs a few graph-launched kernels (--draft-layers: deeper).
 DRAFT_SHAPES = {
-    "qwen3-0.6b": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=4,
+    "qwen3-0.6b": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=128, tie_word_embeddings=True),
+    "mini-32k": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, head_dim=32, tie_word_embeddings=True),
     "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=16, tie_word_embeddings=True),
 }
@@ -162,6 +165,18 @@ def train_eagle(target, samples: list, args, out_dir: str) -> dict:
     return rec
 
 
+class PhaseClock:
+    """``clock(name)`` records the seconds since the previous call under ``name`` (``.record``)."""
+
+    def __init__(self):
+        self.t, self.record = time.perf_counter(), {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.record[name] = round(now - self.t, 1)
+        self.t = now
+
+
 def free_cuda() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -192,9 +207,12 @@ def timed(llm, prompts, params, device: str):
     return row, tokens
 
 
-def text_measures(tok, tokens: list[list[int]]) -> dict:
-    return dict(distinct_4gram=distinct_ngrams(tokens, 4), loop_share_last_256=longest_repeat_suffix(tokens),
-                row0_start=tok.decode(tokens[0][:160]) if tokens else "")
+def text_measures(tok, tokens: list[list[int]], sample: bool) -> dict:
+    """Repetition of the generated rows, and (``sample``) the first 100 tokens of row 0 decoded."""
+    rec = dict(distinct_4gram=distinct_ngrams(tokens, 4), loop_share_last_256=longest_repeat_suffix(tokens))
+    if sample and tokens:
+        rec["row0_start"] = tok.decode(tokens[0][:100])
+    return rec
 
 
 def parse_args(argv):
@@ -209,18 +227,19 @@ def parse_args(argv):
     ap.add_argument("--corpus-rows", type=int, default=None, help="GSM8K training rows used (default: all 7,473)")
     ap.add_argument("--seq-len", type=int, default=None, help="training chunk length (default: tail + 256)")
     ap.add_argument("--batch", type=int, default=8, help="chunks per training step")
-    ap.add_argument("--target-seconds", type=float, default=90.0)
+    ap.add_argument("--target-seconds", type=float, default=80.0)
     ap.add_argument("--target-steps", type=int, default=None, help="instead of --target-seconds (deterministic)")
     ap.add_argument("--lr", type=float, default=6e-4)
-    ap.add_argument("--draft-seconds", type=float, default=25.0)
+    ap.add_argument("--draft-seconds", type=float, default=20.0)
     ap.add_argument("--draft-steps", type=int, default=None)
     ap.add_argument("--draft-lr", type=float, default=2e-3)
-    ap.add_argument("--draft-kd-seconds", type=float, default=10.0, help="then on the target's samples (0: not)")
+    ap.add_argument("--draft-layers", type=int, default=None, help="the draft model's depth (default: DRAFT_SHAPES')")
+    ap.add_argument("--draft-kd-seconds", type=float, default=8.0, help="then on the target's samples (0: not)")
     ap.add_argument("--draft-kd-steps", type=int, default=None)
-    ap.add_argument("--head-prompts", type=int, default=96, help="GSM8K training questions the target answers "
+    ap.add_argument("--head-prompts", type=int, default=64, help="GSM8K training questions the target answers "
                     "for the EAGLE head's samples (half greedy, half at temperature 1)")
     ap.add_argument("--head-len", type=int, default=None, help="new tokens per head sample (default: --tail-tokens)")
-    ap.add_argument("--head-steps", type=int, default=120)
+    ap.add_argument("--head-steps", type=int, default=100)
     ap.add_argument("--head-batch-tokens", type=int, default=8192)
     ap.add_argument("--head-lr", type=float, default=1e-3)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
@@ -263,6 +282,7 @@ def main(argv=None) -> dict:
     results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), shape=args.shape,
                    device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                    torch=torch.__version__, k=args.k, draft_sampling=args.draft_sampling, rows={})
+    phase = PhaseClock()
     text = build_text(args)
     results["text"] = text["record"]
     print("text", json.dumps(text["record"]), flush=True)
@@ -273,28 +293,35 @@ def main(argv=None) -> dict:
     if shape["vocab_size"] < tok.get_vocab_size():
         raise SystemExit(f"--vocab {tok.get_vocab_size()} exceeds the shape's vocabulary {shape['vocab_size']}")
     max_len = max(args.seq_len, max(map(len, text["tail_prompts"])) + args.tail_tokens, 2 * args.a_len) + 64
+    phase("text")
     target, results["target"] = train_model("target", shape, text, args, args.target_seconds, args.target_steps,
                                             args.lr, max_len)
+    phase("target")
     common = {"num_speculative_tokens": args.k, "disable_by_batch_size": args.disable_by_batch_size}
     specs = {"off": None, "ngram": {"method": "ngram", **common}}
     samples = None
     if {"draft_model", "eagle"} & set(args.rows):
         samples, results["target_samples"] = target_samples(target, text, args)
+        phase("target_samples")
     if "draft_model" in args.rows:
         draft_shape = {**DRAFT_SHAPES[args.shape], "vocab_size": shape["vocab_size"]}
+        if args.draft_layers:
+            draft_shape["num_hidden_layers"] = args.draft_layers
         draft, results["draft_model"] = train_model("draft", draft_shape, text, args, args.draft_seconds,
                                                     args.draft_steps, args.draft_lr, max_len)
         if args.draft_kd_seconds or args.draft_kd_steps:
             results["draft_model"]["distilled"] = distill_draft(draft, samples, args)
+        phase("draft_model")
         specs["draft_model"] = {"method": "draft_model", "model": draft, **common,
                                 "draft_sampling": args.draft_sampling}
     if "eagle" in args.rows:
         head_dir = tempfile.mkdtemp(prefix="eagle_head_")
         results["eagle"] = train_eagle(target, samples, args, head_dir)
+        phase("eagle_head")
         specs["eagle"] = {"method": "eagle", "model": head_dir, **common,
                           "draft_sampling": args.draft_sampling}
     results["train_s"] = round(time.perf_counter() - t_start, 1)
-    specs = {n: s for n, s in specs.items() if n in args.rows}
+    specs = {n: specs[n] for n in ROWS if n in args.rows and n in specs}
     g = torch.Generator().manual_seed(1)
     a_prompts = torch.randint(1, tok.get_vocab_size(), (args.a_batch, args.a_len), generator=g).tolist()
     a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, seed=0)
@@ -309,7 +336,7 @@ def main(argv=None) -> dict:
             row[key], tokens = timed(llm, text["tail_prompts"], params, args.device)
             reference.setdefault(key, tokens)
             row[key]["same_tokens_as_off"] = tokens == reference[key]
-            row[key].update(text_measures(tok, tokens))
+            row[key].update(text_measures(tok, tokens, sample=name == "off"))
             if name != "off":
                 row[key]["x_off"] = round(row[key]["tokens_per_s"] / results["rows"]["off"][key]["tokens_per_s"], 3)
         if args.a_batch:
@@ -317,6 +344,8 @@ def main(argv=None) -> dict:
             if name != "off":
                 row["a"]["x_off"] = round(row["a"]["tokens_per_s"] / results["rows"]["off"]["a"]["tokens_per_s"], 3)
         results["rows"][name] = row
+        phase(f"row_{name}")
+        results["phase_s"] = phase.record
         print(name, json.dumps(row), flush=True)
         if args.json:  # after every row: a later failure keeps what was measured
             Path(args.json).write_text(json.dumps(results, indent=1))
@@ -325,8 +354,13 @@ def main(argv=None) -> dict:
         free_cuda()
     results["summary"] = {f"{n}/{k}": r[k]["x_off"] for n, r in results["rows"].items() if n != "off"
                           for k in r if isinstance(r[k], dict) and "x_off" in r[k]}
+    results["bars"] = {f"{n}/greedy >= 1.8x off": r["greedy"]["x_off"] >= 1.8 for n, r in results["rows"].items()
+                       if n in ("draft_model", "eagle") and "greedy" in r}
+    results["bars"].update({f"{n}/a not slower than off (>= 0.97x, timing noise)": r["a"]["x_off"] >= 0.97
+                            for n, r in results["rows"].items() if n != "off" and "a" in r})
     results["total_s"] = round(time.perf_counter() - t_start, 1)
-    print("summary", json.dumps(results["summary"]), "total_s", results["total_s"], flush=True)
+    print("summary", json.dumps(results["summary"]), json.dumps(results["bars"]), "total_s", results["total_s"],
+          flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return results

@@ -141,6 +141,7 @@ def train_lm(model, chunks: torch.Tensor, batch: int, lr: float, seconds: Option
     if cuda:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)  # no gradients left behind for the engine's memory sizing
     model.eval()
     del opt
     tokens = step * batch * chunks.shape[1]
