@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # text_lm; appended: nothing shadowed
 from text_lm import (chunk, distinct_ngrams, document, eval_loss, gsm8k_rows, longest_repeat_suffix,  # noqa: E402
                      new_lm, prompt_text, token_stream, train_lm, train_tokenizer)
 

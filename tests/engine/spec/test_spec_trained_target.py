@@ -8,6 +8,9 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+import torch
+
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
@@ -80,3 +83,53 @@ def test_the_bench_runs_every_row_on_a_tiny_trained_target(tmp_path):
         assert r["summary"][f"{name}/greedy"] == g["x_off"]
     for name in ("draft_model", "eagle"):  # the probabilistic drafters did draft on the sampled tails
         assert r["rows"][name]["t1"]["drafted"] > 0
+
+
+# -- a draft model of its own shape (the bench's: narrower, shallower, fewer heads than the target) --
+
+def _narrow_draft():
+    """A 1-layer, width-32, 2-head draft of the tiny target's vocabulary (head_dim 16 as the target's):
+    a K/V pool of another geometry than the target's. Untrained: its tied embeddings make it draft
+    the last token again, which the tiny target often emits, so drafts are accepted and rejected."""
+    return text_lm.new_lm(dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True),
+                          max_pos=512, device="cpu", seed=3)
+
+
+def _narrow_draft_equals_off(target_dir, llm_of):
+    """Greedy and sampled tokens with the narrow draft equal speculation off; some drafts are
+    accepted and some rejected (both paths of the draft's K/V bookkeeping run)."""
+    from asyncrl.types import SamplingParams
+
+    spec = {"method": "draft_model", "model": _narrow_draft(), "num_speculative_tokens": 3}
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [40, 12, 77, 3, 19, 60]]
+    for params in (SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
+                   SamplingParams(temperature=1.0, max_tokens=32, seed=2, ignore_eos=True, n=2)):
+        off = llm_of(target_dir).generate(prompts, params)
+        llm = llm_of(target_dir, speculative_config=spec)
+        on = llm.generate(prompts, params)
+        assert [c.token_ids for o in on for c in o.outputs] == [c.token_ids for o in off for c in o.outputs]
+        assert 0.1 < llm.metrics["spec_acceptance_rate"] < 0.95, llm.metrics["spec_acceptance_rate"]
+    return llm
+
+
+def test_a_draft_model_of_another_shape_gives_the_same_tokens(tmp_path):
+    from conftest import build_tiny, make_llm
+
+    _narrow_draft_equals_off(build_tiny("qwen3", tmp_path), make_llm)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_draft_model_of_another_shape_gives_the_same_tokens(tmp_path):
+    """The same on CUDA (fp32), the draft's round in its CUDA graphs (paged kernel on the draft's pool)."""
+    from conftest import build_tiny
+
+    from asyncrl.engine import LLM
+
+    def cuda_llm(path, **kw):
+        return LLM(path, dtype=torch.float32, device="cuda", block_size=16, max_model_len=256,
+                   gpu_memory_utilization=0.3, **kw)
+
+    llm = _narrow_draft_equals_off(build_tiny("qwen3", tmp_path), cuda_llm)
+    assert llm.spec.proposer.graphs  # the rounds ran through the captured graphs
