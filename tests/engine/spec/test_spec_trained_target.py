@@ -40,6 +40,16 @@ def test_the_tokenizer_round_trips_gsm8k_and_ends_each_document_with_eos():
     assert chunks.shape == (len(stream) // 16, 16) and chunks[1].tolist() == stream[16:32].tolist()
 
 
+def test_lm_loss_is_the_mean_next_token_cross_entropy():
+    model = text_lm.new_lm(dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, num_key_value_heads=1, head_dim=8), 64, "cpu")
+    x = torch.randint(0, 50, (3, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logp = model(input_ids=x).logits.double().log_softmax(-1)  # [3, 10, 50]
+        want = -logp[:, :-1].gather(-1, x[:, 1:, None]).mean()  # position p predicts token p + 1
+        assert abs(float(text_lm.lm_loss(model, x)) - float(want)) < 1e-5
+
+
 def test_repetition_measures():
     assert text_lm.distinct_ngrams([[1, 2, 3, 4, 5, 6]]) == 1.0
     assert text_lm.distinct_ngrams([[1, 2] * 10]) == round(2 / 17, 4)  # 17 4-grams, 2 distinct
