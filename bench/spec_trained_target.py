@@ -287,6 +287,14 @@ def main(argv=None) -> dict:
     phase = PhaseClock()
     text = build_text(args)
     results["text"] = text["record"]
+    results["notes"] = [
+        "target: the shape's layers and vocabulary rows (--model-vocab shape) trained from random init for "
+        "target.seconds on GSM8K; ids past the tokenizer's are never seen: a real 0.6B's cost per step, "
+        "not a real 0.6B's quality (target.heldout_loss)",
+        "greedy rows: every drafter's tokens should equal off (bf16 near-ties aside, bench/RESULTS.md); "
+        "sampled rows with probabilistic drafts follow the target's law, not off's tokens",
+        "distinct_4gram / loop_share_last_256: how repetitive the generated text is; loops favour drafting",
+    ]
     print("text", json.dumps(text["record"]), flush=True)
     tok = text["tokenizer"]
     shape = dict(SHAPES[args.shape])
