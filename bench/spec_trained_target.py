@@ -68,8 +68,8 @@ DRAFT_SHAPES = {
 # --tiny: the same path at CPU size (tests/engine/spec/test_spec_trained_target.py runs it); workload (a)
 # runs at batch 3 above a speculation threshold of 2 so that it exercises "speculation stays off"
 TINY = dict(shape="tiny", vocab=320, corpus_rows=120, seq_len=48, target_steps=40, draft_steps=20, batch=4,
-            head_prompts=2, head_len=12, head_steps=10, draft_kd_steps=3, head_batch_tokens=128, tail_batch=2, tail_tokens=12,
-            a_batch=3, a_len=4, lr=3e-3, draft_lr=3e-3, disable_by_batch_size=2, device="cpu")
+            head_prompts=2, head_len=12, head_steps=10, draft_kd_steps=3, head_batch_tokens=128, tail_batch=2,
+            tail_tokens=12, a_batch=3, a_len=4, lr=3e-3, draft_lr=3e-3, disable_by_batch_size=2, device="cpu")
 
 
 def engine_kwargs(dtype, device: str, max_len: int) -> dict:
@@ -362,7 +362,7 @@ def main(argv=None) -> dict:
         llm.close()
         del llm
         free_cuda()
-    if args.off_again and "greedy" in reference:  # the reference once more, last: an "off" slowed by being timed first would show here
+    if args.off_again and "greedy" in reference:  # off again, last: an "off" slowed by going first shows here
         llm = LLM(target, **engine_kwargs(args.dtype, args.device, max_len))
         params = SamplingParams(temperature=0, max_tokens=args.tail_tokens, ignore_eos=True, seed=0)
         row, tokens = timed(llm, text["tail_prompts"], params, args.device)
