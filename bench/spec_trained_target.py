@@ -100,7 +100,9 @@ def train_model(name: str, shape: dict, text: dict, args, seconds, steps, lr: fl
     """A model of ``shape`` trained on the corpus, cast to the engine's dtype; (model, record)."""
     model = new_lm(shape, max_pos, args.device, seed={"target": 0, "draft": 1}[name])
     params = sum(p.numel() for p in model.parameters())
-    log = lambda s, loss: print(f"  {name} step {s}: loss {loss:.3f}", flush=True) if s % 50 == 0 else None  # noqa: E731
+    def log(step: int, loss: float) -> None:
+        if step % 50 == 0:
+            print(f"  {name} step {step}: loss {loss:.3f}", flush=True)
     rec = train_lm(model, text["train_chunks"], args.batch, lr, seconds=seconds, steps=steps, on_step=log)
     rec.update(params=params, heldout_loss=round(eval_loss(model, text["heldout_chunks"], args.batch, args.device), 3),
                epochs=round(rec["tokens"] / text["train_chunks"].numel(), 2), shape=shape)
@@ -203,7 +205,8 @@ def timed(llm, prompts, params, device: str):
         d = {k: m[f"spec_{k}"] - m0[f"spec_{k}"] for k in ("steps", "rows", "draft_tokens", "accepted_tokens")}
         row.update(spec_steps=d["steps"], rounds=d["rows"], drafted=d["draft_tokens"], accepted=d["accepted_tokens"],
                    acceptance_rate=round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else 0.0,
-                   tokens_per_target_pass=round((d["rows"] + d["accepted_tokens"]) / d["rows"], 3) if d["rows"] else 1.0)
+                   tokens_per_target_pass=round((d["rows"] + d["accepted_tokens"]) / max(d["rows"], 1), 3)
+                   if d["rows"] else 1.0)
     return row, tokens
 
 
