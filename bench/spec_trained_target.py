@@ -258,7 +258,7 @@ def parse_args(argv):
     ap.add_argument("--a-batch", type=int, default=256, help="workload (a)'s batch (0: skip it)")
     ap.add_argument("--a-len", type=int, default=256)
     ap.add_argument("--off-again", action=argparse.BooleanOptionalAction, default=True,
-                    help="time the greedy tail with speculation off again after every row (x_off ~1.0 expected)")
+                    help="time the greedy tail with speculation off again after the drafters' rows (x_off ~1.0 expected)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.tiny:
