@@ -38,7 +38,7 @@ from asyncrl.engine.fp8 import check_fp8_device
 from asyncrl.engine.kv_budget import KvBudget, activation_bytes, device_memory, module_bytes
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
-from asyncrl.engine.sampler import Sampler, row_keys
+from asyncrl.engine.sampler import Sampler, position_keys, sequence_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
 from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, ssm_state_dtype, state_host_arrays
@@ -116,6 +116,7 @@ class ModelRunner:
         if self.is_cuda and (config.compile_sampler or config.triton_sampler) and self.tp.rank == 0:
             self._warmup_sampler()  # only rank 0 samples
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
+        self._keys_of: Optional[tuple[tuple[int, ...], np.ndarray]] = None  # (seq ids, their sequence_keys)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
         self.cascade = (CascadeBuffers(self.num_heads, self.num_kv_heads, self.block_size,
@@ -283,11 +284,20 @@ class ModelRunner:
             temp = np.array([s.params.temperature for s in seqs], dtype=np.float32)
             top_p = np.array([s.params.top_p for s in seqs], dtype=np.float32)
             top_k = np.array([s.params.top_k for s in seqs], dtype=np.int64)
-        keys = row_keys(np.array([s.seed for s in seqs], dtype=np.int64),
-                        np.array([s.sample_index for s in seqs], dtype=np.int64),
-                        np.array(batch.key_positions, dtype=np.int64))
+        keys = position_keys(self._sequence_keys(seqs), np.array(batch.key_positions, dtype=np.int64))
         use_filter = bool((top_k > 0).any() or (top_p < 1.0).any())
         return [np.stack([temp, top_p]), np.stack([keys, top_k])], use_filter
+
+    def _sequence_keys(self, seqs) -> np.ndarray:
+        """``sequence_keys`` ``[S]`` int64 of these rows (their seeds and sample indices), kept while
+        the rows are the same sequences in the same order: a decode batch changes only when a
+        sequence joins, finishes or is preempted, and the ~30 numpy ops of the mixing then run once
+        per batch instead of every step (a sequence's seed and sample index never change)."""
+        ids = tuple(s.seq_id for s in seqs)
+        if self._keys_of is None or self._keys_of[0] != ids:
+            self._keys_of = (ids, sequence_keys(np.array([s.seed for s in seqs], dtype=np.int64),
+                                                np.array([s.sample_index for s in seqs], dtype=np.int64)))
+        return self._keys_of[1]
 
     def _bt_width(self) -> int:
         return (self.max_model_len + self.block_size - 1) // self.block_size

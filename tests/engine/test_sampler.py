@@ -49,3 +49,33 @@ def test_top_p_one_row_keeps_its_tail_in_a_filtered_batch():
     out = _mask_top_k_top_p(logits.clone(), torch.tensor([0, 0]), torch.tensor([1.0, 0.9]))
     assert torch.isfinite(out[0]).all()  # unfiltered row: nothing dropped
     assert torch.isinf(out[1]).sum() == 4999  # top_p 0.9: only the dominant token survives
+
+
+def test_runner_sampling_keys_equal_row_keys_as_the_batch_changes():
+    """``ModelRunner._sample_arrays`` keeps the rows' sequence keys while the rows are the same
+    sequences: its keys equal ``row_keys`` of each step's (seed, sample index, position) through a
+    run whose batch gains, loses and reorders sequences, including a new sequence in the place of
+    another (same row count)."""
+    import types
+
+    import numpy as np
+
+    from asyncrl.engine.model_runner import ModelRunner
+    from asyncrl.engine.scheduler import ScheduledBatch
+    from asyncrl.engine.sequence import Sequence
+    from asyncrl.types import SamplingParams
+
+    params = SamplingParams(temperature=0.7)
+    pool = [Sequence([1, 2], params, str(i), i % 3, 1000 + 17 * i) for i in range(6)]
+    runner = types.SimpleNamespace(_keys_of=None)
+    runner._sequence_keys = ModelRunner._sequence_keys.__get__(runner)
+    batches = [[0, 1, 2], [0, 1, 2], [0, 1, 2, 3], [1, 2, 3], [1, 2, 4], [2, 1, 4], [5], [5]]
+    for step, rows in enumerate(batches):
+        seqs = [pool[i] for i in rows]
+        positions = [10 + step + i for i in range(len(seqs))]
+        batch = ScheduledBatch(seqs=seqs, is_prefill=False, sample_seqs=seqs, key_positions=positions)
+        (floats, ints), use_filter = ModelRunner._sample_arrays(runner, batch)
+        want = row_keys(np.array([s.seed for s in seqs]), np.array([s.sample_index for s in seqs]),
+                        np.array(positions))
+        assert ints[0].tolist() == want.tolist() and not use_filter
+        assert floats[0].tolist() == [np.float32(0.7)] * len(seqs)

@@ -1,0 +1,248 @@
+"""The engine's host work per decode step at the GRPO rollout's shape, on CPU (issue 20/23).
+
+    python bench/engine_host_decode.py [--steps 256] [--repeats 3] [--profile 25]
+
+The real ``LLM`` (scheduler, block manager, ``ModelRunner.prepare`` and ``execute``, the step gate,
+overlapped scheduling, cascade planning) with a 1-layer Qwen3 of the 0.6B model's head layout (16 q /
+8 kv heads: the same cascade tile shape) and a 64-token vocabulary (the sampler's [128, V] math, device work on the GPU, stays small), at 16 prompts x 8 samples x
+(256 + 256) tokens, ignore_eos, block size 64, batch 128. On CPU the engine would take its CPU
+branches (gathered attention, no cascade); here the runner is switched onto the CUDA decode path's
+host logic instead: ``prepare`` builds the paged-decode arrays and the cascade plan (a
+``CascadeBuffers`` on the CPU), and ``forward`` of a paged step does its host work (pending-id
+resolution, the plan's buffer copy) and returns zero hidden states in place of the Triton decode
+(the model's compute is not what is measured; the LM head and sampler still run). Prefill steps run
+the real model.
+
+Prints one JSON object: ``ms_per_decode_step`` (wall of ``LLM.step`` over decode steps, median of
+``--repeats`` rollouts per variant, variants interleaved in the one process), and with ``--profile N``
+a cProfile breakdown of one rollout (cumulative ms per decode step of the engine's phases, the top N
+functions by own time). Variants: ``plan_reuse`` on / off (``CascadeBuffers.reuse``).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from asyncrl.engine import LLM
+from asyncrl.engine.cascade import CascadeBuffers
+from asyncrl.types import SamplingParams
+
+PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, BLOCK = 16, 8, 256, 256, 64
+MAX_MODEL_LEN = 4096  # as ``asyncrl bench rollout`` on a GPU: 64 block-table columns
+
+
+def tiny_qwen3(vocab: int):
+    """A 1-layer Qwen3 with Qwen3-0.6B's head layout (16 q / 8 kv heads) and a small hidden size."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=16, tie_word_embeddings=True,
+                      max_position_embeddings=MAX_MODEL_LEN, rms_norm_eps=1e-6, eos_token_id=0, pad_token_id=0,
+                      bos_token_id=0)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+def cuda_path_engine(hf) -> LLM:
+    """An ``LLM`` on the CPU whose runner takes the CUDA decode path's host logic (module doc)."""
+    llm = LLM(hf, device="cpu", block_size=BLOCK, async_scheduling=True, max_model_len=MAX_MODEL_LEN,
+              num_kv_blocks=PROMPTS * SAMPLES * 10)
+    runner = llm.runner
+    runner.cascade = CascadeBuffers(runner.num_heads, runner.num_kv_heads, runner.block_size,
+                                    llm.config.max_num_seqs, runner.device)
+    real_forward = runner.forward
+
+    def forward(step, inputs):
+        if not step.paged_rows:
+            return real_forward(step, inputs)
+        ids, pos, slots, src, bt, ctx, *rest = inputs
+        runner._resolve_ids(ids, src, step.max_src)
+        runner._cascade_meta(rest[step.num_state:], step.paged_rows)
+        return torch.zeros(step.real_rows, hf.config.hidden_size)
+
+    runner.forward = forward
+    runner.is_cuda = True  # prepare: paged decode inputs + cascade plan (read nowhere else after the build)
+    return llm
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(2)
+    return torch.randint(1, vocab, (PROMPTS, PROMPT_TOKENS), generator=g).tolist()
+
+
+def rollout(llm: LLM, vocab: int, profiler=None) -> tuple[list[float], list]:
+    """One GRPO-shaped rollout driven step by step; (wall seconds of each decode step, outputs)."""
+    params = SamplingParams(n=SAMPLES, temperature=1.0, max_tokens=NEW_TOKENS, ignore_eos=True, seed=7)
+    llm.block_manager.set_namespace(llm.block_manager.namespace + 1)  # no prefix-cache hits across runs
+    ids = [llm.add_request(p, params) for p in prompts(vocab)]
+    times, first = [], llm.num_decode_steps
+    while llm.has_unfinished():
+        before = llm.num_decode_steps
+        warm = before - first >= 2  # decode steps after the first two
+        t0 = time.perf_counter()
+        if profiler is not None and warm:
+            profiler.enable()
+            llm.step()
+            profiler.disable()
+        else:
+            llm.step()
+        dt = time.perf_counter() - t0
+        if llm.num_decode_steps > before and warm:
+            times.append(dt)
+    return times, [llm.pop_output(r) for r in ids]
+
+
+def phase_timers(llm: LLM) -> tuple[dict, list]:
+    """Wrap the engine's phases with perf_counter timers (instance attributes); returns ({phase:
+    [seconds, ...]} filled as the engine runs, what ``untime`` needs to put the methods back)."""
+    runner, sc = llm.runner, llm.scheduler
+    targets = [("schedule", sc, "schedule"), ("launch: prepare", runner, "prepare"),
+               ("  paged inputs", runner, "_decode_paged_inputs"), ("  cascade plan", runner, "_cascade_plan"),
+               ("  sampling arrays", runner, "_sample_arrays"), ("launch: execute", runner, "execute"),
+               ("  host->device staging", runner.h2d, "put"), ("  forward (host part)", runner, "forward"),
+               ("  LM head + sampler", runner, "sample"), ("  token copy start", runner.d2h, "start"),
+               ("fetch", runner, "fetch"), ("postprocess", sc, "postprocess")]
+    spent, saved = {}, []
+    for label, obj, name in targets:
+        fn = getattr(obj, name)
+        saved.append((obj, name, vars(obj).get(name)))
+        spent[label] = acc = []
+
+        def timed(*args, _fn=fn, _acc=acc, **kw):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*args, **kw)
+            finally:
+                _acc.append(time.perf_counter() - t0)
+        setattr(obj, name, timed)
+    return spent, saved
+
+
+def untime(saved: list) -> None:
+    for obj, name, own in reversed(saved):
+        if own is None:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, own)
+
+
+def breakdown(llm: LLM, vocab: int) -> dict:
+    """Median ms per decode step of each phase over one rollout (the prefill step's calls dropped:
+    each phase's list is cut to its last ``decode steps`` entries, one call per step)."""
+    spent, saved = phase_timers(llm)
+    try:
+        times, _ = rollout(llm, vocab)
+    finally:
+        untime(saved)
+    out = {}
+    for label, xs in spent.items():
+        xs = xs[-len(times):]
+        out[label] = round(statistics.median(xs) * 1e3, 4) if xs else None
+    out["LLM.step (timed)"] = round(statistics.median(times) * 1e3, 4)
+    return out
+
+
+def cprofile(llm: LLM, vocab: int, top: int) -> dict:
+    prof = cProfile.Profile()
+    times, _ = rollout(llm, vocab, prof)
+    stats = pstats.Stats(prof)
+    own = sorted(((tt, f"{file.split('asyncrl/')[-1]}:{name}") for (file, _, name), (_, _, tt, _, _)
+                  in stats.stats.items()), reverse=True)[:top]
+    return {name: round(tt / len(times) * 1e3, 4) for tt, name in own}
+
+
+def gpu_engine() -> LLM:
+    """The GRPO rollout's engine on CUDA: qwen3-0.6b-shaped random bf16 weights, the engine's GPU
+    defaults (CUDA graphs, cascade decode, fused K/V write, overlapped scheduling), sized as
+    ``asyncrl bench rollout`` sizes it (max_model_len 4096, 60% of the memory)."""
+    from asyncrl.engine.bench import build_random_hf
+
+    hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", MAX_MODEL_LEN)
+    return LLM(hf, dtype=torch.bfloat16, device="cuda", block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
+               gpu_memory_utilization=0.6)
+
+
+def device_gaps(llm: LLM, vocab: int) -> dict:
+    """CUDA events on the engine's stream at the start and end of each decode step's ``execute``
+    (one rollout): ``gap`` = the stream's idle time between a step's end and the next step's start
+    (the device waiting for the host), ``busy`` = start to end of a step (its device time, plus any
+    wait for the host's launches inside the step); means and medians in ms over consecutive decode
+    steps after the first two."""
+    runner = llm.runner
+    real, marks = runner.execute, []
+
+    def execute(step):
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = real(step)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        marks.append((start, end, bool(step.paged_rows)))
+        return out
+
+    runner.execute = execute
+    try:
+        times, _ = rollout(llm, vocab)
+    finally:
+        del runner.execute
+    torch.cuda.synchronize()
+    decode = [i for i, m in enumerate(marks) if m[2]][2:]
+    busy = [marks[i][0].elapsed_time(marks[i][1]) for i in decode]
+    gap = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in decode if i + 1 < len(marks) and marks[i + 1][2]]
+    r = lambda x: round(x, 4)  # noqa: E731
+    return dict(busy_mean=r(statistics.mean(busy)), busy_median=r(statistics.median(busy)),
+                gap_mean=r(statistics.mean(gap)), gap_median=r(statistics.median(gap)),
+                step_wall_median=r(statistics.median(times) * 1e3), decode_steps=len(times))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cpu: the tiny model on the CUDA decode path's host logic; cuda: the real GPU engine")
+    ap.add_argument("--repeats", type=int, default=3, help="rollouts per variant (interleaved)")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile one rollout; print the top N functions")
+    ap.add_argument("--vocab", type=int, default=64, help="CPU: small, so the CPU sampler's [128, V] math stays cheap")
+    a = ap.parse_args()
+    cuda = a.device == "cuda"
+    if cuda:
+        llm = gpu_engine()
+        vocab = llm.model.config.vocab_size
+    else:
+        torch.set_num_threads(1)
+        llm, vocab = cuda_path_engine(tiny_qwen3(a.vocab)), a.vocab
+    rollout(llm, vocab)  # warm-up (compiles, allocator, first-run plans)
+    variants = {"plan_reuse": True, "no_plan_reuse": False}
+    walls, means, tokens = {k: [] for k in variants}, {k: [] for k in variants}, {}
+    for _ in range(a.repeats):
+        for name, reuse in variants.items():
+            llm.runner.cascade.reuse = reuse
+            times, outs = rollout(llm, vocab)
+            walls[name].append(statistics.median(times) * 1e3)
+            means[name].append(statistics.mean(times) * 1e3)
+            tokens[name] = [c.token_ids for o in outs for c in o.outputs]
+    result = dict(device=torch.cuda.get_device_name() if cuda else "cpu (CUDA decode path's host logic)",
+                  shape=f"{PROMPTS}x{SAMPLES}x({PROMPT_TOKENS}+{NEW_TOKENS}), block {BLOCK}, batch {PROMPTS * SAMPLES}",
+                  ms_per_decode_step_median={k: round(statistics.median(v), 4) for k, v in walls.items()},
+                  ms_per_decode_step_mean={k: round(statistics.median(v), 4) for k, v in means.items()},
+                  runs_ms_median={k: [round(x, 4) for x in v] for k, v in walls.items()},
+                  same_tokens=tokens["plan_reuse"] == tokens["no_plan_reuse"],
+                  cascade_steps=llm.runner.cascade.steps, plans_reused=llm.runner.cascade.plans_reused)
+    for name, reuse in variants.items():
+        llm.runner.cascade.reuse = reuse
+        result[f"phases_ms_median_{name}"] = breakdown(llm, vocab)
+        if cuda:
+            result[f"device_ms_{name}"] = device_gaps(llm, vocab)
+    if a.profile:
+        llm.runner.cascade.reuse = True
+        result["cprofile_own_ms_per_decode_step_top"] = cprofile(llm, vocab, a.profile)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
