@@ -62,7 +62,8 @@ def cuda_path_engine(hf) -> LLM:
         if not step.paged_rows:
             return real_forward(step, inputs)
         ids, pos, slots, src, bt, ctx, *rest = inputs
-        runner._resolve_ids(ids, src, step.max_src)
+        # (``pending_all`` is absent before issue 20's change: the harness also times older code)
+        runner._resolve_ids(ids, src, step.max_src, *([step.pending_all] if hasattr(step, "pending_all") else []))
         runner._cascade_meta(rest[step.num_state:], step.paged_rows)
         return torch.zeros(step.real_rows, hf.config.hidden_size)
 
@@ -232,7 +233,8 @@ def main() -> None:
                   ms_per_decode_step_mean={k: round(statistics.median(v), 4) for k, v in means.items()},
                   runs_ms_median={k: [round(x, 4) for x in v] for k, v in walls.items()},
                   same_tokens=tokens["plan_reuse"] == tokens["no_plan_reuse"],
-                  cascade_steps=llm.runner.cascade.steps, plans_reused=llm.runner.cascade.plans_reused)
+                  cascade_steps=llm.runner.cascade.steps,
+                  plans_reused=getattr(llm.runner.cascade, "plans_reused", None))
     for name, reuse in variants.items():
         llm.runner.cascade.reuse = reuse
         result[f"phases_ms_median_{name}"] = breakdown(llm, vocab)

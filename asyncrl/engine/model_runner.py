@@ -65,6 +65,7 @@ class StepInputs:
     use_filter: bool = False  # a sampling row uses top-k / top-p
     copy_tokens: int = 0      # slots to copy per forked partial block (0: no copies)
     max_src: int = -1         # largest pending-token row (-1: every input id is on the host)
+    pending_all: bool = False  # decode: every real row's input id is pending (padding rows read row 0)
     uniform: bool = False     # gathered: equal fresh prompts (plain causal mask)
     paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
     real_rows: int = 0        # paged decode: real sequences among them
@@ -118,6 +119,7 @@ class ModelRunner:
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
         self._keys_of: Optional[tuple[tuple[int, ...], np.ndarray]] = None  # (seq ids, their sequence_keys)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._bucket_views: dict[tuple[str, int], object] = {}  # per-bucket views of graph / plan buffers
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
         self.cascade = (CascadeBuffers(self.num_heads, self.num_kv_heads, self.block_size,
                                        config.max_num_seqs, self.device)
@@ -175,6 +177,7 @@ class ModelRunner:
         self.graphs.clear()
         self.cascade_graphs.clear()
         self.graph_vars = {}
+        self._bucket_views.clear()
         for attn in self._attention_layers():
             attn.k_cache = torch.empty(0)
             attn.v_cache = torch.empty(0)
@@ -238,22 +241,27 @@ class ModelRunner:
                                     [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
         return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.uniform
 
-    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int) -> torch.Tensor:
-        """Input ids with pending tokens taken from the last launched step's samples."""
+    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int, pending_all: bool = False) -> torch.Tensor:
+        """Input ids with pending tokens taken from the last launched step's samples. Every row
+        pending (the overlapped decode's usual step): one gather instead of four kernels."""
         if max_src < 0:
             return ids
         prev = self.last_tokens
         assert prev is not None and prev.numel() > max_src, "pending token of an unknown step"
+        if pending_all:
+            return prev[src]
         return torch.where(src >= 0, prev[src.clamp(min=0)], ids)
 
     def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int) -> list[np.ndarray]:
         """Host arrays for a paged decode of ``bs`` rows (real seqs, then padding rows that
         write the scratch block and attend one scratch token): ids, positions, slots, src
-        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32."""
+        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32. A padding
+        row's src is 0 (a valid row of any step that has pending tokens; its id is never used),
+        so a step whose real rows are all pending gathers its ids in one op (``_resolve_ids``)."""
         bsz, n = self.block_size, len(batch.seqs)
         pos = np.zeros(bs, dtype=np.int64)
         pos[:n] = batch.starts
-        src = np.full(bs, -1, dtype=np.int64)
+        src = np.zeros(bs, dtype=np.int64)
         src[:n] = batch.input_src
         ids = np.zeros(bs, dtype=np.int64)
         bt = np.full((bs, self._bt_width()), self.scratch_block, dtype=np.int32)
@@ -343,7 +351,22 @@ class ModelRunner:
         g["hidden"][:bs] = self.model(g["input_ids"][:bs], g["positions"][:bs], meta)
 
     def _cascade_views(self, bs: int) -> dict:
-        return dict(zip(("suffix_start", "cascade_tiles"), self.cascade.views(bs)))
+        """The cascade metadata fields of bucket ``bs``: views of the plan buffer, made once per bucket."""
+        views = self._bucket_views.get(("cascade", bs))
+        if views is None:
+            views = self._bucket_views[("cascade", bs)] = dict(zip(("suffix_start", "cascade_tiles"),
+                                                                   self.cascade.views(bs)))
+        return views
+
+    def _graph_inputs(self, rows: int, state: bool) -> list[torch.Tensor]:
+        """The graph buffers a decode step of bucket ``rows`` fills, ``[:rows]`` views made once per
+        bucket: input ids, positions, slots, block tables, context lengths [, state slots]."""
+        views = self._bucket_views.get(("graph", rows))
+        if views is None:
+            names = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens", "state_slots"]
+            views = self._bucket_views[("graph", rows)] = [self.graph_vars[n][:rows] for n in names
+                                                           if n in self.graph_vars]
+        return views if state else views[:5]
 
     def _cascade_plan(self, host: list[np.ndarray], n: int, bs: int) -> list[np.ndarray]:
         """This step's shared-prefix plan from the host block tables / context lengths
@@ -380,6 +403,7 @@ class ModelRunner:
         common = dict(num_sampling=len(sampling), use_filter=use_filter,
                       copy_tokens=max((c[2] for c in batch.copies), default=0),
                       max_src=-1 if batch.is_prefill else max(batch.input_src, default=-1),
+                      pending_all=not batch.is_prefill and min(batch.input_src, default=-1) >= 0,
                       state_copies=bool(state_copies))
         copies = copies + state_copies
         if batch.is_prefill or not self.is_cuda:
@@ -412,9 +436,9 @@ class ModelRunner:
             k = len(meta_arrays) - step.num_state
             meta = gathered_metadata(*meta_arrays[:k], step.uniform)
             attach_state(meta, meta_arrays[k:])
-            return self.model(self._resolve_ids(ids, src, step.max_src), pos, meta)[ends]
+            return self.model(self._resolve_ids(ids, src, step.max_src, step.pending_all), pos, meta)[ends]
         ids, pos, slots, src, bt, ctx, *rest = inputs
-        ids = self._resolve_ids(ids, src, step.max_src)
+        ids = self._resolve_ids(ids, src, step.max_src, step.pending_all)
         rows, n = step.paged_rows, step.real_rows
         state_slots = rest[0] if step.num_state else None
         cascade = self._cascade_meta(rest[step.num_state:], rows)
@@ -422,14 +446,12 @@ class ModelRunner:
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
                                      state_slots=state_slots, **cascade)
             return self.model(ids, pos, meta)
-        g = self.graph_vars
-        graph_inputs = [("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
-                        ("context_lens", ctx)] + ([("state_slots", state_slots)] if step.num_state else [])
-        for name, t in graph_inputs:
-            g[name][:rows].copy_(t)
+        sources = (ids, pos, slots, bt, ctx, state_slots) if step.num_state else (ids, pos, slots, bt, ctx)
+        for dst, t in zip(self._graph_inputs(rows, bool(step.num_state)), sources):
+            dst.copy_(t)
         graphs = self.cascade_graphs if cascade else self.graphs
         graphs[rows].replay()
-        return g["hidden"][:n]
+        return self.graph_vars["hidden"][:n]
 
     def launch(self, batch: ScheduledBatch):
         """Queue one step on the device (``prepare`` + ``execute``; TP: every rank runs it).
@@ -452,9 +474,11 @@ class ModelRunner:
         if not step.num_sampling:  # a prefill chunk that completes no sequence
             self.last_tokens = None
             return None
-        # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
-        # compiled sampler's guards see the same layout every step
-        floats, ints = arrays[k].clone(), arrays[k + 1].clone()
+        floats, ints = arrays[k], arrays[k + 1]
+        if self.sampler.fast is None or step.use_filter:
+            # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
+            # compiled sampler's guards see the same layout every step (the one-pass kernel has none)
+            floats, ints = floats.clone(), ints.clone()
         if step.num_sampling == 3:  # prefill: the sample rows
             hidden = hidden[arrays[k + 2]]
         tokens, logprobs = self.sample(hidden, floats, ints, step.use_filter)

@@ -102,14 +102,15 @@ class Scheduler:
 
     # ---- schedule ------------------------------------------------------------
     def schedule(self) -> Optional[ScheduledBatch]:
+        """The next step (prefill first), or None. Each sampling row leaves one pending token until
+        ``postprocess``; a decode step marks its rows in its own loop."""
         batch = self._schedule_prefill()
         if batch is None:
-            batch = self._schedule_decode()
-        if batch is not None:  # each sampling row leaves one pending token until postprocess
-            for j, seq in enumerate(batch.sample_seqs):
-                batch.key_positions.append(seq.num_tokens)
-                seq.num_pending += 1
-                seq.pending_row = j
+            return self._schedule_decode()
+        for j, seq in enumerate(batch.sample_seqs):
+            batch.key_positions.append(seq.num_tokens)
+            seq.num_pending += 1
+            seq.pending_row = j
         return batch
 
     def _schedule_prefill(self) -> Optional[ScheduledBatch]:
@@ -177,6 +178,7 @@ class Scheduler:
         src: list[int] = []
         rows: list[int] = []
         last: list[int] = []
+        keys: list[int] = []  # key_positions: the position each row's new token takes
         bsz, max_len, max_seqs, running = self.bm.block_size, self.max_model_len, self.config.max_num_seqs, self.running
         while running and len(scheduled) < max_seqs:
             seq = running.popleft()
@@ -193,6 +195,8 @@ class Scheduler:
             src.append(seq.pending_row if pending else -1)
             last.append(0 if pending else seq.token_ids[-1])
             rows.append(seq.table_row)
+            keys.append(start + 1)
+            seq.num_pending, seq.pending_row = pending + 1, len(scheduled)  # sampled by this step: pending
             scheduled.append(seq)
             kept.append(seq)
         running.extendleft(reversed(kept))
@@ -200,7 +204,7 @@ class Scheduler:
             return None
         return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled,
                               sample_seqs=scheduled, sample_rows=list(range(len(scheduled))), starts=starts,
-                              input_src=src, last_ids=last,
+                              input_src=src, last_ids=last, key_positions=keys,
                               block_tables=None if self.bm.tables is None else self.bm.tables[rows])
 
     def _grow(self, seq: Sequence) -> bool:

@@ -33,6 +33,7 @@ class HostToDevice:
         self.pinned: list[Optional[torch.Tensor]] = [None, None]
         self.events: list[Optional[torch.cuda.Event]] = [None, None]
         self.dev: Optional[torch.Tensor] = None
+        self.typed: dict[np.dtype, torch.Tensor] = {}  # ``dev`` viewed as each dtype (made once per buffer)
         self.slot = 0
 
     def put(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
@@ -50,6 +51,7 @@ class HostToDevice:
             self.pinned[slot] = torch.empty(max(total, 1 << 16), dtype=torch.uint8, pin_memory=True)
         if self.dev is None or self.dev.numel() < total:
             self.dev = torch.empty(self.pinned[slot].numel(), dtype=torch.uint8, device=self.device)
+            self.typed = {}
         host = self.pinned[slot].numpy()
         for a, o in zip(arrays, offs):
             host[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -57,7 +59,23 @@ class HostToDevice:
         event = torch.cuda.Event()
         event.record()
         self.events[slot] = event
-        return [self.dev[o:o + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape) for a, o in zip(arrays, offs)]
+        return typed_views(self.dev, self.typed, arrays, offs)
+
+
+def typed_views(buf: torch.Tensor, typed: dict, arrays: list[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
+    """Views of the byte buffer ``buf`` holding ``arrays`` at byte ``offsets`` (multiples of
+    ``_ALIGN``), each with its array's dtype and shape. ``typed`` caches ``buf`` viewed as each
+    dtype, so an array costs one slice (and a reshape if not 1-D): the device side of a step's
+    ~10 arrays took three view ops each."""
+    out = []
+    for a, o in zip(arrays, offsets):
+        flat = typed.get(a.dtype)
+        if flat is None:
+            flat = typed[a.dtype] = buf.view(_DTYPES[a.dtype])
+        i = o // a.itemsize
+        v = flat[i:i + a.size]
+        out.append(v if a.ndim == 1 else v.view(a.shape))
+    return out
 
 
 class DeviceToHost:
