@@ -26,6 +26,7 @@ import json
 import pstats
 import statistics
 import time
+from typing import Optional
 
 import torch
 
@@ -56,7 +57,7 @@ def cuda_path_engine(hf) -> LLM:
     runner = llm.runner
     runner.cascade = CascadeBuffers(runner.num_heads, runner.num_kv_heads, runner.block_size,
                                     llm.config.max_num_seqs, runner.device)
-    real_forward = runner.forward
+    real_forward, hidden = runner.forward, hf.config.hidden_size
 
     def forward(step, inputs):
         if not step.paged_rows:
@@ -65,7 +66,7 @@ def cuda_path_engine(hf) -> LLM:
         # (``pending_all`` is absent before issue 20's change: the harness also times older code)
         runner._resolve_ids(ids, src, step.max_src, *([step.pending_all] if hasattr(step, "pending_all") else []))
         runner._cascade_meta(rest[step.num_state:], step.paged_rows)
-        return torch.zeros(step.real_rows, hf.config.hidden_size)
+        return torch.zeros(step.real_rows, hidden)
 
     runner.forward = forward
     runner.is_cuda = True  # prepare: paged decode inputs + cascade plan (read nowhere else after the build)
@@ -77,25 +78,29 @@ def prompts(vocab: int) -> list[list[int]]:
     return torch.randint(1, vocab, (PROMPTS, PROMPT_TOKENS), generator=g).tolist()
 
 
-def rollout(llm: LLM, vocab: int, profiler=None) -> tuple[list[float], list]:
-    """One GRPO-shaped rollout driven step by step; (wall seconds of each decode step, outputs)."""
+def rollout(llm: LLM, vocab: int, profiler=None, cpu: Optional[list] = None) -> tuple[list[float], list]:
+    """One GRPO-shaped rollout driven step by step; (wall seconds of each decode step after the
+    first two, outputs). ``cpu``: also collect each such step's CPU time of this thread (less
+    sensitive than wall time to other processes on a shared machine)."""
     params = SamplingParams(n=SAMPLES, temperature=1.0, max_tokens=NEW_TOKENS, ignore_eos=True, seed=7)
     llm.block_manager.set_namespace(llm.block_manager.namespace + 1)  # no prefix-cache hits across runs
     ids = [llm.add_request(p, params) for p in prompts(vocab)]
     times, first = [], llm.num_decode_steps
     while llm.has_unfinished():
         before = llm.num_decode_steps
-        warm = before - first >= 2  # decode steps after the first two
-        t0 = time.perf_counter()
+        warm = before - first >= 2
+        c0, t0 = time.thread_time(), time.perf_counter()
         if profiler is not None and warm:
             profiler.enable()
             llm.step()
             profiler.disable()
         else:
             llm.step()
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
         if llm.num_decode_steps > before and warm:
             times.append(dt)
+            if cpu is not None:
+                cpu.append(dc)
     return times, [llm.pop_output(r) for r in ids]
 
 
@@ -122,12 +127,32 @@ def phase_timers(llm: LLM) -> tuple[dict, list]:
             finally:
                 _acc.append(time.perf_counter() - t0)
         setattr(obj, name, timed)
+    if runner.graphs:  # CUDA: the graph launches alone (inside "forward")
+        acc = spent["    graph replay"] = []
+        for graphs in [runner.graphs, runner.cascade_graphs, *getattr(runner, "sampling_graphs", {}).values()]:
+            for bs, graph in list(graphs.items()):
+                graphs[bs] = TimedGraph(graph, acc)
+                saved.append((graphs, bs, graph))
     return spent, saved
+
+
+class TimedGraph:
+    """A CUDA graph whose ``replay`` (the host's launch of it) is timed into ``acc``."""
+
+    def __init__(self, graph, acc: list):
+        self.graph, self.acc = graph, acc
+
+    def replay(self) -> None:
+        t0 = time.perf_counter()
+        self.graph.replay()
+        self.acc.append(time.perf_counter() - t0)
 
 
 def untime(saved: list) -> None:
     for obj, name, own in reversed(saved):
-        if own is None:
+        if isinstance(obj, dict):  # a timed graph back in its bucket
+            obj[name] = own
+        elif own is None:
             delattr(obj, name)
         else:
             setattr(obj, name, own)
@@ -158,15 +183,17 @@ def cprofile(llm: LLM, vocab: int, top: int) -> dict:
     return {name: round(tt / len(times) * 1e3, 4) for tt, name in own}
 
 
-def gpu_engine() -> LLM:
+def gpu_engine(graph_sampler: bool) -> LLM:
     """The GRPO rollout's engine on CUDA: qwen3-0.6b-shaped random bf16 weights, the engine's GPU
-    defaults (CUDA graphs, cascade decode, fused K/V write, overlapped scheduling), sized as
-    ``asyncrl bench rollout`` sizes it (max_model_len 4096, 60% of the memory)."""
+    defaults (CUDA graphs, cascade decode, fused K/V write, overlapped scheduling), max_model_len
+    4096 as ``asyncrl bench rollout``; graph buckets up to the batch (128) and a KV pool of 10 blocks
+    per row (9.2 GiB), so two engines fit. ``graph_sampler``: ``decode_graph_sampler``."""
     from asyncrl.engine.bench import build_random_hf
 
     hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", MAX_MODEL_LEN)
     return LLM(hf, dtype=torch.bfloat16, device="cuda", block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
-               gpu_memory_utilization=0.6)
+               max_num_seqs=PROMPTS * SAMPLES, num_kv_blocks=PROMPTS * SAMPLES * 10,
+               decode_graph_sampler=graph_sampler)
 
 
 def device_gaps(llm: LLM, vocab: int) -> dict:
@@ -208,39 +235,50 @@ def main() -> None:
                     help="cpu: the tiny model on the CUDA decode path's host logic; cuda: the real GPU engine")
     ap.add_argument("--repeats", type=int, default=3, help="rollouts per variant (interleaved)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile one rollout; print the top N functions")
+    ap.add_argument("--no-phases", action="store_true", help="only the per-step times (no phase breakdown)")
     ap.add_argument("--vocab", type=int, default=64, help="CPU: small, so the CPU sampler's [128, V] math stays cheap")
     a = ap.parse_args()
     cuda = a.device == "cuda"
-    if cuda:
-        llm = gpu_engine()
-        vocab = llm.model.config.vocab_size
+    if cuda:  # two engines: the decode graph without and with the sampler inside (decode_graph_sampler)
+        engines = {"graph_sampler_off": gpu_engine(False), "graph_sampler_on": gpu_engine(True)}
+        vocab = engines["graph_sampler_on"].model.config.vocab_size
     else:
         torch.set_num_threads(1)
-        llm, vocab = cuda_path_engine(tiny_qwen3(a.vocab)), a.vocab
-    rollout(llm, vocab)  # warm-up (compiles, allocator, first-run plans)
-    variants = {"plan_reuse": True, "no_plan_reuse": False}
-    walls, means, tokens = {k: [] for k in variants}, {k: [] for k in variants}, {}
+        engines, vocab = {"cpu": cuda_path_engine(tiny_qwen3(a.vocab))}, a.vocab
+    variants = {f"{e}{'+' if e else ''}{'plan_reuse' if reuse else 'no_plan_reuse'}".replace("cpu+", ""): (e, reuse)
+                for e in engines for reuse in (True, False)}
+    for llm in engines.values():
+        rollout(llm, vocab)  # warm-up (compiles, allocator, first-run plans)
+    walls, means, cpus, tokens = {k: [] for k in variants}, {k: [] for k in variants}, {k: [] for k in variants}, {}
     for _ in range(a.repeats):
-        for name, reuse in variants.items():
+        for name, (e, reuse) in variants.items():
+            llm = engines[e]
             llm.runner.cascade.reuse = reuse
-            times, outs = rollout(llm, vocab)
+            cpu = []
+            times, outs = rollout(llm, vocab, cpu=cpu)
             walls[name].append(statistics.median(times) * 1e3)
             means[name].append(statistics.mean(times) * 1e3)
+            cpus[name].append(statistics.median(cpu) * 1e3)
             tokens[name] = [c.token_ids for o in outs for c in o.outputs]
+    first = next(iter(tokens.values()))
     result = dict(device=torch.cuda.get_device_name() if cuda else "cpu (CUDA decode path's host logic)",
                   shape=f"{PROMPTS}x{SAMPLES}x({PROMPT_TOKENS}+{NEW_TOKENS}), block {BLOCK}, batch {PROMPTS * SAMPLES}",
                   ms_per_decode_step_median={k: round(statistics.median(v), 4) for k, v in walls.items()},
                   ms_per_decode_step_mean={k: round(statistics.median(v), 4) for k, v in means.items()},
+                  cpu_ms_per_decode_step_median={k: round(statistics.median(v), 4) for k, v in cpus.items()},
                   runs_ms_median={k: [round(x, 4) for x in v] for k, v in walls.items()},
-                  same_tokens=tokens["plan_reuse"] == tokens["no_plan_reuse"],
-                  cascade_steps=llm.runner.cascade.steps,
-                  plans_reused=getattr(llm.runner.cascade, "plans_reused", None))
-    for name, reuse in variants.items():
+                  same_tokens_as_first={k: v == first for k, v in tokens.items()},
+                  plans_reused={e: getattr(llm.runner.cascade, "plans_reused", None) for e, llm in engines.items()},
+                  sampling_graph_steps={e: getattr(llm.runner, "sampling_graph_steps", None)
+                                        for e, llm in engines.items()})
+    for name, (e, reuse) in variants.items() if not a.no_phases else ():
+        llm = engines[e]
         llm.runner.cascade.reuse = reuse
         result[f"phases_ms_median_{name}"] = breakdown(llm, vocab)
         if cuda:
             result[f"device_ms_{name}"] = device_gaps(llm, vocab)
     if a.profile:
+        llm = next(iter(engines.values()))
         llm.runner.cascade.reuse = True
         result["cprofile_own_ms_per_decode_step_top"] = cprofile(llm, vocab, a.profile)
     print(json.dumps(result, indent=1))

@@ -125,6 +125,12 @@ class ModelRunner:
                                        config.max_num_seqs, self.device)
                         if self.is_cuda and config.cascade_attention else None)
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # decode graphs that also sample (``EngineConfig.decode_graph_sampler``), per cascade on/off; TP=1 only
+        # (rank 0 samples from every rank's gathered logits there)
+        self.graph_sampler = (self.is_cuda and config.decode_graph_sampler and self.sampler.fast is not None
+                              and self.tp.size == 1)
+        self.sampling_graphs: dict[bool, dict[int, torch.cuda.CUDAGraph]] = {False: {}, True: {}}
+        self.sampling_graph_steps = 0  # decode steps that sampled inside their graph (metrics, tests)
         if self.is_cuda and not config.enforce_eager:
             self._capture_cudagraphs()
 
@@ -176,6 +182,7 @@ class ModelRunner:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""
         self.graphs.clear()
         self.cascade_graphs.clear()
+        self.sampling_graphs = {False: {}, True: {}}
         self.graph_vars = {}
         self._bucket_views.clear()
         for attn in self._attention_layers():
@@ -333,22 +340,37 @@ class ModelRunner:
         )
         if self.state_pool is not None:
             g["state_slots"] = torch.full((max_bs,), self.state_pool.scratch, dtype=torch.long, device=self.device)
-        steps = [partial(self._graph_decode, cascade=False)]
-        if self.cascade is not None:  # a second graph per bucket: the shared-prefix decode
-            steps.append(partial(self._graph_decode, cascade=True))
-        captured = capture_graphs(sizes, *steps, stream=current_capture_stream())  # the engine's own, if any
-        self.graphs.update(captured[0])
-        if self.cascade is not None:
-            self.cascade_graphs.update(captured[1])
+        if self.graph_sampler:  # sampling inputs, the sampled tokens, and their read-back layout
+            g.update(temp=torch.ones(max_bs, dtype=torch.float32, device=self.device),
+                     keys=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+                     tokens=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+                     sampled=torch.zeros(2 * max_bs, dtype=torch.float64, device=self.device))
+        # (cascade, sampling) variants: a second graph per bucket for the shared-prefix decode, and each
+        # again with the LM head + sampler inside
+        variants = [(False, False)] + ([(True, False)] if self.cascade is not None else [])
+        variants += [(c, True) for c, _ in variants] if self.graph_sampler else []
+        captured = capture_graphs(sizes, *(partial(self._graph_decode, cascade=c, sampling=t) for c, t in variants),
+                                  stream=current_capture_stream())  # the engine's own, if any
+        for (c, t), graphs in zip(variants, captured):
+            (self.sampling_graphs[c] if t else self.cascade_graphs if c else self.graphs).update(graphs)
 
-    def _graph_decode(self, bs: int, cascade: bool) -> None:
-        """The decode forward of ``bs`` rows on the graph buffers (what a bucket's graph holds)."""
+    def _graph_decode(self, bs: int, cascade: bool, sampling: bool = False) -> None:
+        """The decode forward of ``bs`` rows on the graph buffers (what a bucket's graph holds).
+        ``sampling``: then the LM head and the one-pass sampler of all ``bs`` rows (padding rows'
+        samples are never read), the tokens kept for the next step's pending ids and packed as
+        ``DeviceToHost`` reads them: ``sampled[:2 bs]`` = tokens, then log-probs (fp64)."""
         g = self.graph_vars
         meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
                                  context_lens=g["context_lens"][:bs], paged_decode=True,
                                  state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
                                  **(self._cascade_views(bs) if cascade else {}))
         g["hidden"][:bs] = self.model(g["input_ids"][:bs], g["positions"][:bs], meta)
+        if sampling:
+            tokens, logprobs = self.sampler.fast(self.model.lm_head(g["hidden"][:bs]), g["temp"][:bs], g["keys"][:bs])
+            g["tokens"][:bs] = tokens
+            packed = g["sampled"][:2 * bs].view(2, bs)
+            packed[0] = tokens  # int64 -> fp64: exact below 2^53 (as DeviceToHost.start)
+            packed[1] = logprobs
 
     def _cascade_views(self, bs: int) -> dict:
         """The cascade metadata fields of bucket ``bs``: views of the plan buffer, made once per bucket."""
@@ -428,9 +450,10 @@ class ModelRunner:
             return []
         return state_host_arrays(batch, rows, self.state_pool.scratch, self.packed_state_prefill and not rows)
 
-    def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
+    def forward(self, step: StepInputs, inputs: list[torch.Tensor], sampling: bool = False) -> Optional[torch.Tensor]:
         """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
-        ``inputs`` on the device (called by ``execute``, under its inference mode)."""
+        ``inputs`` on the device (called by ``execute``, under its inference mode). ``sampling``
+        (a graphed decode, ``_samples_in_graph``): the bucket's sampling graph; returns None."""
         if not step.paged_rows:
             ids, pos, src, *meta_arrays, ends = inputs
             k = len(meta_arrays) - step.num_state
@@ -449,9 +472,9 @@ class ModelRunner:
         sources = (ids, pos, slots, bt, ctx, state_slots) if step.num_state else (ids, pos, slots, bt, ctx)
         for dst, t in zip(self._graph_inputs(rows, bool(step.num_state)), sources):
             dst.copy_(t)
-        graphs = self.cascade_graphs if cascade else self.graphs
+        graphs = self.sampling_graphs[bool(cascade)] if sampling else self.cascade_graphs if cascade else self.graphs
         graphs[rows].replay()
-        return self.graph_vars["hidden"][:n]
+        return None if sampling else self.graph_vars["hidden"][:n]
 
     def launch(self, batch: ScheduledBatch):
         """Queue one step on the device (``prepare`` + ``execute``; TP: every rank runs it).
@@ -469,6 +492,8 @@ class ModelRunner:
         as ``last_tokens`` (the next step's pending input ids)."""
         arrays = self.h2d.put(step.arrays)
         k, m = step.num_inputs, step.num_inputs + step.num_sampling
+        if self._samples_in_graph(step):
+            return self._execute_sampling_graph(step, arrays)
         hidden = self.forward(step, arrays[:k])
         self._copy_forked(step, arrays[m:])
         if not step.num_sampling:  # a prefill chunk that completes no sequence
@@ -484,6 +509,23 @@ class ModelRunner:
         tokens, logprobs = self.sample(hidden, floats, ints, step.use_filter)
         self.last_tokens = tokens
         return None if logprobs is None else self.d2h.start(tokens, logprobs)
+
+    def _samples_in_graph(self, step: StepInputs) -> bool:
+        """A graphed decode step whose rows the one-pass sampler takes (no top-k / top-p), with no
+        forked copies, on an engine with sampling graphs (``EngineConfig.decode_graph_sampler``)."""
+        return (self.graph_sampler and step.graphed and step.num_sampling == 2 and not step.use_filter
+                and not step.copy_tokens and not step.state_copies)
+
+    def _execute_sampling_graph(self, step: StepInputs, arrays: list[torch.Tensor]):
+        """``execute`` of a ``_samples_in_graph`` step: the rows' temperatures and noise keys into
+        the graph's buffers, the bucket's sampling graph, the packed tokens' read-back started."""
+        g, k, n = self.graph_vars, step.num_inputs, step.real_rows
+        g["temp"][:n].copy_(arrays[k][0])
+        g["keys"][:n].copy_(arrays[k + 1][0])
+        self.forward(step, arrays[:k], sampling=True)
+        self.sampling_graph_steps += 1
+        self.last_tokens = g["tokens"][:n]
+        return self.d2h.start_packed(g["sampled"][:2 * step.paged_rows], n)
 
     def _copy_forked(self, step: StepInputs, copies: list[torch.Tensor]) -> None:
         """After the forward: forked partial KV blocks (the first two arrays, if any), then

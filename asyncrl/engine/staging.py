@@ -89,19 +89,24 @@ class DeviceToHost:
     def start(self, tokens: torch.Tensor, logprobs: torch.Tensor):
         """Queue the copy; returns a handle for ``read``. Token ids < 2^53 are exact in fp64."""
         n = tokens.shape[0]
-        both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
+        return self.start_packed(torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).view(-1), n)
+
+    def start_packed(self, packed: torch.Tensor, n: int):
+        """Queue the copy of ``packed`` ``[2 B]`` fp64 (B tokens, then their B log-probs, packed on the
+        device: ``start``, or the decode graph that samples) of which the first ``n`` rows are read."""
+        rows = packed.numel() // 2
         if not self.cuda:
-            return both, None
+            return packed.view(2, rows)[:, :n], None
         slot, self.slot = self.slot, self.slot ^ 1
-        if self.pinned[slot] is None or self.pinned[slot].numel() < 2 * n:
-            self.pinned[slot] = torch.empty(2 * max(n, 512), dtype=torch.float64, pin_memory=True)
+        if self.pinned[slot] is None or self.pinned[slot].numel() < 2 * rows:
+            self.pinned[slot] = torch.empty(2 * max(rows, 512), dtype=torch.float64, pin_memory=True)
         # a CONTIGUOUS pinned target: copying into a strided view goes through a pageable
         # temporary and blocks the host until the step is done (measured: no overlap)
-        out = self.pinned[slot][:2 * n].view(2, n)
-        out.copy_(both, non_blocking=True)
+        out = self.pinned[slot][:2 * rows]
+        out.copy_(packed, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return out, event
+        return out.view(2, rows)[:, :n], event
 
     @staticmethod
     def read(handle) -> tuple[list[int], list[float]]:

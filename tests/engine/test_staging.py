@@ -74,3 +74,13 @@ def test_typed_views_read_each_array_from_its_offset():
         for a, t in zip(arrays, typed_views(dev, typed, arrays, offs)):
             assert t.shape == a.shape and np.array_equal(t.numpy(), a)
     assert set(typed) == {np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_read_back_takes_the_real_rows(device):
+    """``start_packed``: a ``[2 B]`` device buffer (B tokens then B log-probs, as the sampling decode
+    graph writes it) reads back as the first ``n`` tokens and log-probs."""
+    d2h = DeviceToHost(torch.device(device))
+    packed = torch.tensor([5, 7, 9, 11, -0.5, -1.5, -2.5, -3.5], dtype=torch.float64, device=device)
+    assert d2h.read(d2h.start_packed(packed, 3)) == ([5, 7, 9], [-0.5, -1.5, -2.5])
+    assert d2h.read(d2h.start(packed[:2].long(), packed[4:6].float())) == ([5, 7], [-0.5, -1.5])
