@@ -160,6 +160,8 @@ class CascadePlan:
     num_tiles: int
     saved_tokens: int
     prefix_splits: int = 1
+    # (prefix_splits, packed()) of the last ``packed`` call: a reused plan packs once (read-only array)
+    _packed: Optional[tuple[int, np.ndarray]] = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def max_prefix_tokens(self) -> int:
@@ -167,9 +169,11 @@ class CascadePlan:
 
     def packed(self) -> np.ndarray:
         """The device layout: suffix_start, header row (num_tiles, prefix_splits, 0...), tiles."""
-        header = np.zeros(self.tiles.shape[1], dtype=np.int32)
-        header[0], header[1] = self.num_tiles, self.prefix_splits
-        return np.concatenate([self.suffix_start, header, self.tiles.ravel()])
+        if self._packed is None or self._packed[0] != self.prefix_splits:
+            header = np.zeros(self.tiles.shape[1], dtype=np.int32)
+            header[0], header[1] = self.num_tiles, self.prefix_splits
+            self._packed = (self.prefix_splits, np.concatenate([self.suffix_start, header, self.tiles.ravel()]))
+        return self._packed[1]
 
 
 def plan_cascade(block_tables: np.ndarray, context_lens: np.ndarray, block_size: int, mpt: int,
@@ -253,6 +257,7 @@ class CascadeBuffers:
         # the last planned step: (bs, cap [n], block-table columns read [n, cap.max()], plan without the
         # saved-fraction test or None)
         self._last: Optional[tuple[int, np.ndarray, np.ndarray, Optional[CascadePlan]]] = None
+        self._given: Optional[CascadePlan] = None  # the last plan returned (the grouping + this step's splits)
         self.steps = 0  # decode steps run with cascade (metrics)
         self.saved_tokens = 0
         self.prefix_chunks = 0  # sum over cascade steps of the prefix chunk count (mean = / steps)
@@ -273,8 +278,11 @@ class CascadeBuffers:
         p = self._grouping(np.asarray(block_tables), ctx, bs)
         if p is None or p.saved_tokens < self.min_saved_fraction * ctx.sum():
             return None
-        p = dataclasses.replace(p, prefix_splits=prefix_splits_for(p.num_tiles, self.num_kv_heads,
-                                                                   p.max_prefix_tokens, self.sms, CASCADE_RULE))
+        splits = prefix_splits_for(p.num_tiles, self.num_kv_heads, p.max_prefix_tokens, self.sms, CASCADE_RULE)
+        given = self._given
+        if given is None or given.tiles is not p.tiles or given.prefix_splits != splits:  # else: the same plan again
+            given = self._given = dataclasses.replace(p, prefix_splits=splits)
+        p = given
         self.steps += 1
         self.saved_tokens += p.saved_tokens
         self.prefix_chunks += p.prefix_splits

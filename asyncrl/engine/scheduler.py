@@ -324,13 +324,20 @@ class Scheduler:
         one step late, an abort) are discarded."""
         finished = []
         done = SequenceStatus.FINISHED
+        # a decode step's rows are its sampling rows: their filled blocks are hashed in this loop
+        # (``_hash_filled_blocks``' test, in batch order); a prefill step's chunks after it
+        hashing, bsz = self.bm.enable_prefix_caching and not batch.is_prefill, self.bm.block_size
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):
             seq.num_pending -= 1
             if seq.status is done:
                 continue
             if self._commit_token(seq, tok, lp, version):
                 finished.append(seq)
-        self._hash_filled_blocks(batch.seqs)
+            elif (hashing and seq.block_table
+                  and min(seq.num_cached_tokens, len(seq.token_ids)) // bsz > seq.num_hashed_blocks):
+                self.bm.hash_full_blocks(seq)
+        if batch.is_prefill:
+            self._hash_filled_blocks(batch.seqs)
         return finished
 
     def _finish_reason(self, seq: Sequence, tok: int) -> Optional[str]:
