@@ -1,22 +1,28 @@
-"""The engine's host work per decode step at the GRPO rollout's shape, on CPU (issue 20/23).
+"""The engine's host work per decode step at the GRPO rollout's shape (issue 20: the rollout is host-bound).
 
-    python bench/engine_host_decode.py [--steps 256] [--repeats 3] [--profile 25]
+    python bench/engine_host_decode.py [--repeats 3] [--profile 25]      # CPU
+    python bench/engine_host_decode.py --device cuda [--repeats 3]       # GPU, ~1 min
 
-The real ``LLM`` (scheduler, block manager, ``ModelRunner.prepare`` and ``execute``, the step gate,
-overlapped scheduling, cascade planning) with a 1-layer Qwen3 of the 0.6B model's head layout (16 q /
-8 kv heads: the same cascade tile shape) and a 64-token vocabulary (the sampler's [128, V] math, device work on the GPU, stays small), at 16 prompts x 8 samples x
-(256 + 256) tokens, ignore_eos, block size 64, batch 128. On CPU the engine would take its CPU
-branches (gathered attention, no cascade); here the runner is switched onto the CUDA decode path's
-host logic instead: ``prepare`` builds the paged-decode arrays and the cascade plan (a
-``CascadeBuffers`` on the CPU), and ``forward`` of a paged step does its host work (pending-id
-resolution, the plan's buffer copy) and returns zero hidden states in place of the Triton decode
-(the model's compute is not what is measured; the LM head and sampler still run). Prefill steps run
-the real model.
+16 prompts x 8 samples x (256 + 256) tokens, ignore_eos, block size 64, batch 128, max_model_len 4096,
+overlapped scheduling, cascade planning, through the real ``LLM`` (scheduler, block manager, step gate,
+``ModelRunner.prepare`` / ``execute``, staging, read-back).
 
-Prints one JSON object: ``ms_per_decode_step`` (wall of ``LLM.step`` over decode steps, median of
-``--repeats`` rollouts per variant, variants interleaved in the one process), and with ``--profile N``
-a cProfile breakdown of one rollout (cumulative ms per decode step of the engine's phases, the top N
-functions by own time). Variants: ``plan_reuse`` on / off (``CascadeBuffers.reuse``).
+CPU: a 1-layer Qwen3 with Qwen3-0.6B's head layout (16 q / 8 kv heads: the same cascade tile shape)
+and a 64-token vocabulary. The engine's CPU branches (gathered attention, no cascade) are switched
+onto the CUDA decode path's host logic: ``prepare`` builds the paged-decode arrays and the cascade
+plan (a ``CascadeBuffers`` on the CPU), ``forward`` of a paged step does its host work (pending-id
+resolution, the plan's buffer copy) and returns zero hidden states instead of the Triton decode; the
+LM head and the sampler run on the CPU (their math is device work on a GPU); prefills run the model.
+GPU (``--device cuda``): Qwen3-0.6B-shaped random bf16 weights with the engine's GPU defaults, two
+engines (``decode_graph_sampler`` off and on), and per variant also CUDA events around each step's
+``execute``: the stream's idle gap between steps (the device waiting for the host) and its busy time.
+
+Variants, interleaved in the one process: cascade plan reuse on / off (``CascadeBuffers.reuse``), x
+(GPU) the sampling decode graph off / on. Prints one JSON object: wall (and this thread's CPU) ms
+per decode step, median over decode steps 3.. of each rollout, median of ``--repeats`` rollouts;
+whether the tokens equal the first variant's; per variant the median ms of each host phase
+(perf_counter around the engine's methods; "fetch" includes waiting for the device; GPU: the graph
+launch alone); with ``--profile N`` the top N functions of a cProfile'd rollout by own time.
 """
 from __future__ import annotations
 

@@ -248,7 +248,8 @@ class ModelRunner:
                                     [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
         return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.uniform
 
-    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int, pending_all: bool = False) -> torch.Tensor:
+    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int,
+                     pending_all: bool = False) -> torch.Tensor:
         """Input ids with pending tokens taken from the last launched step's samples. Every row
         pending (the overlapped decode's usual step): one gather instead of four kernels."""
         if max_src < 0:
