@@ -114,6 +114,8 @@ class Scheduler:
         return batch
 
     def _schedule_prefill(self) -> Optional[ScheduledBatch]:
+        if not self.waiting:  # the decode steps' case: no batch object built to be dropped
+            return None
         batch = ScheduledBatch(seqs=[], is_prefill=True)
         budget = self.config.max_num_batched_tokens
         while self.waiting and budget > 0 and len(self.running) + len(batch.seqs) < self.config.max_num_seqs:
