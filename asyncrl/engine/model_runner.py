@@ -118,6 +118,7 @@ class ModelRunner:
             self._warmup_sampler()  # only rank 0 samples
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
         self._keys_of: Optional[tuple[tuple[int, ...], np.ndarray]] = None  # (seq ids, their sequence_keys)
+        self._uniform_of: Optional[tuple] = None  # ((S, temperature, top_p, top_k), floats, top_k, use_filter)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._bucket_views: dict[tuple[str, int], object] = {}  # per-bucket views of graph / plan buffers
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
@@ -294,15 +295,19 @@ class ModelRunner:
         seqs = batch.sample_seqs
         S, p0 = len(seqs), seqs[0].params
         if all(s.params is p0 for s in seqs):  # one SamplingParams for the batch: the usual case
-            temp, top_p = np.full(S, p0.temperature, np.float32), np.full(S, p0.top_p, np.float32)
-            top_k = np.full(S, p0.top_k, np.int64)
+            values = (S, p0.temperature, p0.top_p, p0.top_k)  # by value: a caller may reuse the object
+            if self._uniform_of is None or self._uniform_of[0] != values:  # else the last step's (read-only)
+                top_p, top_k = np.full(S, p0.top_p, np.float32), np.full(S, p0.top_k, np.int64)
+                self._uniform_of = (values, np.stack([np.full(S, p0.temperature, np.float32), top_p]), top_k,
+                                    bool((top_k > 0).any() or (top_p < 1.0).any()))
+            _, floats, top_k, use_filter = self._uniform_of
         else:
             temp = np.array([s.params.temperature for s in seqs], dtype=np.float32)
             top_p = np.array([s.params.top_p for s in seqs], dtype=np.float32)
             top_k = np.array([s.params.top_k for s in seqs], dtype=np.int64)
+            floats, use_filter = np.stack([temp, top_p]), bool((top_k > 0).any() or (top_p < 1.0).any())
         keys = position_keys(self._sequence_keys(seqs), np.array(batch.key_positions, dtype=np.int64))
-        use_filter = bool((top_k > 0).any() or (top_p < 1.0).any())
-        return [np.stack([temp, top_p]), np.stack([keys, top_k])], use_filter
+        return [floats, np.stack([keys, top_k])], use_filter
 
     def _sequence_keys(self, seqs) -> np.ndarray:
         """``sequence_keys`` ``[S]`` int64 of these rows (their seeds and sample indices), kept while
