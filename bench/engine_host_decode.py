@@ -245,16 +245,24 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=64, help="CPU: small, so the CPU sampler's [128, V] math stays cheap")
     a = ap.parse_args()
     cuda = a.device == "cuda"
+    errors = {}
     if cuda:  # two engines: the decode graph without and with the sampler inside (decode_graph_sampler)
-        engines = {"graph_sampler_off": gpu_engine(False), "graph_sampler_on": gpu_engine(True)}
-        vocab = engines["graph_sampler_on"].model.config.vocab_size
+        engines = {}
+        for name, on in (("graph_sampler_off", False), ("graph_sampler_on", True)):
+            try:  # a failing variant is reported, and the others still measured
+                engines[name] = gpu_engine(on)
+                vocab = engines[name].model.config.vocab_size
+                rollout(engines[name], vocab)  # warm-up (compiles, allocator, first-run plans)
+            except Exception as e:  # noqa: BLE001
+                errors[name] = f"{type(e).__name__}: {e}"
+                engines.pop(name, None)
+                torch.cuda.empty_cache()
     else:
         torch.set_num_threads(1)
         engines, vocab = {"cpu": cuda_path_engine(tiny_qwen3(a.vocab))}, a.vocab
-    variants = {f"{e}{'+' if e else ''}{'plan_reuse' if reuse else 'no_plan_reuse'}".replace("cpu+", ""): (e, reuse)
+        rollout(engines["cpu"], vocab)  # warm-up
+    variants = {f"{e}+{'plan_reuse' if reuse else 'no_plan_reuse'}".replace("cpu+", ""): (e, reuse)
                 for e in engines for reuse in (True, False)}
-    for llm in engines.values():
-        rollout(llm, vocab)  # warm-up (compiles, allocator, first-run plans)
     walls, means, cpus, tokens = {k: [] for k in variants}, {k: [] for k in variants}, {k: [] for k in variants}, {}
     for _ in range(a.repeats):
         for name, (e, reuse) in variants.items():
@@ -276,7 +284,7 @@ def main() -> None:
                   same_tokens_as_first={k: v == first for k, v in tokens.items()},
                   plans_reused={e: getattr(llm.runner.cascade, "plans_reused", None) for e, llm in engines.items()},
                   sampling_graph_steps={e: getattr(llm.runner, "sampling_graph_steps", None)
-                                        for e, llm in engines.items()})
+                                        for e, llm in engines.items()}, errors=errors)
     for name, (e, reuse) in variants.items() if not a.no_phases else ():
         llm = engines[e]
         llm.runner.cascade.reuse = reuse
