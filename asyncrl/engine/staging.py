@@ -95,8 +95,8 @@ class DeviceToHost:
         """Queue the copy of ``packed`` ``[2 B]`` fp64 (B tokens, then their B log-probs, packed on the
         device: ``start``, or the decode graph that samples) of which the first ``n`` rows are read."""
         rows = packed.numel() // 2
-        if not self.cuda:
-            return packed.view(2, rows)[:, :n], None
+        if not self.cuda:  # a snapshot: ``packed`` may be a graph's buffer that the next step rewrites
+            return packed.view(2, rows)[:, :n].clone(), None
         slot, self.slot = self.slot, self.slot ^ 1
         if self.pinned[slot] is None or self.pinned[slot].numel() < 2 * rows:
             self.pinned[slot] = torch.empty(2 * max(rows, 512), dtype=torch.float64, pin_memory=True)
