@@ -20,6 +20,7 @@ engines (``decode_graph_sampler`` off and on), and per variant also CUDA events 
 Variants, interleaved in the one process: cascade plan reuse on / off (``CascadeBuffers.reuse``), x
 (GPU) the sampling decode graph off / on. Prints one JSON object: wall (and this thread's CPU) ms
 per decode step, median over decode steps 3.. of each rollout, median of ``--repeats`` rollouts;
+the whole rollout's seconds (prefill and read-back included: the trainer's rollout stage);
 whether the tokens equal the first variant's; per variant the median ms of each host phase
 (perf_counter around the engine's methods; "fetch" includes waiting for the device; GPU: the graph
 launch alone); with ``--profile N`` the top N functions of a cProfile'd rollout by own time.
@@ -263,13 +264,15 @@ def main() -> None:
         rollout(engines["cpu"], vocab)  # warm-up
     variants = {f"{e}+{'plan_reuse' if reuse else 'no_plan_reuse'}".replace("cpu+", ""): (e, reuse)
                 for e in engines for reuse in (True, False)}
-    walls, means, cpus, tokens = {k: [] for k in variants}, {k: [] for k in variants}, {k: [] for k in variants}, {}
+    walls, means, cpus, totals = ({k: [] for k in variants} for _ in range(4))
+    tokens = {}
     for _ in range(a.repeats):
         for name, (e, reuse) in variants.items():
             llm = engines[e]
             llm.runner.cascade.reuse = reuse
-            cpu = []
+            cpu, t0 = [], time.perf_counter()
             times, outs = rollout(llm, vocab, cpu=cpu)
+            totals[name].append(time.perf_counter() - t0)
             walls[name].append(statistics.median(times) * 1e3)
             means[name].append(statistics.mean(times) * 1e3)
             cpus[name].append(statistics.median(cpu) * 1e3)
@@ -281,6 +284,7 @@ def main() -> None:
                   ms_per_decode_step_mean={k: round(statistics.median(v), 4) for k, v in means.items()},
                   cpu_ms_per_decode_step_median={k: round(statistics.median(v), 4) for k, v in cpus.items()},
                   runs_ms_median={k: [round(x, 4) for x in v] for k, v in walls.items()},
+                  rollout_s_median={k: round(statistics.median(v), 4) for k, v in totals.items()},
                   same_tokens_as_first={k: v == first for k, v in tokens.items()},
                   plans_reused={e: getattr(llm.runner.cascade, "plans_reused", None) for e, llm in engines.items()},
                   sampling_graph_steps={e: getattr(llm.runner, "sampling_graph_steps", None)
