@@ -30,7 +30,9 @@ def measure(batch: int, prompt: int, steps: int, block: int = 64, max_len: int =
     rng = np.random.default_rng(0)
     for i in range(batch):
         sc.add(Sequence(rng.integers(1, 1000, prompt).tolist(), params, str(i), 0, i))
-    runner = types.SimpleNamespace(block_size=block, scratch_block=len(bm.blocks), _bt_width=lambda: width)
+    runner = types.SimpleNamespace(block_size=block, scratch_block=len(bm.blocks), _bt_width=lambda: width,
+                                   _keys_of=None, _uniform_of=None)
+    runner._sequence_keys = ModelRunner._sequence_keys.__get__(runner)
     b = sc.schedule()
     while b.is_prefill:
         sc.postprocess(b, [1] * len(b.sample_seqs), [0.0] * len(b.sample_seqs), 0)

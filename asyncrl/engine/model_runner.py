@@ -38,7 +38,7 @@ from asyncrl.engine.fp8 import check_fp8_device
 from asyncrl.engine.kv_budget import KvBudget, activation_bytes, device_memory, module_bytes
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
-from asyncrl.engine.sampler import Sampler, row_keys
+from asyncrl.engine.sampler import Sampler, position_keys, sequence_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
 from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, ssm_state_dtype, state_host_arrays
@@ -65,6 +65,7 @@ class StepInputs:
     use_filter: bool = False  # a sampling row uses top-k / top-p
     copy_tokens: int = 0      # slots to copy per forked partial block (0: no copies)
     max_src: int = -1         # largest pending-token row (-1: every input id is on the host)
+    pending_all: bool = False  # decode: every real row's input id is pending (padding rows read row 0)
     uniform: bool = False     # gathered: equal fresh prompts (plain causal mask)
     paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
     real_rows: int = 0        # paged decode: real sequences among them
@@ -116,12 +117,21 @@ class ModelRunner:
         if self.is_cuda and (config.compile_sampler or config.triton_sampler) and self.tp.rank == 0:
             self._warmup_sampler()  # only rank 0 samples
         self.last_tokens: Optional[torch.Tensor] = None  # sampled by the last launched step
+        self._keys_of: Optional[tuple[tuple[int, ...], np.ndarray]] = None  # (seq ids, their sequence_keys)
+        self._uniform_of: Optional[tuple] = None  # ((S, temperature, top_p, top_k), floats, top_k, use_filter)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._bucket_views: dict[tuple[str, int], object] = {}  # per-bucket views of graph / plan buffers
         # shared-prefix (cascade) decode: plan buffers + a second graph per bucket
         self.cascade = (CascadeBuffers(self.num_heads, self.num_kv_heads, self.block_size,
                                        config.max_num_seqs, self.device)
                         if self.is_cuda and config.cascade_attention else None)
         self.cascade_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # decode graphs that also sample (``EngineConfig.decode_graph_sampler``), per cascade on/off; TP=1 only
+        # (rank 0 samples from every rank's gathered logits there)
+        self.graph_sampler = (self.is_cuda and config.decode_graph_sampler and self.sampler.fast is not None
+                              and self.tp.size == 1)
+        self.sampling_graphs: dict[bool, dict[int, torch.cuda.CUDAGraph]] = {False: {}, True: {}}
+        self.sampling_graph_steps = 0  # decode steps that sampled inside their graph (metrics, tests)
         if self.is_cuda and not config.enforce_eager:
             self._capture_cudagraphs()
 
@@ -173,7 +183,9 @@ class ModelRunner:
         """Free the KV pool and CUDA graphs (the engine is unusable afterwards)."""
         self.graphs.clear()
         self.cascade_graphs.clear()
+        self.sampling_graphs = {False: {}, True: {}}
         self.graph_vars = {}
+        self._bucket_views.clear()
         for attn in self._attention_layers():
             attn.k_cache = torch.empty(0)
             attn.v_cache = torch.empty(0)
@@ -237,22 +249,28 @@ class ModelRunner:
                                     [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
         return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.uniform
 
-    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int) -> torch.Tensor:
-        """Input ids with pending tokens taken from the last launched step's samples."""
+    def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int,
+                     pending_all: bool = False) -> torch.Tensor:
+        """Input ids with pending tokens taken from the last launched step's samples. Every row
+        pending (the overlapped decode's usual step): one gather instead of four kernels."""
         if max_src < 0:
             return ids
         prev = self.last_tokens
         assert prev is not None and prev.numel() > max_src, "pending token of an unknown step"
+        if pending_all:
+            return prev[src]
         return torch.where(src >= 0, prev[src.clamp(min=0)], ids)
 
     def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int) -> list[np.ndarray]:
         """Host arrays for a paged decode of ``bs`` rows (real seqs, then padding rows that
         write the scratch block and attend one scratch token): ids, positions, slots, src
-        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32."""
+        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32. A padding
+        row's src is 0 (a valid row of any step that has pending tokens; its id is never used),
+        so a step whose real rows are all pending gathers its ids in one op (``_resolve_ids``)."""
         bsz, n = self.block_size, len(batch.seqs)
         pos = np.zeros(bs, dtype=np.int64)
         pos[:n] = batch.starts
-        src = np.full(bs, -1, dtype=np.int64)
+        src = np.zeros(bs, dtype=np.int64)
         src[:n] = batch.input_src
         ids = np.zeros(bs, dtype=np.int64)
         bt = np.full((bs, self._bt_width()), self.scratch_block, dtype=np.int32)
@@ -277,17 +295,30 @@ class ModelRunner:
         seqs = batch.sample_seqs
         S, p0 = len(seqs), seqs[0].params
         if all(s.params is p0 for s in seqs):  # one SamplingParams for the batch: the usual case
-            temp, top_p = np.full(S, p0.temperature, np.float32), np.full(S, p0.top_p, np.float32)
-            top_k = np.full(S, p0.top_k, np.int64)
+            values = (S, p0.temperature, p0.top_p, p0.top_k)  # by value: a caller may reuse the object
+            if self._uniform_of is None or self._uniform_of[0] != values:  # else the last step's (read-only)
+                top_p, top_k = np.full(S, p0.top_p, np.float32), np.full(S, p0.top_k, np.int64)
+                self._uniform_of = (values, np.stack([np.full(S, p0.temperature, np.float32), top_p]), top_k,
+                                    bool((top_k > 0).any() or (top_p < 1.0).any()))
+            _, floats, top_k, use_filter = self._uniform_of
         else:
             temp = np.array([s.params.temperature for s in seqs], dtype=np.float32)
             top_p = np.array([s.params.top_p for s in seqs], dtype=np.float32)
             top_k = np.array([s.params.top_k for s in seqs], dtype=np.int64)
-        keys = row_keys(np.array([s.seed for s in seqs], dtype=np.int64),
-                        np.array([s.sample_index for s in seqs], dtype=np.int64),
-                        np.array(batch.key_positions, dtype=np.int64))
-        use_filter = bool((top_k > 0).any() or (top_p < 1.0).any())
-        return [np.stack([temp, top_p]), np.stack([keys, top_k])], use_filter
+            floats, use_filter = np.stack([temp, top_p]), bool((top_k > 0).any() or (top_p < 1.0).any())
+        keys = position_keys(self._sequence_keys(seqs), np.array(batch.key_positions, dtype=np.int64))
+        return [floats, np.stack([keys, top_k])], use_filter
+
+    def _sequence_keys(self, seqs) -> np.ndarray:
+        """``sequence_keys`` ``[S]`` int64 of these rows (their seeds and sample indices), kept while
+        the rows are the same sequences in the same order: a decode batch changes only when a
+        sequence joins, finishes or is preempted, and the ~30 numpy ops of the mixing then run once
+        per batch instead of every step (a sequence's seed and sample index never change)."""
+        ids = tuple(s.seq_id for s in seqs)
+        if self._keys_of is None or self._keys_of[0] != ids:
+            self._keys_of = (ids, sequence_keys(np.array([s.seed for s in seqs], dtype=np.int64),
+                                                np.array([s.sample_index for s in seqs], dtype=np.int64)))
+        return self._keys_of[1]
 
     def _bt_width(self) -> int:
         return (self.max_model_len + self.block_size - 1) // self.block_size
@@ -315,25 +346,55 @@ class ModelRunner:
         )
         if self.state_pool is not None:
             g["state_slots"] = torch.full((max_bs,), self.state_pool.scratch, dtype=torch.long, device=self.device)
-        steps = [partial(self._graph_decode, cascade=False)]
-        if self.cascade is not None:  # a second graph per bucket: the shared-prefix decode
-            steps.append(partial(self._graph_decode, cascade=True))
-        captured = capture_graphs(sizes, *steps, stream=current_capture_stream())  # the engine's own, if any
-        self.graphs.update(captured[0])
-        if self.cascade is not None:
-            self.cascade_graphs.update(captured[1])
+        if self.graph_sampler:  # sampling inputs, the sampled tokens, and their read-back layout
+            g.update(temp=torch.ones(max_bs, dtype=torch.float32, device=self.device),
+                     keys=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+                     tokens=torch.zeros(max_bs, dtype=torch.int64, device=self.device),
+                     sampled=torch.zeros(2 * max_bs, dtype=torch.float64, device=self.device))
+        # (cascade, sampling) variants: a second graph per bucket for the shared-prefix decode, and each
+        # again with the LM head + sampler inside
+        variants = [(False, False)] + ([(True, False)] if self.cascade is not None else [])
+        variants += [(c, True) for c, _ in variants] if self.graph_sampler else []
+        captured = capture_graphs(sizes, *(partial(self._graph_decode, cascade=c, sampling=t) for c, t in variants),
+                                  stream=current_capture_stream())  # the engine's own, if any
+        for (c, t), graphs in zip(variants, captured):
+            (self.sampling_graphs[c] if t else self.cascade_graphs if c else self.graphs).update(graphs)
 
-    def _graph_decode(self, bs: int, cascade: bool) -> None:
-        """The decode forward of ``bs`` rows on the graph buffers (what a bucket's graph holds)."""
+    def _graph_decode(self, bs: int, cascade: bool, sampling: bool = False) -> None:
+        """The decode forward of ``bs`` rows on the graph buffers (what a bucket's graph holds).
+        ``sampling``: then the LM head and the one-pass sampler of all ``bs`` rows (padding rows'
+        samples are never read), the tokens kept for the next step's pending ids and packed as
+        ``DeviceToHost`` reads them: ``sampled[:2 bs]`` = tokens, then log-probs (fp64)."""
         g = self.graph_vars
         meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
                                  context_lens=g["context_lens"][:bs], paged_decode=True,
                                  state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
                                  **(self._cascade_views(bs) if cascade else {}))
         g["hidden"][:bs] = self.model(g["input_ids"][:bs], g["positions"][:bs], meta)
+        if sampling:
+            tokens, logprobs = self.sampler.fast(self.model.lm_head(g["hidden"][:bs]), g["temp"][:bs], g["keys"][:bs])
+            g["tokens"][:bs] = tokens
+            packed = g["sampled"][:2 * bs].view(2, bs)
+            packed[0] = tokens  # int64 -> fp64: exact below 2^53 (as DeviceToHost.start)
+            packed[1] = logprobs
 
     def _cascade_views(self, bs: int) -> dict:
-        return dict(zip(("suffix_start", "cascade_tiles"), self.cascade.views(bs)))
+        """The cascade metadata fields of bucket ``bs``: views of the plan buffer, made once per bucket."""
+        views = self._bucket_views.get(("cascade", bs))
+        if views is None:
+            views = self._bucket_views[("cascade", bs)] = dict(zip(("suffix_start", "cascade_tiles"),
+                                                                   self.cascade.views(bs)))
+        return views
+
+    def _graph_inputs(self, rows: int, state: bool) -> list[torch.Tensor]:
+        """The graph buffers a decode step of bucket ``rows`` fills, ``[:rows]`` views made once per
+        bucket: input ids, positions, slots, block tables, context lengths [, state slots]."""
+        views = self._bucket_views.get(("graph", rows))
+        if views is None:
+            names = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens", "state_slots"]
+            views = self._bucket_views[("graph", rows)] = [self.graph_vars[n][:rows] for n in names
+                                                           if n in self.graph_vars]
+        return views if state else views[:5]
 
     def _cascade_plan(self, host: list[np.ndarray], n: int, bs: int) -> list[np.ndarray]:
         """This step's shared-prefix plan from the host block tables / context lengths
@@ -370,6 +431,7 @@ class ModelRunner:
         common = dict(num_sampling=len(sampling), use_filter=use_filter,
                       copy_tokens=max((c[2] for c in batch.copies), default=0),
                       max_src=-1 if batch.is_prefill else max(batch.input_src, default=-1),
+                      pending_all=not batch.is_prefill and min(batch.input_src, default=-1) >= 0,
                       state_copies=bool(state_copies))
         copies = copies + state_copies
         if batch.is_prefill or not self.is_cuda:
@@ -394,17 +456,18 @@ class ModelRunner:
             return []
         return state_host_arrays(batch, rows, self.state_pool.scratch, self.packed_state_prefill and not rows)
 
-    def forward(self, step: StepInputs, inputs: list[torch.Tensor]) -> torch.Tensor:
+    def forward(self, step: StepInputs, inputs: list[torch.Tensor], sampling: bool = False) -> Optional[torch.Tensor]:
         """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
-        ``inputs`` on the device (called by ``execute``, under its inference mode)."""
+        ``inputs`` on the device (called by ``execute``, under its inference mode). ``sampling``
+        (a graphed decode, ``_samples_in_graph``): the bucket's sampling graph; returns None."""
         if not step.paged_rows:
             ids, pos, src, *meta_arrays, ends = inputs
             k = len(meta_arrays) - step.num_state
             meta = gathered_metadata(*meta_arrays[:k], step.uniform)
             attach_state(meta, meta_arrays[k:])
-            return self.model(self._resolve_ids(ids, src, step.max_src), pos, meta)[ends]
+            return self.model(self._resolve_ids(ids, src, step.max_src, step.pending_all), pos, meta)[ends]
         ids, pos, slots, src, bt, ctx, *rest = inputs
-        ids = self._resolve_ids(ids, src, step.max_src)
+        ids = self._resolve_ids(ids, src, step.max_src, step.pending_all)
         rows, n = step.paged_rows, step.real_rows
         state_slots = rest[0] if step.num_state else None
         cascade = self._cascade_meta(rest[step.num_state:], rows)
@@ -412,14 +475,12 @@ class ModelRunner:
             meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
                                      state_slots=state_slots, **cascade)
             return self.model(ids, pos, meta)
-        g = self.graph_vars
-        graph_inputs = [("input_ids", ids), ("positions", pos), ("slot_mapping", slots), ("block_tables", bt),
-                        ("context_lens", ctx)] + ([("state_slots", state_slots)] if step.num_state else [])
-        for name, t in graph_inputs:
-            g[name][:rows].copy_(t)
-        graphs = self.cascade_graphs if cascade else self.graphs
+        sources = (ids, pos, slots, bt, ctx, state_slots) if step.num_state else (ids, pos, slots, bt, ctx)
+        for dst, t in zip(self._graph_inputs(rows, bool(step.num_state)), sources):
+            dst.copy_(t)
+        graphs = self.sampling_graphs[bool(cascade)] if sampling else self.cascade_graphs if cascade else self.graphs
         graphs[rows].replay()
-        return g["hidden"][:n]
+        return None if sampling else self.graph_vars["hidden"][:n]
 
     def launch(self, batch: ScheduledBatch):
         """Queue one step on the device (``prepare`` + ``execute``; TP: every rank runs it).
@@ -437,19 +498,40 @@ class ModelRunner:
         as ``last_tokens`` (the next step's pending input ids)."""
         arrays = self.h2d.put(step.arrays)
         k, m = step.num_inputs, step.num_inputs + step.num_sampling
+        if self._samples_in_graph(step):
+            return self._execute_sampling_graph(step, arrays)
         hidden = self.forward(step, arrays[:k])
         self._copy_forked(step, arrays[m:])
         if not step.num_sampling:  # a prefill chunk that completes no sequence
             self.last_tokens = None
             return None
-        # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
-        # compiled sampler's guards see the same layout every step
-        floats, ints = arrays[k].clone(), arrays[k + 1].clone()
+        floats, ints = arrays[k], arrays[k + 1]
+        if self.sampler.fast is None or step.use_filter:
+            # fresh tensors (not views at step-dependent offsets of the staging buffer) so the
+            # compiled sampler's guards see the same layout every step (the one-pass kernel has none)
+            floats, ints = floats.clone(), ints.clone()
         if step.num_sampling == 3:  # prefill: the sample rows
             hidden = hidden[arrays[k + 2]]
         tokens, logprobs = self.sample(hidden, floats, ints, step.use_filter)
         self.last_tokens = tokens
         return None if logprobs is None else self.d2h.start(tokens, logprobs)
+
+    def _samples_in_graph(self, step: StepInputs) -> bool:
+        """A graphed decode step whose rows the one-pass sampler takes (no top-k / top-p), with no
+        forked copies, on an engine with sampling graphs (``EngineConfig.decode_graph_sampler``)."""
+        return (self.graph_sampler and step.graphed and step.num_sampling == 2 and not step.use_filter
+                and not step.copy_tokens and not step.state_copies)
+
+    def _execute_sampling_graph(self, step: StepInputs, arrays: list[torch.Tensor]):
+        """``execute`` of a ``_samples_in_graph`` step: the rows' temperatures and noise keys into
+        the graph's buffers, the bucket's sampling graph, the packed tokens' read-back started."""
+        g, k, n = self.graph_vars, step.num_inputs, step.real_rows
+        g["temp"][:n].copy_(arrays[k][0])
+        g["keys"][:n].copy_(arrays[k + 1][0])
+        self.forward(step, arrays[:k], sampling=True)
+        self.sampling_graph_steps += 1
+        self.last_tokens = g["tokens"][:n]
+        return self.d2h.start_packed(g["sampled"][:2 * step.paged_rows], n)
 
     def _copy_forked(self, step: StepInputs, copies: list[torch.Tensor]) -> None:
         """After the forward: forked partial KV blocks (the first two arrays, if any), then

@@ -102,17 +102,20 @@ class Scheduler:
 
     # ---- schedule ------------------------------------------------------------
     def schedule(self) -> Optional[ScheduledBatch]:
+        """The next step (prefill first), or None. Each sampling row leaves one pending token until
+        ``postprocess``; a decode step marks its rows in its own loop."""
         batch = self._schedule_prefill()
         if batch is None:
-            batch = self._schedule_decode()
-        if batch is not None:  # each sampling row leaves one pending token until postprocess
-            for j, seq in enumerate(batch.sample_seqs):
-                batch.key_positions.append(seq.num_tokens)
-                seq.num_pending += 1
-                seq.pending_row = j
+            return self._schedule_decode()
+        for j, seq in enumerate(batch.sample_seqs):
+            batch.key_positions.append(seq.num_tokens)
+            seq.num_pending += 1
+            seq.pending_row = j
         return batch
 
     def _schedule_prefill(self) -> Optional[ScheduledBatch]:
+        if not self.waiting:  # the decode steps' case: no batch object built to be dropped
+            return None
         batch = ScheduledBatch(seqs=[], is_prefill=True)
         budget = self.config.max_num_batched_tokens
         while self.waiting and budget > 0 and len(self.running) + len(batch.seqs) < self.config.max_num_seqs:
@@ -177,6 +180,7 @@ class Scheduler:
         src: list[int] = []
         rows: list[int] = []
         last: list[int] = []
+        keys: list[int] = []  # key_positions: the position each row's new token takes
         bsz, max_len, max_seqs, running = self.bm.block_size, self.max_model_len, self.config.max_num_seqs, self.running
         while running and len(scheduled) < max_seqs:
             seq = running.popleft()
@@ -193,6 +197,8 @@ class Scheduler:
             src.append(seq.pending_row if pending else -1)
             last.append(0 if pending else seq.token_ids[-1])
             rows.append(seq.table_row)
+            keys.append(start + 1)
+            seq.num_pending, seq.pending_row = pending + 1, len(scheduled)  # sampled by this step: pending
             scheduled.append(seq)
             kept.append(seq)
         running.extendleft(reversed(kept))
@@ -200,7 +206,7 @@ class Scheduler:
             return None
         return ScheduledBatch(seqs=scheduled, is_prefill=False, logit_seqs=scheduled,
                               sample_seqs=scheduled, sample_rows=list(range(len(scheduled))), starts=starts,
-                              input_src=src, last_ids=last,
+                              input_src=src, last_ids=last, key_positions=keys,
                               block_tables=None if self.bm.tables is None else self.bm.tables[rows])
 
     def _grow(self, seq: Sequence) -> bool:
@@ -320,13 +326,20 @@ class Scheduler:
         one step late, an abort) are discarded."""
         finished = []
         done = SequenceStatus.FINISHED
+        # a decode step's rows are its sampling rows: their filled blocks are hashed in this loop
+        # (``_hash_filled_blocks``' test, in batch order); a prefill step's chunks after it
+        hashing, bsz = self.bm.enable_prefix_caching and not batch.is_prefill, self.bm.block_size
         for seq, tok, lp in zip(batch.sample_seqs, tokens, logprobs):
             seq.num_pending -= 1
             if seq.status is done:
                 continue
             if self._commit_token(seq, tok, lp, version):
                 finished.append(seq)
-        self._hash_filled_blocks(batch.seqs)
+            elif (hashing and seq.block_table
+                  and min(seq.num_cached_tokens, len(seq.token_ids)) // bsz > seq.num_hashed_blocks):
+                self.bm.hash_full_blocks(seq)
+        if batch.is_prefill:
+            self._hash_filled_blocks(batch.seqs)
         return finished
 
     def _finish_reason(self, seq: Sequence, tok: int) -> Optional[str]:

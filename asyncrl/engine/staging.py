@@ -33,6 +33,7 @@ class HostToDevice:
         self.pinned: list[Optional[torch.Tensor]] = [None, None]
         self.events: list[Optional[torch.cuda.Event]] = [None, None]
         self.dev: Optional[torch.Tensor] = None
+        self.typed: dict[np.dtype, torch.Tensor] = {}  # ``dev`` viewed as each dtype (made once per buffer)
         self.slot = 0
 
     def put(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
@@ -50,6 +51,7 @@ class HostToDevice:
             self.pinned[slot] = torch.empty(max(total, 1 << 16), dtype=torch.uint8, pin_memory=True)
         if self.dev is None or self.dev.numel() < total:
             self.dev = torch.empty(self.pinned[slot].numel(), dtype=torch.uint8, device=self.device)
+            self.typed = {}
         host = self.pinned[slot].numpy()
         for a, o in zip(arrays, offs):
             host[o:o + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -57,7 +59,23 @@ class HostToDevice:
         event = torch.cuda.Event()
         event.record()
         self.events[slot] = event
-        return [self.dev[o:o + a.nbytes].view(_DTYPES[a.dtype]).view(a.shape) for a, o in zip(arrays, offs)]
+        return typed_views(self.dev, self.typed, arrays, offs)
+
+
+def typed_views(buf: torch.Tensor, typed: dict, arrays: list[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
+    """Views of the byte buffer ``buf`` holding ``arrays`` at byte ``offsets`` (multiples of
+    ``_ALIGN``), each with its array's dtype and shape. ``typed`` caches ``buf`` viewed as each
+    dtype, so an array costs one slice (and a reshape if not 1-D): the device side of a step's
+    ~10 arrays took three view ops each."""
+    out = []
+    for a, o in zip(arrays, offsets):
+        flat = typed.get(a.dtype)
+        if flat is None:
+            flat = typed[a.dtype] = buf.view(_DTYPES[a.dtype])
+        i = o // a.itemsize
+        v = flat[i:i + a.size]
+        out.append(v if a.ndim == 1 else v.view(a.shape))
+    return out
 
 
 class DeviceToHost:
@@ -71,19 +89,24 @@ class DeviceToHost:
     def start(self, tokens: torch.Tensor, logprobs: torch.Tensor):
         """Queue the copy; returns a handle for ``read``. Token ids < 2^53 are exact in fp64."""
         n = tokens.shape[0]
-        both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
-        if not self.cuda:
-            return both, None
+        return self.start_packed(torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).view(-1), n)
+
+    def start_packed(self, packed: torch.Tensor, n: int):
+        """Queue the copy of ``packed`` ``[2 B]`` fp64 (B tokens, then their B log-probs, packed on the
+        device: ``start``, or the decode graph that samples) of which the first ``n`` rows are read."""
+        rows = packed.numel() // 2
+        if not self.cuda:  # a snapshot: ``packed`` may be a graph's buffer that the next step rewrites
+            return packed.view(2, rows)[:, :n].clone(), None
         slot, self.slot = self.slot, self.slot ^ 1
-        if self.pinned[slot] is None or self.pinned[slot].numel() < 2 * n:
-            self.pinned[slot] = torch.empty(2 * max(n, 512), dtype=torch.float64, pin_memory=True)
+        if self.pinned[slot] is None or self.pinned[slot].numel() < 2 * rows:
+            self.pinned[slot] = torch.empty(2 * max(rows, 512), dtype=torch.float64, pin_memory=True)
         # a CONTIGUOUS pinned target: copying into a strided view goes through a pageable
         # temporary and blocks the host until the step is done (measured: no overlap)
-        out = self.pinned[slot][:2 * n].view(2, n)
-        out.copy_(both, non_blocking=True)
+        out = self.pinned[slot][:2 * rows]
+        out.copy_(packed, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return out, event
+        return out.view(2, rows)[:, :n], event
 
     @staticmethod
     def read(handle) -> tuple[list[int], list[float]]:

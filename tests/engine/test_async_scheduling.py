@@ -117,3 +117,42 @@ def test_overlapped_cuda_graphs_identical(tiny_dirs):
                 assert llm.metrics["preemptions"] > 0
         assert out[False] == out[True]
         assert out[True][0] == [o.completions[0].token_ids for o in ref]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sampling_decode_graphs_identical(tiny_dirs, overlap):
+    """``decode_graph_sampler`` (the LM head and the one-pass sampler inside the decode graph) gives
+    the tokens, finish reasons and log-probs of the sampler run after the graph: greedy and sampled
+    rows, forks, a batch filling its bucket (16 greedy rows) and padded ones (12 sampled rows in the
+    bucket of 16; smaller batches under preemption in a small pool); top-p rows take the plain graph."""
+    import torch
+
+    from asyncrl.engine import LLM
+
+    kw = dict(dtype=torch.float32, device="cuda", compile_sampler=False, block_size=16, max_num_seqs=32,
+              max_model_len=256, async_scheduling=overlap)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=3, logprobs=True)
+    top_p = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_tokens=12, seed=4, logprobs=True)
+    cases = [(prompts_for(31, [5 + i for i in range(16)]), greedy), (prompts_for(32, [3, 17, 40]), sampled),
+             (prompts_for(33, [7, 8, 9]), top_p)]
+    out = {}
+    for on in (False, True):
+        for extra in (dict(), dict(num_kv_blocks=12)):
+            llm = LLM(tiny_dirs["qwen3"], decode_graph_sampler=on, **kw, **extra)
+            assert llm.runner.graph_sampler == on and (llm.runner.sampling_graphs[False] != {}) == on
+            res = []
+            for prompts, params in cases:
+                outs = llm.generate(prompts, params)
+                res.append([(c.token_ids, c.finish_reason, c.logprobs) for o in outs for c in o.completions])
+            out[on, bool(extra)] = res
+            assert (llm.runner.sampling_graph_steps > 0) == on
+            if extra:
+                assert llm.metrics["preemptions"] > 0
+    for extra in (False, True):
+        for ref, got in zip(out[False, extra], out[True, extra]):
+            assert [(t, f) for t, f, _ in ref] == [(t, f) for t, f, _ in got]
+            for (_, _, a), (_, _, b) in zip(ref, got):
+                assert (a is None) == (b is None) and (a is None or max(abs(x - y) for x, y in zip(a, b)) < 1e-5)

@@ -194,3 +194,104 @@ def test_buffers_write_the_rules_prefix_splits_into_the_header(monkeypatch):
     _, t = bufs.load(plan, 16)
     assert t[0, :2].tolist() == [2, 2]
     assert bufs.steps == 2 and bufs.prefix_chunks == 1 + 2
+
+
+def _fresh(bufs, tables, ctx, bs):
+    """What ``bufs.plan`` must return: a fresh ``plan_cascade`` with the launch rule applied."""
+    from asyncrl.engine import cascade
+
+    p = plan_cascade(tables, ctx, bufs.block_size, bufs.mpt, bs, bufs.min_saved_fraction)
+    if p is not None:
+        p.prefix_splits = cascade.prefix_splits_for(p.num_tiles, bufs.num_kv_heads, p.max_prefix_tokens, bufs.sms,
+                                                    cascade.CASCADE_RULE)
+    return p
+
+
+def _same_plan(a, b):
+    if a is None or b is None:
+        return a is b
+    return (a.num_tiles, a.saved_tokens, a.prefix_splits) == (b.num_tiles, b.saved_tokens, b.prefix_splits) \
+        and np.array_equal(a.packed(), b.packed())
+
+
+def test_plan_reuse_follows_every_input_the_plan_reads(monkeypatch):
+    """A reused plan equals a fresh ``plan_cascade``, and it is reused exactly when the inputs the
+    plan reads are unchanged: the bucket, each row's full-block count, the block-table columns
+    below the largest count. The saved-fraction test and the launch rule apply per step."""
+    from asyncrl.engine import cascade
+
+    tables, ctx, nb = _tables([3, 2], 4, [2, 4], [1, 2, 3, 4, 1])  # ctx [9, 10, 11, 20, 17]: caps [2, 2, 2, 4, 4]
+    t = _pad(tables, 8, nb)
+    t_moved = t.copy()
+    t_moved[3, 1] = nb + 1  # a shared block id of row 3 changes (a column the plan reads)
+    ctx_in = ctx + np.array([1, 1, 1, 0, 2])  # [10, 11, 12, 20, 19]: every row stays in its blocks
+    ctx_cross = ctx_in + np.array([0, 0, 0, 1, 0])  # row 3 at 21: a 5th full block
+    bufs = CascadeBuffers(16, 8, 4, 64, torch.device("cpu"), sms=8)
+    steps = [  # (tables, ctx, bucket, reused)
+        (t, ctx, 16, False), (t, ctx, 16, True), (t, ctx_in, 16, True), (t, ctx_cross, 16, False),
+        (t, ctx_cross, 16, True), (t_moved, ctx_cross, 16, False), (t_moved, ctx_cross, 32, False),
+        (t_moved[:4], ctx_cross[:4], 32, False), (t_moved[:4], ctx_cross[:4], 32, True)]
+    for tab, c, bs, reused in steps:
+        before = bufs.plans_reused
+        assert _same_plan(bufs.plan(tab, c, bs), _fresh(bufs, tab, c, bs))
+        assert bufs.plans_reused - before == reused
+    # the saved-fraction test sees this step's contexts: a reused grouping that no longer saves enough
+    bufs.min_saved_fraction = 0.43  # ctx_in: 32 tokens saved of 72 (0.444)
+    assert bufs.plan(t, ctx_in, 16) is not None
+    longer = np.array([12, 12, 12, 20, 20])  # the same caps; 32 of 76 (0.421)
+    assert _fresh(bufs, t, longer, 16) is None and bufs.plan(t, longer, 16) is None
+    assert bufs.plans_reused - before == 2
+    # the launch rule is applied per step: a reused grouping takes a changed rule
+    monkeypatch.setattr(cascade, "CASCADE_RULE", cascade.CascadeLaunchRule(prefix_fill=4.0, min_chunk_tokens=4))
+    bufs.min_saved_fraction = cascade.MIN_SAVED_FRACTION
+    p = bufs.plan(t, ctx_in, 16)
+    assert _same_plan(p, _fresh(bufs, t, ctx_in, 16)) and p.prefix_splits == 2
+    bufs.reuse = False  # the bench's A/B switch: plans afresh
+    before = bufs.plans_reused
+    assert _same_plan(bufs.plan(t, ctx_in, 16), p) and bufs.plans_reused == before
+
+
+def test_plan_reuse_equals_fresh_plans_through_a_scheduled_run():
+    """Decode batches of the real scheduler (forked GRPO groups, rows finishing at different lengths,
+    requests arriving mid-run, preemption in a small pool, a weight update that drops the K/V): at
+    every decode step the reused plan equals a fresh ``plan_cascade``; plans are both reused and
+    recomputed along the way."""
+    from asyncrl.engine.block_manager import BlockManager
+    from asyncrl.engine.config import EngineConfig
+    from asyncrl.engine.scheduler import Scheduler
+    from asyncrl.engine.sequence import Sequence
+    from asyncrl.types import SamplingParams
+
+    page, width = 4, 16
+    bm = BlockManager(70, page, max_blocks_per_seq=width)
+    sc = Scheduler(EngineConfig(block_size=page, max_num_seqs=24, max_num_batched_tokens=64), bm, page * width, [0])
+    rng = np.random.default_rng(0)
+
+    def add(i):
+        s = Sequence(rng.integers(1, 50, int(rng.integers(5, 14))).tolist(),
+                     SamplingParams(n=4, max_tokens=int(rng.integers(6, 30)), ignore_eos=True), str(i), 0, i)
+        s.num_forks = 3
+        sc.add(s)
+
+    for i in range(4):
+        add(i)
+    bufs = CascadeBuffers(16, 8, page, 32, torch.device("cpu"), sms=8)
+    decode_steps = 0
+    for step in range(160):
+        if step in (10, 25, 40):
+            add(100 + step)
+        if step == 60:
+            sc.drop_kv()  # update_weights(kv="recompute")
+        batch = sc.schedule()
+        if batch is None:
+            break
+        if not batch.is_prefill:
+            decode_steps += 1
+            n = len(batch.seqs)
+            bs = 32 if n > 16 else 16
+            tab, ctx = batch.block_tables, np.asarray(batch.starts) + 1
+            assert _same_plan(bufs.plan(tab, ctx, bs), _fresh(bufs, tab, ctx, bs))
+        k = len(batch.sample_seqs)
+        sc.postprocess(batch, rng.integers(1, 50, k).tolist(), [0.0] * k, 0)
+    assert sc.num_preemptions > 0 and decode_steps > 60
+    assert 0 < bufs.plans_reused < decode_steps and bufs.steps > 0

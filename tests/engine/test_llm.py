@@ -131,6 +131,21 @@ def test_prefix_cache_hit_and_version_namespace(tiny_dirs, hf_models):
     assert out.token_ids == first and set(out.versions) == {1}
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_blocks_filled_by_decode_are_cached(tiny_dirs, overlap):
+    """Blocks that decode steps fill are hashed as they fill: a prompt of 6 tokens (block 4) and 10
+    new ones leave K/V for 15 tokens, so a second request whose prompt is the first 13 tokens of the
+    result hits 3 full blocks, 2 of them filled by decode (a first block from the prefill alone)."""
+    llm = make_llm(tiny_dirs["qwen3"], async_scheduling=overlap)
+    prompt = prompts_for(9, [6])[0]
+    done = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    full = prompt + done[0].completions[0].token_ids
+    before = llm.metrics["prefix_cache_hit_tokens"]
+    llm.generate([full[:13]], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    assert llm.metrics["prefix_cache_hit_tokens"] - before == 12
+    llm.block_manager.check_invariants([])
+
+
 def test_update_weights_changes_policy(tiny_dirs, hf_models):
     """Push scaled weights under HF names: generations follow HF on the new weights."""
     hf = hf_models["llama"]

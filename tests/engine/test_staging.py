@@ -51,3 +51,36 @@ def test_static_inputs_keep_their_addresses_and_take_one_copy(device):
                 assert np.array_equal(v.cpu().numpy(), np.asarray(arrays[name], dtype=layouts[bs][name][1]))
     with pytest.raises(KeyError, match="temp"):
         staged.put(1, {"ids": np.zeros((1, 3)), "ctx": np.zeros(1)})
+
+
+def test_typed_views_read_each_array_from_its_offset():
+    """The device side of ``HostToDevice.put`` on any byte buffer (here the CPU's): arrays of mixed
+    dtypes and shapes packed at 16-byte offsets come back equal through the cached typed views,
+    also on a second call that reuses the cache."""
+    from asyncrl.engine.staging import _ALIGN, typed_views
+
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(-2**62, 2**62, 5), rng.integers(0, 2**31 - 1, (3, 7)).astype(np.int32),
+              rng.standard_normal((2, 3)).astype(np.float32), rng.integers(0, 9, 1), np.zeros(0, np.int64)]
+    offs, total = [], 0
+    for a in arrays:
+        offs.append(total)
+        total += -(-a.nbytes // _ALIGN) * _ALIGN
+    buf = np.zeros(total + _ALIGN, dtype=np.uint8)
+    for a, o in zip(arrays, offs):
+        buf[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
+    dev, typed = torch.from_numpy(buf), {}
+    for _ in range(2):
+        for a, t in zip(arrays, typed_views(dev, typed, arrays, offs)):
+            assert t.shape == a.shape and np.array_equal(t.numpy(), a)
+    assert set(typed) == {np.dtype(np.int64), np.dtype(np.int32), np.dtype(np.float32)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_read_back_takes_the_real_rows(device):
+    """``start_packed``: a ``[2 B]`` device buffer (B tokens then B log-probs, as the sampling decode
+    graph writes it) reads back as the first ``n`` tokens and log-probs."""
+    d2h = DeviceToHost(torch.device(device))
+    packed = torch.tensor([5, 7, 9, 11, -0.5, -1.5, -2.5, -3.5], dtype=torch.float64, device=device)
+    assert d2h.read(d2h.start_packed(packed, 3)) == ([5, 7, 9], [-0.5, -1.5, -2.5])
+    assert d2h.read(d2h.start(packed[:2].long(), packed[4:6].float())) == ([5, 7], [-0.5, -1.5])
