@@ -292,6 +292,9 @@ class RolloutConfig:
                                                            "in one Triton kernel per layer instead of five (dense and "
                                                            "MoE models); null: on for a GPU engine (1.11x decode at "
                                                            "the GRPO shape on an H200), false: the torch path")
+    decode_graph_sampler: Optional[bool] = field_spec(None, help="engine on a GPU: the decode CUDA graph also runs the "
+                                                                 "LM head and the one-pass sampler (fewer host launches "
+                                                                 "per step); null: the engine's default")
     mamba_ssm_cache_dtype: str = field_spec(
         "auto", choices=("auto", "float32", "bfloat16", "float16"),
         help="engine + Qwen3.5 (Gated DeltaNet): the recurrent state's storage dtype (vLLM's key); auto = the "

@@ -60,7 +60,9 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          "fused+probe10": ["actor.kernels=auto", "actor.packing=auto", "runtime.probe_every=10"],
          # the engine's q/k norm + RoPE + K/V cache write in five kernels, as before 2026-12-02 (the default
          # on a GPU is one: EngineConfig.fused_kv_write)
-         "fused+torch_kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=false"]}
+         "fused+torch_kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=false"],
+         # the decode CUDA graph also runs the LM head and the sampler (EngineConfig.decode_graph_sampler)
+         "fused+graph_sampler": ["actor.kernels=auto", "actor.packing=auto", "rollout.decode_graph_sampler=true"]}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 

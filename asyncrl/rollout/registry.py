@@ -34,6 +34,7 @@ def _hf(model, tokenizer, **_engine_options) -> RolloutBackend:
     from asyncrl.rollout.hf import HFGenerateBackend
     for option, key in (("speculative_config", "rollout.speculative"), ("quantization", "rollout.quantization"),
                         ("kv_cache_dtype", "rollout.kv_cache_dtype"), ("fused_kv_write", "rollout.fused_kv_write"),
+                        ("decode_graph_sampler", "rollout.decode_graph_sampler"),
                         ("mamba_ssm_cache_dtype", "rollout.mamba_ssm_cache_dtype")):
         if _engine_options.get(option):
             raise ValueError(f"{key} needs the asyncrl engine; this model runs on HF generate "
@@ -84,6 +85,7 @@ def engine_options(rollout_cfg, lora_cfg=None) -> dict:
                "fp8_scaling": rollout_cfg.fp8_scaling,
                "kv_cache_dtype": None if rollout_cfg.kv_cache_dtype == "auto" else rollout_cfg.kv_cache_dtype,
                "fused_kv_write": rollout_cfg.fused_kv_write,
+               "decode_graph_sampler": rollout_cfg.decode_graph_sampler,
                "mamba_ssm_cache_dtype": None if rollout_cfg.mamba_ssm_cache_dtype == "auto"
                else rollout_cfg.mamba_ssm_cache_dtype,
                # auto: none here; the async runtime's in-process engine asks for its own (async_controller.py)

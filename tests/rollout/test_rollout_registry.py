@@ -141,3 +141,16 @@ def test_rollout_fused_kv_write_reaches_the_engine_config(tiny_policy):
     assert llm.config.fused_kv_write and not llm.model.model.layers[0].self_attn.fused_kv_write  # CPU
     with pytest.raises(ValueError, match="rollout.fused_kv_write needs the asyncrl engine"):
         build_backend("hf", model, tok, **options)
+
+
+def test_rollout_decode_graph_sampler_reaches_the_engine_config(tiny_policy):
+    """``rollout.decode_graph_sampler=true`` becomes ``EngineConfig.decode_graph_sampler`` (CUDA graphs
+    only: the CPU engine samples after the forward either way); HF generate refuses it by name."""
+    model, tok = tiny_policy
+    options = engine_options(load_config("quickstart", ["rollout.decode_graph_sampler=true"]).rollout)
+    assert options["decode_graph_sampler"] is True
+    assert engine_options(load_config("quickstart").rollout)["decode_graph_sampler"] is None
+    llm = build_backend("engine", model, tok, **options).llm
+    assert llm.config.decode_graph_sampler and not llm.runner.graph_sampler  # CPU
+    with pytest.raises(ValueError, match="rollout.decode_graph_sampler needs the asyncrl engine"):
+        build_backend("hf", model, tok, **options)
