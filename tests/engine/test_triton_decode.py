@@ -145,6 +145,8 @@ CASCADE_LAUNCHES = [
 ]
 
 
+@pytest.mark.skipif(CUDA, reason="4-token tiles (below tl.dot's K >= 16 on a GPU) keep the interpreter run small; "
+                                  "test_gpu.py runs the split launches at real tile sizes")
 def test_cascade_split_launches_match_plain_and_float64():
     """Cascade decode with the prefix split into chunks (count read from the plan header on the
     device) and the suffix split-KV (chunk 0 merges the prefix parts): every launch equals plain
