@@ -29,7 +29,8 @@ class EngineConfig:
     fused_kv_write: Optional[bool] = None
     # CUDA graphs: the decode graph of a step without top-k / top-p also runs the LM head and the one-pass
     # sampler and packs the tokens for the read-back (model_runner.py ``_graph_decode``): ~15 fewer host
-    # launches per decode step (issue 20); None/False: off until measured on the H200 (bench/engine_host_decode.py)
+    # launches per decode step (issue 20); None/False: off (H200, GRPO shape: equal wall, the decode is
+    # device-bound; bench/engine_host_decode.py --device cuda, bench/RESULTS.md)
     decode_graph_sampler: Optional[bool] = None
     compile_sampler: bool = True      # torch.compile the sampler on CUDA
     triton_sampler: bool = True       # CUDA: one-pass Triton kernel for batches without top-k/top-p
