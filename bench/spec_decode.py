@@ -65,7 +65,9 @@ def quiet_upper_layers(model, first: int, scale: float) -> None:
             layer.mlp.down_proj.weight.mul_(scale)
 
 
-def timed(llm, prompts, params, device) -> dict:
+def timed(llm, prompts, params, device: str):
+    """Warm-up with the whole workload, then the timed run: (row, token lists). Speculative counters
+    are the timed run's (bench/spec_trained_target.py uses this too)."""
     # Warm-up = the whole workload once: Triton compiles kernels per context-length bucket, so a
     # shorter warm-up left the first configuration paying compiles in its timed run (H200: "off"
     # 28.6k vs 47.8k tok/s for the same plain decode path in the second engine).
@@ -78,15 +80,17 @@ def timed(llm, prompts, params, device) -> dict:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    tokens = [list(c.token_ids) for o in outs for c in o.outputs]
+    n = sum(len(t) for t in tokens)
+    row = dict(tokens=n, seconds=round(dt, 3), tokens_per_s=round(n / dt, 1))
     m = llm.metrics
-    row = dict(tokens=tokens, seconds=round(dt, 3), tokens_per_s=round(tokens / dt, 1))
     if "spec_steps" in m:
-        drafted = m["spec_draft_tokens"] - m0["spec_draft_tokens"]
-        accepted = m["spec_accepted_tokens"] - m0["spec_accepted_tokens"]
-        row.update(spec_steps=m["spec_steps"] - m0["spec_steps"],
-                   acceptance_rate=round(accepted / drafted, 4) if drafted else 0.0)
-    return row, [c.token_ids for o in outs for c in o.outputs]
+        d = {k: m[f"spec_{k}"] - m0[f"spec_{k}"] for k in ("steps", "rows", "draft_tokens", "accepted_tokens")}
+        row.update(spec_steps=d["steps"], rounds=d["rows"], drafted=d["draft_tokens"], accepted=d["accepted_tokens"],
+                   acceptance_rate=round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else 0.0,
+                   tokens_per_target_pass=round((d["rows"] + d["accepted_tokens"]) / max(d["rows"], 1), 3)
+                   if d["rows"] else 1.0)
+    return row, tokens
 
 
 def main(argv=None) -> int:

@@ -45,7 +45,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent))  # text_lm; appended: nothing shadowed
+sys.path.append(str(Path(__file__).resolve().parent))  # text_lm, spec_decode; appended: nothing shadowed
+from spec_decode import timed  # noqa: E402
 from text_lm import (chunk, distinct_ngrams, document, eval_loss, gsm8k_rows, longest_repeat_suffix,  # noqa: E402
                      new_lm, prompt_text, token_stream, train_lm, train_tokenizer)
 
@@ -183,31 +184,6 @@ def free_cuda() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def timed(llm, prompts, params, device: str):
-    """Warm-up with the whole workload (Triton compiles per context bucket), then the timed run:
-    (row, token lists). Speculative counters are the timed run's."""
-    llm.generate(prompts, params)
-    m0 = dict(llm.metrics)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    tokens = [list(c.token_ids) for o in outs for c in o.outputs]
-    n = sum(len(t) for t in tokens)
-    row = dict(tokens=n, seconds=round(dt, 3), tokens_per_s=round(n / dt, 1))
-    m = llm.metrics
-    if "spec_steps" in m:
-        d = {k: m[f"spec_{k}"] - m0[f"spec_{k}"] for k in ("steps", "rows", "draft_tokens", "accepted_tokens")}
-        row.update(spec_steps=d["steps"], rounds=d["rows"], drafted=d["draft_tokens"], accepted=d["accepted_tokens"],
-                   acceptance_rate=round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else 0.0,
-                   tokens_per_target_pass=round((d["rows"] + d["accepted_tokens"]) / max(d["rows"], 1), 3)
-                   if d["rows"] else 1.0)
-    return row, tokens
 
 
 def text_measures(tok, tokens: list[list[int]], sample: bool) -> dict:
