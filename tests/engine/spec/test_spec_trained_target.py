@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import build_tiny, make_llm
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
@@ -124,8 +125,6 @@ def _narrow_draft_equals_off(target_dir, llm_of):
 
 
 def test_a_draft_model_of_another_shape_gives_the_same_tokens(tmp_path):
-    from conftest import build_tiny, make_llm
-
     _narrow_draft_equals_off(build_tiny("qwen3", tmp_path), make_llm)
 
 
@@ -133,8 +132,6 @@ def test_a_draft_model_of_another_shape_gives_the_same_tokens(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_a_draft_model_of_another_shape_gives_the_same_tokens(tmp_path):
     """The same on CUDA (fp32), the draft's round in its CUDA graphs (paged kernel on the draft's pool)."""
-    from conftest import build_tiny
-
     from asyncrl.engine import LLM
 
     def cuda_llm(path, **kw):
