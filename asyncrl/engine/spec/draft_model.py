@@ -25,6 +25,7 @@ The inputs of a graph round go over in one copy (``StaticInputs``).
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -38,12 +39,19 @@ from asyncrl.engine.spec.verifier import DRAFT_SALT, salted
 from asyncrl.engine.staging import StaticInputs
 
 
+# ASYNCRL_SPEC_GREEDY_Q=1: all-greedy rounds of a probabilistic drafter compute q anyway (the
+# behaviour before issue 23's fix; for A/B runs: bench/spec_decode.py's "+q" rows set it per engine)
+GREEDY_ROUNDS_SKIP_Q = os.environ.get("ASYNCRL_SPEC_GREEDY_Q", "0") != "1"
+
+
 def wants_q(probabilistic: bool, seqs) -> bool:
     """Whether a round drafts from q (probabilistic drafts): only when configured and some row
     samples. Greedy rows take the draft's argmax either way (``draft_tokens``) and the verifier's
     one-hot rule for them ignores q, so an all-greedy round's drafts and verdicts are the same
     without q, which costs ``[B, k, V]`` fp32 and the verifier's eager probabilistic tail."""
-    return probabilistic and any(s.params.temperature > 0 for s in seqs)
+    if not probabilistic:
+        return False
+    return not GREEDY_ROUNDS_SKIP_Q or any(s.params.temperature > 0 for s in seqs)
 
 
 def sampling_host(seqs, rows: int, k: int, probabilistic: bool) -> dict:

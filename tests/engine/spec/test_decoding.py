@@ -95,9 +95,17 @@ def assert_greedy_rounds_skip_q(target, spec: dict) -> None:
     assert with_q and all(with_q)
 
 
-def test_probabilistic_draft_model_skips_q_on_greedy_rows(target, perturbed_draft):
-    assert_greedy_rounds_skip_q(target, {"method": "draft_model", "model": perturbed_draft,
-                                         "num_speculative_tokens": 3})
+def test_probabilistic_draft_model_skips_q_on_greedy_rows(target, perturbed_draft, monkeypatch):
+    spec = {"method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3}
+    assert_greedy_rounds_skip_q(target, spec)
+    # the A/B switch (ASYNCRL_SPEC_GREEDY_Q=1) restores q on greedy rows: same tokens, the slow path
+    import asyncrl.engine.spec.draft_model as draft_model
+    monkeypatch.setattr(draft_model, "GREEDY_ROUNDS_SKIP_Q", False)
+    prompts = REPETITIVE[:2]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm = make_llm(target, speculative_config=dict(spec, draft_sampling="probabilistic"))
+    on, with_q = rounds_with_q(llm, prompts, greedy)
+    assert on == _tokens(make_llm(target).generate(prompts, greedy)) and with_q and all(with_q)
 
 
 def test_self_draft_is_always_accepted_greedy(target):
