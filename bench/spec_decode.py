@@ -13,15 +13,27 @@ repetitive); each row prints its acceptance rate and tokens per target pass besi
     python bench/spec_decode.py --json bench/results/spec_decode_h200.json      # ~1.5 min, one H200
     python bench/spec_decode.py --quiet-upper 0.05 --a-batch 8 --json ...   # a target the 2-layer draft agrees with
     python bench/spec_decode.py --shape tiny --device cpu --tail-tokens 64 --a-batch 16   # CPU smoke
+
+Issue 23's per-round view (``--profile-rounds N``: per phase host / device ms and the CUDA runtime
+calls per round, ``spec_round_profile.py``), with an EAGLE row (the copy head of spec_eagle.py)
+and the probabilistic drafters of spec_trained_target.py; a "+q" row is the same drafter with
+``ASYNCRL_SPEC_GREEDY_Q`` semantics (q computed on greedy rows: the code before the fix):
+
+    python bench/spec_decode.py --quiet-upper 0.05 --a-batch 0 --tail-tokens 1024 --draft-sampling probabilistic \
+        --rows off,ngram,draft_model,draft_model+q,eagle,eagle+q --profile-rounds 32 --json ...
 """
 import argparse
 import gc
 import json
+import os
+import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 
 import torch
 
+import asyncrl.engine.spec.draft_model as draft_model_module
 from asyncrl.engine import LLM
 from asyncrl.engine.bench import SHAPES, build_random_hf
 from asyncrl.types import SamplingParams
@@ -105,6 +117,12 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--quiet-upper", type=float, default=None, metavar="SCALE",
                     help="scale the target's layers past --draft-layers by SCALE (a target a truncated draft agrees with)")
+    ap.add_argument("--draft-sampling", default="greedy", choices=("greedy", "probabilistic"),
+                    help="the draft model's and EAGLE head's draft_sampling")
+    ap.add_argument("--rows", default="off,ngram,draft_model",
+                    help="of off, ngram, draft_model, eagle (copy head); NAME+q: q on greedy rows (before issue 23's fix)")
+    ap.add_argument("--profile-rounds", type=int, default=0, metavar="N",
+                    help="per speculative row: phases (host / device ms) of N rounds and runtime calls per round")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     dev = args.device
@@ -120,23 +138,39 @@ def main(argv=None) -> int:
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=g).tolist()
     a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, seed=0)
     engine_kw = dict(dtype=dtype, device=dev, max_model_len=max_len, block_size=64 if dev.startswith("cuda") else 16)
-    specs = {"off": None,
-             "ngram": {"method": "ngram", "num_speculative_tokens": args.k},
-             "draft_model": {"method": "draft_model", "model": draft_from_target(hf, args.draft_layers),
-                             "num_speculative_tokens": args.k}}
+    rows = args.rows.split(",")
+    specs = {"off": None, "ngram": {"method": "ngram", "num_speculative_tokens": args.k}}
+    if any(r.startswith("draft_model") for r in rows):
+        specs["draft_model"] = {"method": "draft_model", "model": draft_from_target(hf, args.draft_layers),
+                                "num_speculative_tokens": args.k, "draft_sampling": args.draft_sampling}
+    if any(r.startswith("eagle") for r in rows):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from spec_eagle import copy_head
+        head_dir = tempfile.mkdtemp(prefix="eagle_copy_")
+        copy_head(hf).save(head_dir)
+        specs["eagle"] = {"method": "eagle", "model": head_dir, "num_speculative_tokens": args.k,
+                          "draft_sampling": args.draft_sampling}
     results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    device=torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu", torch=torch.__version__,
                    shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, tail=f"{args.tail_batch} x {args.tail_tokens} greedy",
-                   a=f"{args.a_batch} x {args.a_len}+{args.a_len} sampled", rows={})
+                   a=f"{args.a_batch} x {args.a_len}+{args.a_len} sampled", draft_sampling=args.draft_sampling,
+                   rows={})
     reference = None
-    for name, spec in specs.items():
+    for name in rows:
+        spec = specs[name.removesuffix("+q")]
+        draft_model_module.GREEDY_ROUNDS_SKIP_Q = not name.endswith("+q")
         t0 = time.perf_counter()
         llm = LLM(hf, speculative_config=spec, **engine_kw)
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
         row["tail"], tokens = timed(llm, tail_prompts, tail_params, dev)
         reference = reference or tokens
         row["tail"]["same_tokens_as_off"] = tokens == reference
-        if name != "draft_model":
+        if args.profile_rounds and spec is not None:
+            from spec_round_profile import profile_rounds
+            row["profile"] = profile_rounds(llm, tail_prompts, tail_params, args.profile_rounds)
+            row["profile"]["phases"]["ms_per_round_timed"] = round(1e3 * row["tail"]["seconds"] /
+                                                                   max(row["tail"].get("spec_steps", 0), 1), 3)
+        if name in ("off", "ngram") and args.a_batch:
             row["a"], _ = timed(llm, a_prompts, a_params, dev)
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
@@ -145,11 +179,14 @@ def main(argv=None) -> int:
         gc.collect()
         if dev.startswith("cuda"):
             torch.cuda.empty_cache()
-    off = results["rows"]["off"]
-    results["speedup_tail"] = {n: round(r["tail"]["tokens_per_s"] / off["tail"]["tokens_per_s"], 3)
-                               for n, r in results["rows"].items() if n != "off"}
-    results["speedup_a_ngram"] = round(results["rows"]["ngram"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
-    print(json.dumps({k: results[k] for k in ("speedup_tail", "speedup_a_ngram")}), flush=True)
+    draft_model_module.GREEDY_ROUNDS_SKIP_Q = True
+    off = results["rows"].get("off")
+    if off is not None:
+        results["speedup_tail"] = {n: round(r["tail"]["tokens_per_s"] / off["tail"]["tokens_per_s"], 3)
+                                   for n, r in results["rows"].items() if n != "off"}
+        if "a" in off and "a" in results["rows"].get("ngram", {}):
+            results["speedup_a_ngram"] = round(results["rows"]["ngram"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
+        print(json.dumps({k: results[k] for k in ("speedup_tail", "speedup_a_ngram") if k in results}), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

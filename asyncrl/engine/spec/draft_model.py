@@ -17,10 +17,15 @@ draft K/V is valid for ``L + min(accepted, k - 1)`` positions.
 Drafts: ``greedy`` (default) takes the draft's argmax (the verifier's one-hot rule, as vLLM
 does for draft models; tokens identical to speculation off); ``probabilistic`` samples from
 the draft's processed distribution q (same temperature / top-k / top-p as the request, noise
-keyed by (seed, sample, position) on a salted stream) and hands q to the verifier.
+keyed by (seed, sample, position) on a salted stream) and hands q to the verifier. A round
+whose rows are all greedy drafts argmax even then (``wants_q``): greedy rows never read q, and
+computing it cost the round ~4 ms on an H200 at a 151,936-token vocabulary (q ``[B, k, V]``
+fp32, then the verifier's eager probabilistic tail instead of the verify graph's; issue 23).
+The inputs of a graph round go over in one copy (``StaticInputs``).
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import numpy as np
@@ -31,6 +36,22 @@ from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.sampler import gumbel_noise, processed_logprobs, row_keys
 from asyncrl.engine.spec.config import SpeculativeConfig
 from asyncrl.engine.spec.verifier import DRAFT_SALT, salted
+from asyncrl.engine.staging import StaticInputs
+
+
+# ASYNCRL_SPEC_GREEDY_Q=1: all-greedy rounds of a probabilistic drafter compute q anyway (the
+# behaviour before issue 23's fix; for A/B runs: bench/spec_decode.py's "+q" rows set it per engine)
+GREEDY_ROUNDS_SKIP_Q = os.environ.get("ASYNCRL_SPEC_GREEDY_Q", "0") != "1"
+
+
+def wants_q(probabilistic: bool, seqs) -> bool:
+    """Whether a round drafts from q (probabilistic drafts): only when configured and some row
+    samples. Greedy rows take the draft's argmax either way (``draft_tokens``) and the verifier's
+    one-hot rule for them ignores q, so an all-greedy round's drafts and verdicts are the same
+    without q, which costs ``[B, k, V]`` fp32 and the verifier's eager probabilistic tail."""
+    if not probabilistic:
+        return False
+    return not GREEDY_ROUNDS_SKIP_Q or any(s.params.temperature > 0 for s in seqs)
 
 
 def sampling_host(seqs, rows: int, k: int, probabilistic: bool) -> dict:
@@ -86,7 +107,9 @@ class DraftModelProposer:
             raise ValueError("a hybrid (Gated DeltaNet) draft model is not supported: its state cannot roll back")
         self.dtype, self.device = dtype, torch.device(device)
         self.runner = None
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}       # argmax drafts (all rows greedy, or greedy config)
+        self.prob_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # drafts sampled from q (probabilistic config)
+        self.staged: Optional[StaticInputs] = None
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one KV block of the draft (all its layers, K and V)."""
@@ -108,6 +131,7 @@ class DraftModelProposer:
 
     def release(self) -> None:
         self.graphs.clear()
+        self.prob_graphs.clear()
         for attn in _attention_layers(self.model):
             attn.k_cache = attn.v_cache = torch.empty(0)
 
@@ -116,16 +140,17 @@ class DraftModelProposer:
     def propose(self, batch, budgets: list[int]):
         """(drafts ``[B, K]`` int64 on the device, counts ``[B]`` host = budgets, probs ``[B, K, V]``
         fp32 or None)."""
-        seqs, r = batch.seqs, self.runner
+        seqs = batch.seqs
         self._catch_up(seqs)
         B = len(seqs)
+        prob = wants_q(self.probabilistic, seqs)
         bs = min((b for b in self.graphs if b >= B), default=None)
         rows = B if bs is None else bs
-        host = self._round_host(seqs, rows)
+        host = self._round_host(seqs, rows, prob)
         if bs is not None:
-            drafts, probs = self._replay(host, bs)
+            drafts, probs = self._replay(host, bs, prob)
         else:
-            drafts, probs = self._round(*self._round_inputs(host, seqs, rows))
+            drafts, probs = self._round(*self._round_inputs(host, seqs, rows), prob)
         counts = np.asarray(budgets, dtype=np.int64)
         return drafts[:B], counts, (probs[:B] if probs is not None else None)
 
@@ -150,8 +175,9 @@ class DraftModelProposer:
         for s, a, n in rows:
             s.draft_cached = a + n
 
-    def _round_host(self, seqs, rows: int) -> dict:
-        """Host arrays of a round for ``rows`` rows (padding rows: position 0.., scratch slots)."""
+    def _round_host(self, seqs, rows: int, prob: bool) -> dict:
+        """Host arrays of a round for ``rows`` rows (padding rows: position 0.., scratch slots);
+        the sampling arrays hold greedy defaults unless ``prob``."""
         r, k, bsz = self.runner, self.k, self.runner.block_size
         B = len(seqs)
         L = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
@@ -166,7 +192,7 @@ class DraftModelProposer:
         ids = np.zeros((rows, 2), dtype=np.int64)
         if B:  # (an empty list would not broadcast to [0, 2]: the graph capture's padding-only round)
             ids[:B] = [s.token_ids[-2:] for s in seqs]
-        return dict(ids=ids, pos=pos, slots=slots, bt=bt, **sampling_host(seqs, rows, k, self.probabilistic))
+        return dict(ids=ids, pos=pos, slots=slots, bt=bt, **sampling_host(seqs, rows, k, prob))
 
     def _round_inputs(self, host: dict, seqs, rows: int):
         """Eager round: device inputs and per-forward metadata (paged on GPU, gathered on CPU)."""
@@ -187,47 +213,57 @@ class DraftModelProposer:
                                               r.scratch_block, self.device) for j in range(1, k)]
         return dev, metas
 
-    def _round(self, dev: dict, metas: list[AttentionMetadata]):
-        """The k draft forwards (graph-capturable): drafts ``[rows, k]``, probs ``[rows, k, V]`` or None."""
+    def _round(self, dev: dict, metas: list[AttentionMetadata], prob: bool):
+        """The k draft forwards (graph-capturable): drafts ``[rows, k]``, probs ``[rows, k, V]`` (``prob``)
+        or None."""
         rows, k = dev["ids"].shape[0], self.k
         hidden = self.model(dev["ids"].reshape(-1), dev["pos"][:, :2].reshape(-1), metas[0])[1::2]
         drafts, probs = [], []
         for j in range(k):
             if j:
                 hidden = self.model(drafts[-1], dev["pos"][:, 1 + j], metas[j])
-            tok, q = draft_tokens(self.model.lm_head(hidden), dev, j, self.probabilistic)
+            tok, q = draft_tokens(self.model.lm_head(hidden), dev, j, prob)
             drafts.append(tok)
             probs.append(q)
-        return torch.stack(drafts, 1), (torch.stack(probs, 1) if self.probabilistic else None)
+        return torch.stack(drafts, 1), (torch.stack(probs, 1) if prob else None)
 
     # ---- CUDA graphs ------------------------------------------------------------------
-    def _replay(self, host: dict, bs: int):
-        g = self.vars
-        for name, a in host.items():
-            g[name][:bs].copy_(torch.from_numpy(a), non_blocking=False)
-        self.graphs[bs].replay()
-        return g["drafts"][:bs], (g["probs"][:bs] if self.probabilistic else None)
+    def _replay(self, host: dict, bs: int, prob: bool):
+        self.staged.put(bs, host)  # every input: one asynchronous copy (was one blocking copy per array)
+        (self.prob_graphs if prob else self.graphs)[bs].replay()
+        return self.vars["drafts"][:bs], (self.vars["probs"][:bs] if prob else None)
+
+    def _padding_host(self, bs: int) -> dict:
+        """Bucket ``bs``'s inputs with every row padding (valid positions, the scratch block): the
+        staged layout and the warm-up's inputs."""
+        r = self.runner
+        host = self._round_host([], bs, False)
+        host["slots"][:] = r.scratch_block * r.block_size
+        return host
 
     @torch.inference_mode()
     def _capture(self, sizes: list[int]) -> None:
-        r, k = self.runner, self.k
-        max_bs = max(sizes)
-        host = self._round_host([], max_bs)
-        host["pos"][:] = np.arange(k + 1)[None, :]  # valid positions for the warm-up
-        host["slots"][:] = r.scratch_block * r.block_size
-        g = self.vars = {name: torch.from_numpy(a).to(self.device) for name, a in host.items()}
+        """Per bucket: the argmax round and, with probabilistic drafts, the round that samples from q."""
+        k, max_bs = self.k, max(sizes)
+        self.staged = StaticInputs.padded({bs: self._padding_host(bs) for bs in sizes}, self.device)
+        self.views = {bs: self.staged.views(bs) for bs in sizes}
         V = self.model.config.vocab_size
-        g["drafts"] = torch.zeros(max_bs, k, dtype=torch.int64, device=self.device)
+        self.vars = dict(drafts=torch.zeros(max_bs, k, dtype=torch.int64, device=self.device))
+        steps = [lambda bs: self._graph_round(bs, False)]
         if self.probabilistic:
-            g["probs"] = torch.zeros(max_bs, k, V, dtype=torch.float32, device=self.device)
-        self.graphs.update(capture_graphs(sizes, self._graph_round)[0])
+            self.vars["probs"] = torch.zeros(max_bs, k, V, dtype=torch.float32, device=self.device)
+            steps.append(lambda bs: self._graph_round(bs, True))
+        captured = capture_graphs(sizes, *steps, before_warmup=self.staged.put_padding)
+        self.graphs.update(captured[0])
+        if self.probabilistic:
+            self.prob_graphs.update(captured[1])
 
-    def _graph_round(self, bs: int) -> None:
-        """The round of ``bs`` rows on the graph buffers (what a bucket's graph holds)."""
-        view = {name: t[:bs] for name, t in self.vars.items()}
-        self._round_meta_graph(view, (view["pos"][:, 1] + 1).to(torch.int32))
+    def _graph_round(self, bs: int, prob: bool) -> None:
+        """The round of ``bs`` rows on the staged inputs (what a bucket's graph holds)."""
+        view = self.views[bs]
+        self._round_meta_graph(view, (view["pos"][:, 1] + 1).to(torch.int32), bs, prob)
 
-    def _round_meta_graph(self, view: dict, ctx: torch.Tensor) -> None:
+    def _round_meta_graph(self, view: dict, ctx: torch.Tensor, bs: int, prob: bool) -> None:
         k = self.k
         metas = [AttentionMetadata(slot_mapping=view["slots"][:, :2].reshape(-1), block_tables=view["bt"],
                                    context_lens=ctx, paged_decode=True, query_len=2)]
@@ -235,7 +271,7 @@ class DraftModelProposer:
         # cache-write kernel reads slot i at slot_mapping + i
         metas += [AttentionMetadata(slot_mapping=view["slots"][:, 1 + j].contiguous(), block_tables=view["bt"],
                                     context_lens=ctx + j, paged_decode=True) for j in range(1, k)]
-        drafts, probs = self._round(view, metas)
-        view["drafts"].copy_(drafts)
+        drafts, probs = self._round(view, metas, prob)
+        self.vars["drafts"][:bs].copy_(drafts)
         if probs is not None:
-            view["probs"].copy_(probs)
+            self.vars["probs"][:bs].copy_(probs)

@@ -15,7 +15,8 @@ A round, for a sequence of L tokens (target K/V valid for positions 0..L-2):
   2. k - 1 one-token steps: entry ``L - 1 + j`` = (draft j, the head's own output of step j - 1).
      These entries hold draft features; the next round's catch-up overwrites them.
 Drafts are the head's argmax (``greedy``, vLLM's default for EAGLE) or samples from its processed
-distribution (``probabilistic``); verification is the unchanged exact rule (``verifier.py``).
+distribution (``probabilistic``; a round whose rows are all greedy drafts argmax and hands the
+verifier no q: ``draft_model.wants_q``); verification is the unchanged exact rule (``verifier.py``).
 On GPU a whole round is ONE CUDA graph per batch bucket up to ``disable_by_batch_size``
 (``ASYNCRL_EAGLE_GRAPHS=0``: eager) whenever every row's catch-up reads features of the last verify
 pass (the steady state): the catch-up is padded to ``Q = k + 1`` entries per row (a verify emits
@@ -38,7 +39,7 @@ import torch
 from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
 from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.spec.config import SpeculativeConfig
-from asyncrl.engine.spec.draft_model import draft_tokens, sampling_host
+from asyncrl.engine.spec.draft_model import draft_tokens, sampling_host, wants_q
 from asyncrl.engine.spec.eagle_head import load_head
 from asyncrl.engine.staging import StaticInputs
 
@@ -66,7 +67,8 @@ class EagleProposer:
         self.features: dict[int, tuple[int, int, int]] = {}
         self.hidden: Optional[torch.Tensor] = None
         self.held = 0
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}       # argmax drafts
+        self.prob_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # drafts sampled from q (probabilistic config)
         self.staged: Optional[StaticInputs] = None
         self.vars: dict[str, torch.Tensor] = {}
         self.rounds = {"graph": 0, "eager": 0}
@@ -90,6 +92,7 @@ class EagleProposer:
 
     def release(self) -> None:
         self.graphs.clear()
+        self.prob_graphs.clear()
         attn = self.head.layers[0].self_attn
         attn.k_cache = attn.v_cache = torch.empty(0)
         self.features.clear()
@@ -99,33 +102,34 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, batch, budgets: list[int]):
         seqs, B = batch.seqs, len(batch.seqs)
+        prob = wants_q(self.probabilistic, seqs)
         L = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
         first = np.minimum([s.draft_cached for s in seqs], L - 1)
         bs = min((b for b in self.graphs if b >= B), default=None)
         src = self._verified_rows(seqs, first, L) if bs is not None else None
         if src is not None:
-            drafts, probs = self._replay(seqs, first, L, src, bs)
+            drafts, probs = self._replay(seqs, first, L, src, bs, prob)
             drafts, probs = drafts[:B], (probs[:B] if probs is not None else None)
             self.rounds["graph"] += 1
         else:
-            drafts, probs = self._eager_round(seqs, first, L)
+            drafts, probs = self._eager_round(seqs, first, L, prob)
             self.rounds["eager"] += 1
         for s, n in zip(seqs, L):
             s.draft_cached = int(n)
         return drafts, np.asarray(budgets, dtype=np.int64), probs
 
-    def _eager_round(self, seqs, first: np.ndarray, L: np.ndarray):
+    def _eager_round(self, seqs, first: np.ndarray, L: np.ndarray, prob: bool):
         """Catch-up through the gathered path (target forward for missing features), then the
         k - 1 steps (paged on GPU, gathered on CPU): drafts ``[B, k]``, probs or None."""
         B = len(seqs)
         g = self._catch_up(seqs, first, L)
         dev = {n: torch.from_numpy(a).to(self.device)
-               for n, a in sampling_host(seqs, B, self.k, self.probabilistic).items()}
-        tok, q = draft_tokens(self.runner.model.compute_logits(g), dev, 0, self.probabilistic)
+               for n, a in sampling_host(seqs, B, self.k, prob).items()}
+        tok, q = draft_tokens(self.runner.model.compute_logits(g), dev, 0, prob)
         steps = self._paged_inputs(seqs, L, B) if self.paged else self._gathered_inputs(seqs, L)
-        return self._draft_steps({**steps, **dev, "tok": tok, "q": q, "g": g})
+        return self._draft_steps({**steps, **dev, "tok": tok, "q": q, "g": g}, prob)
 
-    def _draft_steps(self, v: dict):
+    def _draft_steps(self, v: dict, prob: bool):
         """Drafts 1..k-1 of ``rows`` rows after draft 0: ``v`` has tok ``[rows]`` (draft 0), q
         (its distribution or None), g ``[rows, H]`` (the head output it came from), pos ``[k - 1,
         rows]``, the attention inputs of each step and the sampling arrays. Returns drafts
@@ -134,10 +138,10 @@ class EagleProposer:
         drafts, probs = [tok], [v["q"]]
         for j in range(1, self.k):
             g = self.head(target.model.embed_tokens(tok), g, v["pos"][j - 1], self._meta(v, j - 1))
-            tok, q = draft_tokens(target.compute_logits(g), v, j, self.probabilistic)
+            tok, q = draft_tokens(target.compute_logits(g), v, j, prob)
             drafts.append(tok)
             probs.append(q)
-        return torch.stack(drafts, 1), (torch.stack(probs, 1) if self.probabilistic else None)
+        return torch.stack(drafts, 1), (torch.stack(probs, 1) if prob else None)
 
     @staticmethod
     def _meta(v: dict, i: int) -> AttentionMetadata:
@@ -260,13 +264,15 @@ class EagleProposer:
                     bt=dev[3 * n:].t().contiguous().to(torch.int32))
 
     # ---- CUDA graphs (GPU: a whole round replayed per batch bucket) -------------------
-    def _round_host(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, rows: int) -> dict:
+    def _round_host(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, rows: int,
+                    prob: bool = False) -> dict:
         """Host inputs of a graph round of ``rows`` rows: the catch-up's ``cids, cpos, cslots, feat
         [rows, Q]`` (entry j of row i: position ``first_i + j``, its token, its slot, the ``vhidden``
         row of its feature; entries past the row's count ``L_i - first_i`` write the scratch
         block), ``cctx [rows]`` int32 and ``last [rows]`` (entry ``L_i - 1`` in the packed output);
-        the steps' ``pos, slots, ctx, bt`` (``_paged_host``); the sampling arrays (probabilistic
-        drafts only: argmax drafts read none). Padding rows: one entry at position 0, scratch."""
+        the steps' ``pos, slots, ctx, bt`` (``_paged_host``); with a probabilistic config the sampling
+        arrays (greedy defaults unless ``prob``: the argmax graph reads none). Padding rows: one entry
+        at position 0, scratch."""
         r, B, Q, bsz = self.runner, len(seqs), self.q, self.runner.block_size
         h = self._paged_host(seqs, L, rows)
         n, base, feat0 = np.ones(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
@@ -281,14 +287,14 @@ class EagleProposer:
         slots = np.where(live, blk * bsz + pos % bsz, r.scratch_block * bsz)
         out = dict(cids=ids, cpos=pos, cslots=slots, feat=np.where(live, feat0[:, None] + j[None, :], feat0[:, None]),
                    cctx=(base + Q).astype(np.int32), last=np.arange(rows) * Q + n - 1, **h)
-        if self.probabilistic:
-            out.update(sampling_host(seqs, rows, self.k, True))
+        if self.probabilistic:  # one staged layout for both graphs of a bucket
+            out.update(sampling_host(seqs, rows, self.k, prob))
         return out
 
-    def _replay(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, bs: int):
-        self.staged.put(bs, self._round_host(seqs, first, L, src, bs))  # every input: one copy
-        self.graphs[bs].replay()
-        return self.vars["drafts"][:bs], (self.vars["probs"][:bs] if self.probabilistic else None)
+    def _replay(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, bs: int, prob: bool):
+        self.staged.put(bs, self._round_host(seqs, first, L, src, bs, prob))  # every input: one copy
+        (self.prob_graphs if prob else self.graphs)[bs].replay()
+        return self.vars["drafts"][:bs], (self.vars["probs"][:bs] if prob else None)
 
     @torch.inference_mode()
     def _capture(self, sizes: list[int]) -> None:
@@ -299,11 +305,16 @@ class EagleProposer:
         self.vars = dict(vhidden=torch.zeros(max(self.max_batch, max_bs) * self.q, H, dtype=self.dtype,
                                              device=self.device),
                          drafts=torch.zeros(max_bs, self.k, dtype=torch.int64, device=self.device))
+        steps = [lambda bs: self._graph_round(bs, False)]
         if self.probabilistic:
             self.vars["probs"] = torch.zeros(max_bs, self.k, V, dtype=torch.float32, device=self.device)
-        self.graphs.update(capture_graphs(sizes, self._graph_round, before_warmup=self.staged.put_padding)[0])
+            steps.append(lambda bs: self._graph_round(bs, True))
+        captured = capture_graphs(sizes, *steps, before_warmup=self.staged.put_padding)
+        self.graphs.update(captured[0])
+        if self.probabilistic:
+            self.prob_graphs.update(captured[1])
 
-    def _graph_round(self, bs: int) -> None:
+    def _graph_round(self, bs: int, prob: bool) -> None:
         """A round of ``bs`` rows on the graph buffers (what a bucket's graph holds): the padded
         catch-up (the paged kernel, ``query_len = Q``), draft 0 from each row's entry ``L - 1``,
         then the k - 1 steps."""
@@ -312,8 +323,8 @@ class EagleProposer:
                                  paged_decode=True, query_len=Q)
         feats = self.vars["vhidden"][v["feat"].view(-1)]
         g = self.head(target.model.embed_tokens(v["cids"].view(-1)), feats, v["cpos"].view(-1), meta)[v["last"]]
-        tok, q = draft_tokens(target.compute_logits(g), v, 0, self.probabilistic)
-        drafts, probs = self._draft_steps({**v, "tok": tok, "q": q, "g": g})
+        tok, q = draft_tokens(target.compute_logits(g), v, 0, prob)
+        drafts, probs = self._draft_steps({**v, "tok": tok, "q": q, "g": g}, prob)
         self.vars["drafts"][:bs].copy_(drafts)
         if probs is not None:
             self.vars["probs"][:bs].copy_(probs)

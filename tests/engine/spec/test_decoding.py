@@ -66,6 +66,48 @@ def test_same_tokens_as_without_speculation(target, perturbed_draft, spec):
     assert m["preemptions"] > 0 or spec == "draft_greedy"  # the small pool preempted (n-gram run)
 
 
+def rounds_with_q(llm, prompts, params) -> tuple[list, list[bool]]:
+    """(tokens, per round whether the proposer handed the verifier q) of one generation."""
+    proposer, seen = llm.spec.proposer, []
+    propose = proposer.propose
+
+    def recording(batch, budgets):
+        out = propose(batch, budgets)
+        seen.append(out[2] is not None)
+        return out
+
+    proposer.propose = recording
+    return _tokens(llm.generate(prompts, params)), seen
+
+
+def assert_greedy_rounds_skip_q(target, spec: dict) -> None:
+    """A probabilistic config on greedy rows drafts argmax and hands the verifier no q (issue 23:
+    q ``[B, k, V]`` and the eager probabilistic verifier cost ~4 ms a round on an H200), with the
+    tokens of speculation off; sampled rows still draft from q."""
+    prompts = REPETITIVE[:2] + prompts_for(3, [6])
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    off = _tokens(make_llm(target).generate(prompts, greedy))
+    llm = make_llm(target, speculative_config=dict(spec, draft_sampling="probabilistic"))
+    on, with_q = rounds_with_q(llm, prompts, greedy)
+    assert on == off and with_q and not any(with_q)
+    assert llm.metrics["spec_accepted_tokens"] > 0
+    _, with_q = rounds_with_q(llm, prompts, SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True))
+    assert with_q and all(with_q)
+
+
+def test_probabilistic_draft_model_skips_q_on_greedy_rows(target, perturbed_draft, monkeypatch):
+    spec = {"method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3}
+    assert_greedy_rounds_skip_q(target, spec)
+    # the A/B switch (ASYNCRL_SPEC_GREEDY_Q=1) restores q on greedy rows: same tokens, the slow path
+    import asyncrl.engine.spec.draft_model as draft_model
+    monkeypatch.setattr(draft_model, "GREEDY_ROUNDS_SKIP_Q", False)
+    prompts = REPETITIVE[:2]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm = make_llm(target, speculative_config=dict(spec, draft_sampling="probabilistic"))
+    on, with_q = rounds_with_q(llm, prompts, greedy)
+    assert on == _tokens(make_llm(target).generate(prompts, greedy)) and with_q and all(with_q)
+
+
 def test_self_draft_is_always_accepted_greedy(target):
     llm = make_llm(target, speculative_config={"method": "draft_model", "model": target, "num_speculative_tokens": 4})
     llm.generate(REPETITIVE, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))

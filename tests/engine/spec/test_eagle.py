@@ -10,7 +10,7 @@
 import pytest
 import torch
 from conftest import assert_same_completions, build_tiny, make_llm, prompts_for
-from test_decoding import REPETITIVE, _tokens, assert_draft_follows_the_target_law
+from test_decoding import REPETITIVE, _tokens, assert_draft_follows_the_target_law, assert_greedy_rounds_skip_q
 
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.spec.eagle_head import load_head, new_head
@@ -151,6 +151,10 @@ def test_trained_head_beats_an_untrained_one(target, trained_head, tmp_path):
 
 def test_probabilistic_head_follows_the_target_law(target, trained_head):
     assert_draft_follows_the_target_law(make_llm, target, trained_head, method="eagle")
+
+
+def test_probabilistic_head_skips_q_on_greedy_rows(target, trained_head):
+    assert_greedy_rounds_skip_q(target, _spec(trained_head))
 
 
 def test_bad_heads_are_named(target, tmp_path):

@@ -66,7 +66,8 @@ def test_graph_buffers_draft_what_the_gathered_path_drafts(target, trained_head,
     target forward) runs eagerly."""
     import asyncrl.engine.spec.eagle as eagle
 
-    monkeypatch.setattr(eagle, "capture_graphs", lambda sizes, step, **_: [{b: _EagerGraph(step, b) for b in sizes}])
+    monkeypatch.setattr(eagle, "capture_graphs",
+                        lambda sizes, *steps, **_: [{b: _EagerGraph(s, b) for b in sizes} for s in steps])
     monkeypatch.setattr(_EagerGraph, "replays", 0)
     spec = _spec(trained_head, draft_sampling=sampling)
     params = SamplingParams(temperature=0 if sampling == "greedy" else 0.8, seed=0, max_tokens=12, ignore_eos=True)

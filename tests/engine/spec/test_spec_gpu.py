@@ -38,6 +38,20 @@ def test_gpu_same_tokens_as_without_speculation(target, perturbed_draft, method)
         assert llm.spec.verify_step.rounds[path] > 0, llm.spec.verify_step.rounds
 
 
+def test_gpu_probabilistic_draft_model_on_greedy_rows_verifies_in_the_graph(target, perturbed_draft):  # noqa: F811
+    """Issue 23: greedy rows of a probabilistic draft model draft through the argmax round graph and
+    verify inside the bucket's graph (no q: ``graph_tail``), with the tokens of speculation off."""
+    spec = {"method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3,
+            "draft_sampling": "probabilistic"}
+    prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm = cuda_llm(target, speculative_config=spec)
+    assert _tokens(llm.generate(prompts, params)) == _tokens(cuda_llm(target).generate(prompts, params))
+    assert llm.spec.proposer.graphs and llm.spec.proposer.prob_graphs
+    rounds = llm.spec.verify_step.rounds
+    assert rounds["graph_tail"] > 0 and rounds["graph"] == 0, rounds
+
+
 def test_gpu_probabilistic_draft_follows_the_target_law(target, perturbed_draft):  # noqa: F811
     assert_draft_follows_the_target_law(cuda_llm, target, perturbed_draft)
 
