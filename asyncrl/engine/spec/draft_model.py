@@ -54,6 +54,22 @@ def wants_q(probabilistic: bool, seqs) -> bool:
     return not GREEDY_ROUNDS_SKIP_Q or any(s.params.temperature > 0 for s in seqs)
 
 
+def capture_rounds(proposer, sizes: list[int], vocab: int) -> None:
+    """Capture a model-based proposer's round graphs per bucket: the argmax round into
+    ``proposer.graphs`` and, when its drafts are probabilistic, the round that samples from q into
+    ``proposer.prob_graphs`` (its ``[max_bs, k, V]`` fp32 output in ``proposer.vars["probs"]``).
+    The proposer has ``_graph_round(bs, prob)``, ``staged`` (``StaticInputs``), ``vars``, ``k``."""
+    steps = [lambda bs: proposer._graph_round(bs, False)]
+    if proposer.probabilistic:
+        proposer.vars["probs"] = torch.zeros(max(sizes), proposer.k, vocab, dtype=torch.float32,
+                                             device=proposer.device)
+        steps.append(lambda bs: proposer._graph_round(bs, True))
+    captured = capture_graphs(sizes, *steps, before_warmup=proposer.staged.put_padding)
+    proposer.graphs.update(captured[0])
+    if proposer.probabilistic:
+        proposer.prob_graphs.update(captured[1])
+
+
 def sampling_host(seqs, rows: int, k: int, probabilistic: bool) -> dict:
     """Host arrays for drafting ``rows`` rows (padding past ``len(seqs)``): temp, top_p ``[rows]``
     fp32, top_k ``[rows]`` int64 and noise keys ``[rows, k]`` of draft j at position ``L + j``
@@ -247,16 +263,8 @@ class DraftModelProposer:
         k, max_bs = self.k, max(sizes)
         self.staged = StaticInputs.padded({bs: self._padding_host(bs) for bs in sizes}, self.device)
         self.views = {bs: self.staged.views(bs) for bs in sizes}
-        V = self.model.config.vocab_size
         self.vars = dict(drafts=torch.zeros(max_bs, k, dtype=torch.int64, device=self.device))
-        steps = [lambda bs: self._graph_round(bs, False)]
-        if self.probabilistic:
-            self.vars["probs"] = torch.zeros(max_bs, k, V, dtype=torch.float32, device=self.device)
-            steps.append(lambda bs: self._graph_round(bs, True))
-        captured = capture_graphs(sizes, *steps, before_warmup=self.staged.put_padding)
-        self.graphs.update(captured[0])
-        if self.probabilistic:
-            self.prob_graphs.update(captured[1])
+        capture_rounds(self, sizes, self.model.config.vocab_size)
 
     def _graph_round(self, bs: int, prob: bool) -> None:
         """The round of ``bs`` rows on the staged inputs (what a bucket's graph holds)."""

@@ -37,9 +37,8 @@ import numpy as np
 import torch
 
 from asyncrl.engine.attention import AttentionMetadata, build_gathered_metadata
-from asyncrl.engine.cuda_graphs import capture_graphs
 from asyncrl.engine.spec.config import SpeculativeConfig
-from asyncrl.engine.spec.draft_model import draft_tokens, sampling_host, wants_q
+from asyncrl.engine.spec.draft_model import capture_rounds, draft_tokens, sampling_host, wants_q
 from asyncrl.engine.spec.eagle_head import load_head
 from asyncrl.engine.staging import StaticInputs
 
@@ -305,14 +304,7 @@ class EagleProposer:
         self.vars = dict(vhidden=torch.zeros(max(self.max_batch, max_bs) * self.q, H, dtype=self.dtype,
                                              device=self.device),
                          drafts=torch.zeros(max_bs, self.k, dtype=torch.int64, device=self.device))
-        steps = [lambda bs: self._graph_round(bs, False)]
-        if self.probabilistic:
-            self.vars["probs"] = torch.zeros(max_bs, self.k, V, dtype=torch.float32, device=self.device)
-            steps.append(lambda bs: self._graph_round(bs, True))
-        captured = capture_graphs(sizes, *steps, before_warmup=self.staged.put_padding)
-        self.graphs.update(captured[0])
-        if self.probabilistic:
-            self.prob_graphs.update(captured[1])
+        capture_rounds(self, sizes, V)
 
     def _graph_round(self, bs: int, prob: bool) -> None:
         """A round of ``bs`` rows on the graph buffers (what a bucket's graph holds): the padded

@@ -64,9 +64,9 @@ def test_graph_buffers_draft_what_the_gathered_path_drafts(target, trained_head,
     padding rows on the scratch block) with the capture replaced by an eager replay of the same
     step: 3 running rows replay the 4-row bucket; only a sequence's first round (features from a
     target forward) runs eagerly."""
-    import asyncrl.engine.spec.eagle as eagle
+    import asyncrl.engine.spec.draft_model as draft_model  # capture_rounds (both proposers' capture) lives there
 
-    monkeypatch.setattr(eagle, "capture_graphs",
+    monkeypatch.setattr(draft_model, "capture_graphs",
                         lambda sizes, *steps, **_: [{b: _EagerGraph(s, b) for b in sizes} for s in steps])
     monkeypatch.setattr(_EagerGraph, "replays", 0)
     spec = _spec(trained_head, draft_sampling=sampling)
