@@ -42,6 +42,7 @@ from asyncrl.types import SamplingParams
 
 ROWS = {  # engine options of each row
     "bf16": {},
+    "bf16_torch_kv": {"fused_kv_write": False},                       # bf16, the K/V write in torch (A/B)
     "fp8": {"quantization": "fp8"},                                   # FP8 weights (W8A8 linears)
     "kv_fp8": {"kv_cache_dtype": "fp8"},                              # FP8 KV cache only
     "fp8_kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},       # both

@@ -233,6 +233,7 @@ def parse_args(argv):
                     help="engine's share of GPU memory (the rest leaves room for the HF baseline)")
     ap.add_argument("--profile", action="store_true", help="phase timings + torch.profiler of workload a, then exit")
     ap.add_argument("--also-profile", action="store_true", help="--profile after the workloads, same engine")
+    ap.add_argument("--profile-rows", type=int, default=18, help="lines of the --profile kernel tables")
     ap.add_argument("--profile-workload", default="a", choices=("a", "b"),
                     help="what --profile / --also-profile run: workload a, or b's G prompts x n samples "
                          "(prefix sharing on: the GRPO rollout's decode, cascade attention included)")
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     results["engine_startup_s"] = startup
 
     if args.profile:
-        print("ms per decode step:", json.dumps(profile_steps(llm, *_profiled(args, vocab), dev)), flush=True)
+        print("ms per decode step:", json.dumps(profile_steps(llm, *_profiled(args, vocab), dev, rows=args.profile_rows)), flush=True)
         return 0
     results["async_scheduling"] = llm.async_scheduling
 
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             llm, _ = make_llm()
         llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits
         key = f"profile_{args.profile_workload}_ms_per_decode_step"
-        results[key] = profile_steps(llm, *_profiled(args, vocab), dev)
+        results[key] = profile_steps(llm, *_profiled(args, vocab), dev, rows=args.profile_rows)
         print("ms per decode step:", json.dumps(results[key]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
