@@ -28,14 +28,18 @@ SHAPES = [(256, 260), (256, 384), (256, 512), (256, 1000), (64, 1400), (16, 1500
 H, HKV, D, PAGE = 16, 8, 128, 64
 
 
+KV_DTYPE = [torch.bfloat16]  # --kv-dtype fp8: the caches in e4m3 (kv_cache_dtype="fp8")
+
+
 def case(batch: int, context: int, seed: int = 0):
-    """q [B, H, D], caches [N + 1, PAGE, HKV, D], block tables [B, M] int32, lens [B] int32."""
+    """q [B, H, D], caches [N + 1, PAGE, HKV, D] (``KV_DTYPE``), block tables [B, M] int32, lens [B] int32."""
     rng = np.random.default_rng(seed)
     per = -(-context // PAGE)
     ids = rng.permutation(batch * per).astype(np.int32)
     dev = torch.device("cuda")
     kc = torch.randn(batch * per + 1, PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
+    kc, vc = kc.to(KV_DTYPE[0]), vc.to(KV_DTYPE[0])
     q = torch.randn(batch, H, D, device=dev, dtype=torch.bfloat16)
     bt = torch.from_numpy(ids.reshape(batch, per)).to(dev)
     lens = torch.full((batch,), context, dtype=torch.int32, device=dev)
@@ -46,7 +50,7 @@ def launches():
     """(block_n, warps, stages, kv_splits): kv_splits 0 = per batch (the engine's rule)."""
     grid = [(32, w, st, 0) for w, st in itertools.product((2, 4), (2, 3, 4))]
     grid += [(64, w, st, 0) for w, st in itertools.product((4, 8), (2, 3, 4))]
-    grid += [(128, w, 2, 0) for w in (4, 8)]
+    grid += [(128, w, st, 0) for w, st in itertools.product((4, 8), (2, 3))]
     return grid + [(64, 4, 3, 1)]  # the launch before this sweep: no split-KV
 
 
@@ -60,7 +64,7 @@ def sweep() -> tuple[list[dict], tuple]:
         q, kc, vc, bt, lens = case(batch, context)
         scale = D ** -0.5
         ref = paged_decode_attention(q, kc, vc, bt, lens, scale, launch=DecodeLaunch(64, 4, 3, 1)).float()
-        kv_bytes = 2 * batch * context * HKV * D * 2
+        kv_bytes = 2 * batch * context * HKV * D * kc.element_size()
         for spec in launches():
             launch = DecodeLaunch(*spec)
             try:
@@ -85,7 +89,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--best-file", default=None, help="write the best launch as block_n,warps,stages,kv_splits")
+    ap.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8"), help="the caches' dtype (fp8: e4m3)")
     args = ap.parse_args()
+    KV_DTYPE[0] = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
     rows, best, totals = sweep()
     base = totals[(64, 4, 3, 1)]
     for (b, c) in SHAPES:
@@ -104,7 +110,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "shapes": SHAPES, "rows": rows, "best": best,
+                       "kv_dtype": args.kv_dtype, "shapes": SHAPES, "rows": rows, "best": best,
                        "summed_us": {",".join(map(str, k)): v * 1e3 for k, v in totals.items()}}, f, indent=1)
 
 
