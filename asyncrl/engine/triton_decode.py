@@ -41,7 +41,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
-                         EARLY_PREFIX: tl.constexpr = False, DOT_F16: tl.constexpr = False):
+                         EARLY_PREFIX: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
@@ -73,8 +73,6 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     qtok = b * QLEN + qi  # the row's packed token index
     q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
-    if DOT_F16:  # e4m3 cache: dots in fp16 (see dot_in_f16)
-        q = q.to(tl.float16)
     limit = ctx - QLEN + qi  # the last key position each row sees
     if BT_REGS > 0:  # opt-in (table_regs): the row's block table in registers, read once
         bt_idx = tl.arange(0, BT_REGS)
@@ -107,7 +105,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         else:  # per-token block lookup: a tile may span several small blocks
             blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
         off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(q.dtype)
+        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
@@ -123,7 +121,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(q.dtype)
+        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -185,7 +183,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
-                   IEEE: tl.constexpr, DOT_F16: tl.constexpr = False):
+                   IEEE: tl.constexpr):
     """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
     (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, max_parts]``: the step's
     chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
@@ -215,8 +213,6 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
         heads = kvh * GROUP + r % GROUP
         rowq = seq.to(tl.int64) * stride_qt + heads * stride_qh
         q = tl.load(Q + rowq[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
-        if DOT_F16:
-            q = q.to(tl.float16)
         m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -225,7 +221,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
             kmask = tok < hi
             blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(q.dtype)
+            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
@@ -235,7 +231,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(q.dtype)
+            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -338,15 +334,6 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
     return splits
 
 
-def dot_in_f16(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """An e4m3 cache under bf16 queries: the kernels' two dots run in fp16. Triton converts e4m3 to
-    fp16 in one instruction per two values but to bf16 through a longer sequence, which made the
-    e4m3 decode compute-bound at ~2 TB/s (bench/paged_decode_sweep.py --kv-dtype fp8, H200
-    2026-12-03). Exact for K/V (e4m3 values are fp16 values) and q (bf16's 8 significant bits fit
-    fp16's 11; decoder queries are far inside fp16's range); p rounds to fp16, finer than bf16."""
-    return k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
-
-
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
                    launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1,
                    early_prefix: bool = False):
@@ -392,7 +379,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
-        EARLY_PREFIX=early_prefix and cascade is not None, DOT_F16=dot_in_f16(q, k_cache),
+        EARLY_PREFIX=early_prefix and cascade is not None,
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -464,7 +451,7 @@ def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv,
-        IEEE=q.dtype == torch.float32, DOT_F16=dot_in_f16(q, k_cache), num_warps=rule.prefix_warps)
+        IEEE=q.dtype == torch.float32, num_warps=rule.prefix_warps)
     return po, pl
 
 
