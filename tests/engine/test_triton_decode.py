@@ -90,38 +90,6 @@ def test_fp8_cache_paged_decode_matches_gathered(query_len):
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
 
 
-def test_fp8_cache_under_bf16_queries():
-    """bf16 queries on an e4m3 cache (the engine's case: the other tests use fp32 queries): plain and
-    cascade decode stay within bf16 rounding of the float64 reference."""
-    import numpy as np
-    from test_cascade import _pad, _tables
-
-    from asyncrl.engine.attention import FP8_KV
-    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, tile_shape
-    from asyncrl.engine.triton_decode import cascade_decode_attention
-
-    H, Hkv, D, page = 4, 2, 16, 4
-    groups, prefix = [3, 2], [2, 3]
-    g = torch.Generator().manual_seed(3)
-    suffix = torch.randint(1, 3 * page, (sum(groups),), generator=g).tolist()
-    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=1)
-    kc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
-    vc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
-    B = len(tables)
-    q = torch.randn(B, H, D, generator=g).bfloat16()
-    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
-    _, mpt = tile_shape(H // Hkv)
-    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
-    packed = torch.from_numpy(plan.packed()).to(DEVICE)
-    ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
-    qd, kd, vd, bt, cl = (t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np)))
-    outs = [cascade_decode_attention(qd, kd, vd, bt, cl, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5),
-            paged_decode_attention(qd, kd, vd, bt, cl, D ** -0.5)]
-    for out in outs:
-        assert out.dtype == torch.bfloat16
-        torch.testing.assert_close(out.double().cpu(), ref, rtol=0, atol=2e-2)
-
-
 def test_fp8_cache_cascade_decode_matches_plain_and_reference():
     """Cascade decode (shared-prefix kernel + suffix decode) on an e4m3 cache: equal to plain paged
     decode and to the float64 reference over the same (upcast) K/V."""
