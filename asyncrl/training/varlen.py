@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.training.packing import _groups, response_lengths
+from asyncrl.training.varlen_gather import SlotMap, gather_key_slots
 
 ATTENTION_NAME = "asyncrl_varlen"
 KWARG = "asyncrl_varlen"  # the layout travels to the attention function through HF's **kwargs
@@ -66,6 +67,7 @@ class VarlenRows:
     state_index: torch.Tensor
     token_index: torch.Tensor
     targets: torch.Tensor
+    slots: Optional[SlotMap] = None
 
     @property
     def tokens(self) -> int:
@@ -84,6 +86,8 @@ class _LayoutWriter:
         self.state_index: list[int] = []
         self.token_index: list[int] = []
         self.targets: list[int] = []
+        self.first_slot: list[int] = []  # per token: its slot in its own sequence
+        self.extra: list[tuple[int, list[int]]] = []  # per prompt token with more slots: (token, slots)
 
     def sequence(self, queries: range, keys: list) -> None:
         self.keys.extend(keys)
@@ -96,7 +100,9 @@ class _LayoutWriter:
         self.tok.extend(prompt)
         self.pos.extend(range(n))
         prompt_slots = range(start, start + n)
+        self.first_slot.extend(range(len(self.keys), len(self.keys) + n))
         self.sequence(prompt_slots, list(prompt_slots))
+        row_bases = []  # first key slot of each row with inputs: its copy of the prompt
         for row, response in responses:
             inputs = response[:-1]
             first = len(self.tok)
@@ -104,12 +110,16 @@ class _LayoutWriter:
             self.pos.extend(range(n, n + len(inputs)))
             if inputs:
                 own = range(first, first + len(inputs))
+                row_bases.append(len(self.keys))
+                self.first_slot.extend(range(len(self.keys) + n, len(self.keys) + n + len(inputs)))
                 self.sequence(own, [*prompt_slots, *own])
             if response:  # response token 0: the prompt's last state; token t: input t - 1's
                 self.state_index.append(start + n - 1)
             self.state_index.extend(range(first, first + len(inputs)))
             self.token_index.extend(range(row * length, row * length + len(response)))
             self.targets.extend(response)
+        if row_bases:
+            self.extra.extend((start + i, [base + i for base in row_bases]) for i in range(n))
 
     def pad_to(self, multiple: int) -> None:
         """Tail tokens (id 0) as one more sequence of their own, so T is a multiple of ``multiple``."""
@@ -118,6 +128,7 @@ class _LayoutWriter:
             first = len(self.tok)
             self.tok.extend([0] * extra)
             self.pos.extend(range(extra))
+            self.first_slot.extend(range(len(self.keys), len(self.keys) + extra))
             self.sequence(range(extra), list(range(first, first + extra)))
 
     def result(self, device) -> VarlenRows:
@@ -127,7 +138,14 @@ class _LayoutWriter:
         return VarlenRows(input_ids=long(self.tok), position_ids=long(self.pos), key_index=long(self.keys),
                           cu_q=cumulative(self.len_q), cu_k=cumulative(self.len_k), max_q=max(self.len_q),
                           max_k=max(self.len_k), state_index=long(self.state_index),
-                          token_index=long(self.token_index), targets=long(self.targets))
+                          token_index=long(self.token_index), targets=long(self.targets),
+                          slots=self._slot_map(long))
+
+    def _slot_map(self, long) -> SlotMap:
+        width = max((len(slots) for _, slots in self.extra), default=0)
+        padded = [slots + [-1] * (width - len(slots)) for _, slots in self.extra]
+        return SlotMap(first_slot=long(self.first_slot), extra_tokens=long([t for t, _ in self.extra]),
+                       extra_slots=long(padded).view(len(self.extra), width))
 
 
 def varlen_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
@@ -211,8 +229,8 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     rows: VarlenRows = kwargs[KWARG]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1).contiguous()  # [T, H, D] (HF's layout already: a no-op copy)
-    k = key[0].transpose(0, 1).index_select(0, rows.key_index)
-    v = value[0].transpose(0, 1).index_select(0, rows.key_index)
+    k = gather_key_slots(key[0].transpose(0, 1), rows.key_index, rows.slots)
+    v = gather_key_slots(value[0].transpose(0, 1), rows.key_index, rows.slots)
     return attend(q, k, v, rows, scale).unsqueeze(0), None
 
 
