@@ -26,6 +26,7 @@ import contextvars
 import copy
 import importlib
 import importlib.util
+import os
 
 import torch
 
@@ -145,10 +146,16 @@ def _swap_class(module: torch.nn.Module, forward, tag: str) -> None:
 
 
 def _liger_rms_norm_forward(self, hidden_states):
-    from liger_kernel.ops import LigerRMSNormFunction
     # casting "llama": inverse RMS in fp32, then w * x in the input dtype (HF's Qwen3/Llama RMSNorm);
-    # not in place: the incoming gradient may be shared with the residual branch
-    return LigerRMSNormFunction.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama", False)
+    # not in place: the incoming gradient may be shared with the residual branch. The backward is
+    # triton_rms_norm's (a grid sized for the trainer's row counts) unless ASYNCRL_LIGER_RMS_BACKWARD=1
+    # (Liger's own, for A/B: bench/trainer_rms_norm.py)
+    if os.environ.get("ASYNCRL_LIGER_RMS_BACKWARD") == "1":
+        from liger_kernel.ops import LigerRMSNormFunction as function
+    else:
+        from asyncrl.training.triton_rms_norm import wide_rms_norm_function
+        function = wide_rms_norm_function()
+    return function.apply(hidden_states, self.weight, self.variance_epsilon, 0.0, "llama", False)
 
 
 def _liger_swiglu_forward(self, x):
