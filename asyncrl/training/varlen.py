@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -87,7 +88,7 @@ class _LayoutWriter:
         self.token_index: list[int] = []
         self.targets: list[int] = []
         self.first_slot: list[int] = []  # per token: its slot in its own sequence
-        self.extra: list[tuple[int, list[int]]] = []  # per prompt token with more slots: (token, slots)
+        self.extra: list[tuple[int, int, list[int]]] = []  # per group with inputs: (prompt start, length, row bases)
 
     def sequence(self, queries: range, keys: list) -> None:
         self.keys.extend(keys)
@@ -118,8 +119,8 @@ class _LayoutWriter:
             self.state_index.extend(range(first, first + len(inputs)))
             self.token_index.extend(range(row * length, row * length + len(response)))
             self.targets.extend(response)
-        if row_bases:
-            self.extra.extend((start + i, [base + i for base in row_bases]) for i in range(n))
+        if row_bases:  # prompt token i's other slots: base + i for each row base
+            self.extra.append((start, n, row_bases))
 
     def pad_to(self, multiple: int) -> None:
         """Tail tokens (id 0) as one more sequence of their own, so T is a multiple of ``multiple``."""
@@ -132,20 +133,39 @@ class _LayoutWriter:
             self.sequence(range(extra), list(range(first, first + extra)))
 
     def result(self, device) -> VarlenRows:
-        def cumulative(lengths):
-            return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-        long = functools.partial(torch.tensor, dtype=torch.long, device=device)
-        return VarlenRows(input_ids=long(self.tok), position_ids=long(self.pos), key_index=long(self.keys),
-                          cu_q=cumulative(self.len_q), cu_k=cumulative(self.len_k), max_q=max(self.len_q),
-                          max_k=max(self.len_k), state_index=long(self.state_index),
-                          token_index=long(self.token_index), targets=long(self.targets),
-                          slots=self._slot_map(long))
+        """The layout's tensors on ``device``: every index array goes over in ONE host->device copy
+        (numpy-built: ``torch.tensor`` of ~10^5-element lists and a copy per array cost ~20 ms of
+        host time per update at the GRPO shape, time the GPU sits idle)."""
+        extra_tokens, extra_slots = self._extra_slots()
+        parts = {"input_ids": self.tok, "position_ids": self.pos, "key_index": self.keys,
+                 "cu_q": _cumulative(self.len_q), "cu_k": _cumulative(self.len_k), "state_index": self.state_index,
+                 "token_index": self.token_index, "targets": self.targets, "first_slot": self.first_slot,
+                 "extra_tokens": extra_tokens, "extra_slots": extra_slots.reshape(-1)}
+        arrays = [np.asarray(v, dtype=np.int64) for v in parts.values()]
+        flat = torch.from_numpy(np.concatenate(arrays)).to(device)
+        t = dict(zip(parts, flat.split([len(a) for a in arrays])))
+        slots = SlotMap(first_slot=t["first_slot"], extra_tokens=t["extra_tokens"],
+                        extra_slots=t["extra_slots"].view(extra_slots.shape))
+        return VarlenRows(input_ids=t["input_ids"], position_ids=t["position_ids"], key_index=t["key_index"],
+                          cu_q=t["cu_q"].int(), cu_k=t["cu_k"].int(), max_q=max(self.len_q), max_k=max(self.len_k),
+                          state_index=t["state_index"], token_index=t["token_index"], targets=t["targets"],
+                          slots=slots)
 
-    def _slot_map(self, long) -> SlotMap:
-        width = max((len(slots) for _, slots in self.extra), default=0)
-        padded = [slots + [-1] * (width - len(slots)) for _, slots in self.extra]
-        return SlotMap(first_slot=long(self.first_slot), extra_tokens=long([t for t, _ in self.extra]),
-                       extra_slots=long(padded).view(len(self.extra), width))
+    def _extra_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens [P], their other slots [P, W] padded with -1) from the groups' row bases."""
+        width = max((len(bases) for _, _, bases in self.extra), default=0)
+        tokens, slots = [np.zeros(0, np.int64)], [np.zeros((0, width), np.int64)]
+        for start, n, bases in self.extra:
+            offsets = np.arange(n, dtype=np.int64)
+            block = np.full((n, width), -1, dtype=np.int64)
+            block[:, :len(bases)] = offsets[:, None] + np.asarray(bases, dtype=np.int64)[None, :]
+            tokens.append(start + offsets)
+            slots.append(block)
+        return np.concatenate(tokens), np.concatenate(slots)
+
+
+def _cumulative(lengths: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
 
 def varlen_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
