@@ -16,7 +16,9 @@ shared blocks once, in the step's number of chunks (``cascade.CascadeLaunchRule`
 chunks when few groups leave SMs idle; read from the plan on the device) by a persistent grid,
 and writes per-row (out, lse) of each chunk; the decode kernel with ``CASCADE`` then walks only
 ``[suffix_start, ctx)`` (optionally split-KV) and merges the prefix chunks into its online
-softmax state before normalising (no merge kernel unless the suffix is split).
+softmax state before normalising (no merge kernel unless the suffix is split). With
+``CascadeLaunchRule.concurrent_prefix`` the two run on two streams instead (``concurrent_cascade``):
+the suffix kernel without ``PREFIX_MERGE`` writes partials and ``_merge_cascade_kernel`` merges them.
 """
 from __future__ import annotations
 
