@@ -60,7 +60,7 @@ class CascadeLaunchRule:
       * per process (constexprs and grids, the same in every graph): ``prefix_programs_per_sm``,
         ``prefix_block_n``, ``prefix_warps``, ``max_prefix_splits``, and the suffix decode's
         ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages`` (0 = the plain decode's,
-        ``triton_decode.DECODE_LAUNCH``), ``suffix_early_prefix``.
+        ``triton_decode.DECODE_LAUNCH``), ``suffix_early_prefix``, ``concurrent_prefix``.
       * per batch bucket: ``suffix_kv_splits`` (split-KV of each row's own ``[suffix_start,
         ctx)``, a grid dimension; 1 = none, 0 = the plain kernel's per-batch rule
         ``kv_splits_for``). The suffix length is not an input of any graph-fixed choice: a
@@ -94,6 +94,10 @@ class CascadeLaunchRule:
     small_batch_rows: int = 128    # batches of at most this many rows take the small suffix tile (0 = never)
     small_suffix_block_n: int = 16
     small_suffix_warps: int = 2
+    # 1 = the prefix kernel runs on a side stream beside a suffix kernel that does not read its
+    # partials, then a merge kernel (triton_decode.concurrent_cascade; per process, read when a
+    # graph is captured). 0 = serialized: the suffix kernel merges the prefix partials itself.
+    concurrent_prefix: int = 0
 
     @property
     def max_splits(self) -> int:

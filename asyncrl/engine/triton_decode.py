@@ -16,7 +16,9 @@ shared blocks once, in the step's number of chunks (``cascade.CascadeLaunchRule`
 chunks when few groups leave SMs idle; read from the plan on the device) by a persistent grid,
 and writes per-row (out, lse) of each chunk; the decode kernel with ``CASCADE`` then walks only
 ``[suffix_start, ctx)`` (optionally split-KV) and merges the prefix chunks into its online
-softmax state before normalising (no merge kernel unless the suffix is split).
+softmax state before normalising (no merge kernel unless the suffix is split). With
+``CascadeLaunchRule.concurrent_prefix`` the two run on two streams instead (``concurrent_cascade``):
+the suffix kernel without ``PREFIX_MERGE`` writes partials and ``_merge_cascade_kernel`` merges them.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
-                         EARLY_PREFIX: tl.constexpr = False):
+                         EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
@@ -49,7 +51,11 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     CASCADE: keys ``[0, START[b])`` come from the prefix kernel as ``NSP[0]`` (clamped to
     ``[1, max_parts]``) parts in PO / PL, merged into the state of KV chunk 0. EARLY_PREFIX (opt-in):
     part 0 is loaded before the suffix loop and starts the online softmax (its load latency
-    overlaps the suffix's loads instead of following them); the other parts merge after."""
+    overlaps the suffix's loads instead of following them); the other parts merge after.
+    CASCADE without PREFIX_MERGE (``CascadeLaunchRule.concurrent_prefix``): the prefix partials are
+    not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
+    only, written as partial (out, lse) to SO / SL like split-KV chunks, for
+    ``_merge_cascade_kernel``."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -58,6 +64,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         sfx = tl.load(START + b)  # tokens [0, sfx) come from the prefix kernel
     first = sfx
     last = ctx
+    sid = 0
     if KV_SPLITS > 1:  # split-KV (flash-decoding): this program takes one chunk of [sfx, ctx)
         sid = tl.program_id(2)
         span = tl.cdiv(tl.cdiv(ctx - sfx, KV_SPLITS), BLOCK_N) * BLOCK_N  # BLOCK_N-aligned: sfx is a block start
@@ -81,7 +88,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     merged = 0  # prefix parts already in (m, l, acc)
-    if CASCADE and EARLY_PREFIX:
+    if CASCADE and EARLY_PREFIX and PREFIX_MERGE:
         # part 0 = (out o0, lse0) of the prefix's first chunk, never empty: the state (m, l, acc) =
         # (lse0, 1, o0) stands for exactly its keys. Rows outside a group (sfx == 0) or in another KV
         # chunk keep the empty state; their loaded values (never written for them) are discarded.
@@ -127,7 +134,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    if CASCADE:
+    if CASCADE and PREFIX_MERGE:
         # merge the shared prefix's parts (out o_p, log-sum-exp lse_p) by LSE; rows outside
         # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
         # m is finite (the suffix's first chunk holds at least the current token).
@@ -147,7 +154,8 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
             acc = acc * alpha[:, None] + o_p * beta[:, None]
             l = l * alpha + beta
             m = m_new
-    if KV_SPLITS > 1:  # partial (out, lse) of this chunk; an empty chunk writes lse = -inf
+    if KV_SPLITS > 1 or (CASCADE and not PREFIX_MERGE):
+        # partial (out, lse) of this chunk; an empty chunk writes lse = -inf
         lsafe = tl.where(l > 0, l, 1.0)
         rows = (sid * stride_pos + qtok * stride_pot + heads * stride_poh)
         tl.store(SO + rows[:, None] + d[None, :], acc / lsafe[:, None], mask=gmask[:, None] & dmask[None, :])
@@ -175,6 +183,53 @@ def _merge_splits_kernel(SO, SL, O, stride_pos, stride_pot, stride_poh, stride_p
                 mask=dmask[None, :], other=0.0)
     out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
     tl.store(O + b * stride_ot + h * stride_oh + d, out.to(O.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _merge_cascade_kernel(PO, PL, SO, SL, START, NSP, O, max_parts, H,
+                          stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
+                          stride_sos, stride_sot, stride_soh, stride_sls, stride_slt,
+                          stride_ot, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                          KV_SPLITS: tl.constexpr):
+    """Grid (B, cdiv(H, BLOCK_H)): the concurrent cascade's merge (``CascadeLaunchRule.concurrent_prefix``).
+    out[b, h] = LSE-merge of the suffix's ``KV_SPLITS`` partials SO / SL (fp32; chunk 0 holds the
+    current token, so it starts a finite state) and, when ``START[b] > 0``, the row's prefix parts
+    PO / PL (``NSP[0]`` clamped to ``[1, max_parts]``, as the suffix kernel reads them), in the
+    order the serialized suffix kernel merges them, written in O's dtype."""
+    b = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hmask = h < H
+    mask = hmask[:, None] & (d < D)[None, :]
+    m = tl.load(SL + b * stride_slt + h, mask=hmask, other=0.0)
+    l = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+    acc = tl.load(SO + b * stride_sot + h[:, None] * stride_soh + d[None, :], mask=mask, other=0.0)
+    for s in tl.static_range(1, KV_SPLITS):  # the suffix's other chunks; an empty one has lse = -inf
+        lse_s = tl.load(SL + s * stride_sls + b * stride_slt + h, mask=hmask, other=float("-inf"))
+        o_s = tl.load(SO + s * stride_sos + b * stride_sot + h[:, None] * stride_soh + d[None, :], mask=mask,
+                      other=0.0)
+        m_new = tl.maximum(m, lse_s)
+        alpha = tl.exp(m - m_new)
+        beta = tl.exp(lse_s - m_new)
+        acc = acc * alpha[:, None] + o_s * beta[:, None]
+        l = l * alpha + beta
+        m = m_new
+    nsp = 1
+    if max_parts > 1:  # one part (specialised when 1): no load
+        nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
+    nsp = tl.where(tl.load(START + b) > 0, nsp, 0)  # rows outside a group: no prefix part was written
+    for sp in range(0, nsp):
+        lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + h, mask=hmask, other=float("-inf"))
+        o_p = tl.load(PO + sp * stride_pos + b * stride_pot + h[:, None] * stride_poh + d[None, :], mask=mask,
+                      other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, lse_p)
+        alpha = tl.exp(m - m_new)
+        beta = tl.exp(lse_p - m_new)
+        acc = acc * alpha[:, None] + o_p * beta[:, None]
+        l = l * alpha + beta
+        m = m_new
+    tl.store(O + b * stride_ot + h[:, None] * stride_oh + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
@@ -429,11 +484,22 @@ def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = N
                                num_stages=rule.suffix_stages or base.num_stages)
 
 
+def prefix_partials(q: torch.Tensor, rule: CascadeLaunchRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty prefix partials for ``launch_prefix``: (out ``[S, B, H, D]`` in q's dtype, lse ``[S, B, H]``
+    fp32), ``S = rule.max_splits``, on the current stream."""
+    B, H, D = q.shape
+    return (torch.empty(rule.max_splits, B, H, D, dtype=q.dtype, device=q.device),
+            torch.empty(rule.max_splits, B, H, dtype=torch.float32, device=q.device))
+
+
 def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                  tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule) -> tuple[torch.Tensor, torch.Tensor]:
+                  tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule,
+                  partials: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix kernel alone: q ``[B, H, D]``, tiles as in ``cascade_decode_attention`` ->
     partials (out ``[S, B, H, D]`` in q's dtype, lse ``[S, B, H]`` fp32), ``S = rule.max_splits``;
-    chunk ``c`` of a member row is valid for ``c <`` the header's count (rows outside tiles: never)."""
+    chunk ``c`` of a member row is valid for ``c <`` the header's count (rows outside tiles: never).
+    ``partials``: write into these (``prefix_partials``; allocated by the caller before it forks a
+    stream), else new ones."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
@@ -442,8 +508,8 @@ def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     assert block_m // group == mpt, "tiles made for another GQA shape"
     assert k_cache.stride(3) == 1 and q.stride(2) == 1 and tiles.is_contiguous()
     splits = rule.max_splits
-    po = torch.empty(splits, B, H, D, dtype=q.dtype, device=q.device)
-    pl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
+    po, pl = partials if partials is not None else prefix_partials(q, rule)
+    assert po.shape == (splits, B, H, D) and pl.shape == (splits, B, H) and po.is_contiguous() and pl.is_contiguous()
     grid = min((tiles.shape[0] - 1) * hkv * splits, _programs(q.device, rule.prefix_programs_per_sm))
     _prefix_kernel[(max(1, grid),)](
         q, k_cache, v_cache, po, pl, block_tables, tiles, scale, splits,
@@ -467,6 +533,97 @@ def launch_suffix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           cascade_kv_splits=rule.suffix_kv_splits, early_prefix=bool(rule.suffix_early_prefix))
 
 
+def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
+                           scale: float, rule: CascadeLaunchRule,
+                           launch: DecodeLaunch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The suffix decode without the prefix (``PREFIX_MERGE=False``): each row attends its own keys
+    ``[suffix_start[b], ctx)`` (all of them when ``suffix_start[b] == 0``) -> partials (out ``[KS, B, H,
+    D]``, lse ``[KS, B, H]``, fp32), ``KS`` = the rule's suffix split-KV (chunk 0 never empty).
+    The base kernel only (the packed variant merges the prefix inside its kernel: refused)."""
+    B, H, D = q.shape
+    page, hkv = k_cache.shape[1], k_cache.shape[2]
+    launch = launch or cascade_suffix_launch(rule, batch_rows=B)
+    if launch.variant != "base":
+        raise ValueError(f"CascadeLaunchRule.concurrent_prefix takes the base suffix kernel, not the "
+                         f"{launch.variant!r} variant (set concurrent_prefix=0 or ASYNCRL_DECODE_VARIANT=base)")
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1
+    splits = rule.suffix_kv_splits or kv_splits_for(B, hkv, q.device, launch)
+    assert splits & (splits - 1) == 0, "kv_splits must be a power of 2"
+    so = torch.empty(splits, B, H, D, dtype=torch.float32, device=q.device)
+    sl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
+    # O, NSP, PO and PL are not read (no prefix merge, partial output): so / sl fill their slots
+    _paged_decode_kernel[(B, hkv, splits)](
+        q, k_cache, v_cache, so, block_tables, context_lens, suffix_start, context_lens, so, sl, so, sl, scale, 1,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), so.stride(1), so.stride(2),
+        so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
+        GROUP=H // hkv, BLOCK_G=max(16, triton.next_power_of_2(H // hkv)), D=D,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
+        IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
+        BT_REGS=table_regs(block_tables, page, launch.block_n, launch), EARLY_PREFIX=False, PREFIX_MERGE=False,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
+    return so, sl
+
+
+def merge_cascade(prefix: tuple[torch.Tensor, torch.Tensor], suffix: tuple[torch.Tensor, torch.Tensor],
+                  suffix_start: torch.Tensor, tiles: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` ``[B, H, D]`` (q's dtype) = the LSE merge of ``launch_suffix_partials``' chunks and each
+    grouped row's valid prefix chunks from ``launch_prefix`` (the header's count, clamped to the
+    partials' depth); returns ``out``."""
+    (po, pl), (so, sl) = prefix, suffix
+    B, H, D = out.shape
+    block_h = min(16, triton.next_power_of_2(H))
+    _merge_cascade_kernel[(B, triton.cdiv(H, block_h))](
+        po, pl, so, sl, suffix_start, tiles.view(-1)[1:2], out, po.shape[0], H,
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+        so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1), out.stride(0), out.stride(1),
+        D=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_H=block_h, KV_SPLITS=so.shape[0], num_warps=4)
+    return out
+
+
+# (device index, priority) -> the side stream the concurrent cascade runs its prefix kernel on: created
+# once (a stream made per call would be a new one inside every graph capture and every eager step)
+_SIDE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream:
+    key = (torch.device(device).index or 0, priority)
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device=device, priority=priority)
+    return _SIDE_STREAMS[key]
+
+
+def concurrent_cascade(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                       context_lens: torch.Tensor, suffix_start: torch.Tensor, tiles: torch.Tensor, scale: float,
+                       rule: CascadeLaunchRule, launch: DecodeLaunch | None = None) -> torch.Tensor:
+    """Cascade decode with the prefix kernel beside the suffix kernel (``rule.concurrent_prefix``):
+    the prefix on a side stream, the suffix (``launch_suffix_partials``) on the current one, then
+    ``merge_cascade`` after the join. Under CUDA-graph capture the fork / join become two parallel
+    branches of the graph. Off CUDA (the interpreter) the same kernels run in sequence.
+
+    Memory: every buffer the side stream touches is allocated on the current stream before the fork,
+    and the current stream waits for the side stream before the merge, so nothing the caching
+    allocator frees afterwards (on the current stream, or in a graph's pool) can be reused while
+    the prefix kernel still runs: no ``record_stream`` needed."""
+    prefix = prefix_partials(q, rule)
+    out = torch.empty_like(q)
+    if q.device.type != "cuda":
+        launch_prefix(q, k_cache, v_cache, block_tables, tiles, scale, rule, prefix)
+        suffix = launch_suffix_partials(q, k_cache, v_cache, block_tables, context_lens, suffix_start, scale, rule,
+                                        launch)
+        return merge_cascade(prefix, suffix, suffix_start, tiles, out)
+    current = torch.cuda.current_stream(q.device)
+    side = side_stream(q.device, current.priority)
+    side.wait_stream(current)  # the fork: q, the caches and the plan are ready
+    with torch.cuda.stream(side):
+        launch_prefix(q, k_cache, v_cache, block_tables, tiles, scale, rule, prefix)
+    suffix = launch_suffix_partials(q, k_cache, v_cache, block_tables, context_lens, suffix_start, scale, rule,
+                                    launch)
+    current.wait_stream(side)  # the join: the merge reads the prefix partials
+    return merge_cascade(prefix, suffix, suffix_start, tiles, out)
+
+
 def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, context_lens: torch.Tensor, suffix_start: torch.Tensor,
                              tiles: torch.Tensor, scale: float, rule: CascadeLaunchRule | None = None,
@@ -480,8 +637,12 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     overrides the suffix decode's (default ``cascade_suffix_launch(rule, batch_rows=B)``; the packed variant
     takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
     and the batch size only; the tile and chunk counts are read on the device (a header count
-    above ``rule.max_splits`` is clamped)."""
+    above ``rule.max_splits`` is clamped). ``rule.concurrent_prefix``: ``concurrent_cascade`` (the
+    prefix and suffix kernels on two streams, then a merge kernel; the base suffix kernel only)."""
     rule = rule or cascade_module.CASCADE_RULE
+    if rule.concurrent_prefix:
+        return concurrent_cascade(q, k_cache, v_cache, block_tables, context_lens, suffix_start, tiles, scale, rule,
+                                  launch)
     partials = launch_prefix(q, k_cache, v_cache, block_tables, tiles, scale, rule)
     return launch_suffix(q, k_cache, v_cache, block_tables, context_lens, suffix_start, tiles, scale, partials,
                          rule, launch)

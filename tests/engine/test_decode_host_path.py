@@ -97,3 +97,27 @@ def test_graphed_host_path_equals_gathered_path(tiny_dirs, monkeypatch):
             assert a.logprobs is None or max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
     assert inside.runner.sampling_graph_steps > 0 and after.runner.sampling_graph_steps == 0
     assert graphed.runner.cascade.plans_reused > 0
+
+
+def test_graphed_host_path_with_concurrent_cascade_equals_gathered_path(tiny_dirs, monkeypatch):
+    """``CascadeLaunchRule.concurrent_prefix`` in the engine (the suffix partials and the merge kernel;
+    on CPU the two kernels run in sequence): through the graph buckets, greedy and sampled tokens equal
+    the gathered path's, and the cascade ran."""
+    import dataclasses
+
+    from asyncrl.engine import cascade, triton_decode
+
+    monkeypatch.setattr(cascade, "CASCADE_RULE", dataclasses.replace(cascade.CASCADE_RULE, concurrent_prefix=1,
+                                                                     min_chunk_tokens=4))
+    calls = []
+    concurrent = triton_decode.concurrent_cascade
+    monkeypatch.setattr(triton_decode, "concurrent_cascade", lambda *a, **k: (calls.append(1), concurrent(*a, **k))[1])
+    prompts = prompts_for(6, [9, 13, 6])
+    ref = make_llm(tiny_dirs["qwen3"], async_scheduling=True)
+    graphed = _graphed(make_llm(tiny_dirs["qwen3"], async_scheduling=True), monkeypatch, sampler=False)
+    for params in (SamplingParams(n=3, temperature=0.0, max_tokens=10, ignore_eos=True),
+                   SamplingParams(n=4, temperature=1.0, max_tokens=10, seed=2, logprobs=True, ignore_eos=True)):
+        want, got = ref.generate(prompts, params), graphed.generate(prompts, params)
+        for a, b in zip((c for o in want for c in o.completions), (c for o in got for c in o.completions)):
+            assert a.token_ids == b.token_ids
+    assert graphed.runner.cascade.steps > 0 and calls

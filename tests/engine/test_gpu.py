@@ -48,13 +48,13 @@ def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page, launch):
     assert (out.float() - ref.float()).abs().max().item() < tol
 
 
-def cascade_case(dev, dtype, H, Hkv, D, page, seed=0, rule=None, chunks=1, launch=None):
-    """Random groups on a scattered KV pool: (cascade out, plain paged out, torch reference).
-    ``chunks``: the plan header's prefix chunk count; ``rule`` / ``launch``: the cascade launch."""
+def cascade_inputs(dev, dtype, H, Hkv, D, page, seed=0, chunks=1):
+    """Random groups on a scattered KV pool, padded to a bucket of B + 3 rows: (the
+    ``cascade_decode_attention`` arguments before ``rule``, (q, caches, tables, ctx, plan) of the B
+    real rows for the reference). ``chunks``: the plan header's prefix chunk count."""
     from test_cascade import _pad, _tables
 
-    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, plan_size, tile_shape
-    from asyncrl.engine.triton_decode import cascade_decode_attention, paged_decode_attention
+    from asyncrl.engine.cascade import plan_cascade, plan_size, tile_shape
 
     torch.manual_seed(seed)
     groups, prefix = [16, 1, 3, 5, 2], [4, 3, 2, 5, 1]  # one singleton; 16 spans tiles when GQA > 2
@@ -78,12 +78,29 @@ def cascade_case(dev, dtype, H, Hkv, D, page, seed=0, rule=None, chunks=1, launc
     bt = torch.from_numpy(bt_np).to(dev)
     cl = torch.from_numpy(ctx_np).to(dev)
     qp = torch.cat([q, torch.randn(3, H, D, device=dev, dtype=dtype)])
-    out = cascade_decode_attention(qp, kc, vc, bt, cl, packed[:bs], packed[bs:].view(-1, 2 + mpt), D ** -0.5,
-                                   rule=rule, launch=launch)
-    plain = paged_decode_attention(qp, kc, vc, bt, cl, D ** -0.5)
-    ref = cascade_attention_reference(q.double().cpu(), kc.double().cpu(), vc.double().cpu(), tables, ctx,
-                                      plan, D ** -0.5)
-    return out[:B], plain[:B], ref
+    args = (qp, kc, vc, bt, cl, packed[:bs], packed[bs:].view(-1, 2 + mpt), D ** -0.5)
+    return args, (q, kc, vc, tables, ctx, plan)
+
+
+def cascade_reference(real) -> torch.Tensor:
+    """The float64 torch reference of ``cascade_inputs``' real rows."""
+    from asyncrl.engine.cascade import cascade_attention_reference
+
+    q, kc, vc, tables, ctx, plan = real
+    return cascade_attention_reference(q.double().cpu(), kc.double().cpu(), vc.double().cpu(), tables, ctx, plan,
+                                       q.shape[-1] ** -0.5)
+
+
+def cascade_case(dev, dtype, H, Hkv, D, page, seed=0, rule=None, chunks=1, launch=None):
+    """(cascade out, plain paged out, torch reference) of ``cascade_inputs``' real rows;
+    ``rule`` / ``launch``: the cascade launch."""
+    from asyncrl.engine.triton_decode import cascade_decode_attention, paged_decode_attention
+
+    args, real = cascade_inputs(dev, dtype, H, Hkv, D, page, seed, chunks)
+    out = cascade_decode_attention(*args, rule=rule, launch=launch)
+    plain = paged_decode_attention(*args[:5], args[-1])
+    B = real[0].shape[0]
+    return out[:B], plain[:B], cascade_reference(real)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -130,6 +147,47 @@ def test_cascade_launches_match_paged_decode(dtype, H, Hkv, D, page, chunks, fie
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     assert (out.float() - plain.float()).abs().max().item() < tol
     assert (out.double().cpu() - ref).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(prefix_fill=1, max_prefix_splits=4, suffix_kv_splits=2),
+                                    dict(suffix_block_n=32, suffix_warps=4, prefix_programs_per_sm=8)],
+                         ids=["defaults", "chunks4-kv2", "n32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("H,Hkv,D,page", [(16, 8, 128, 64), (8, 1, 64, 16)])
+def test_concurrent_cascade_under_a_cuda_graph_equals_serialized(dtype, H, Hkv, D, page, fields):
+    """``concurrent_prefix=1``: the prefix kernel on a side stream beside the suffix partials, joined
+    before the merge; captured in a CUDA graph (fork / join = parallel branches) of 3 calls in a row and
+    replayed, and eagerly: the serialized cascade's output to fp32 rounding (one bf16 ulp), for
+    grouped rows, a singleton and padded rows, at 2 prefix chunks (4 with split-KV)."""
+    import dataclasses
+
+    from asyncrl.engine.cascade import CascadeLaunchRule
+    from asyncrl.engine.triton_decode import cascade_decode_attention
+
+    dev = torch.device("cuda")
+    serial = CascadeLaunchRule(**fields)
+    conc = dataclasses.replace(serial, concurrent_prefix=1)
+    args, real = cascade_inputs(dev, dtype, H, Hkv, D, page, chunks=serial.max_splits)
+    ref = cascade_reference(real)
+    want = cascade_decode_attention(*args, rule=serial)
+    eager = cascade_decode_attention(*args, rule=conc)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        cascade_decode_attention(*args, rule=conc)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            outs = [cascade_decode_attention(*args, rule=conc) for _ in range(3)]
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))  # only the replay writes them
+        graph.replay()
+    torch.cuda.synchronize()
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16 output: one ulp at |out| < 2
+    for got in [eager] + outs:
+        assert (got.float() - want.float()).abs().max().item() <= tol
+    B = ref.shape[0]
+    assert (outs[-1][:B].double().cpu() - ref).abs().max().item() < (2e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -231,14 +289,15 @@ def test_cascade_engine_greedy_groups_match_hf(tiny_dirs, gpu_hf):
     assert eager.runner.cascade.steps > 0
 
 
-def test_cascade_engine_with_split_launch_matches_hf(tiny_dirs, gpu_hf, monkeypatch):
+@pytest.mark.parametrize("concurrent", [0, 1])
+def test_cascade_engine_with_split_launch_matches_hf(tiny_dirs, gpu_hf, monkeypatch, concurrent):
     """The engine with a non-default cascade launch (issue 23: the prefix split into chunks per
-    step, read from the plan header inside the CUDA graphs; suffix split-KV; EARLY_PREFIX):
-    greedy tokens equal HF's, with graphs and eager."""
+    step, read from the plan header inside the CUDA graphs; suffix split-KV; EARLY_PREFIX, or the
+    prefix kernel on a side stream, ``concurrent_prefix``): greedy tokens equal HF's, with graphs and eager."""
     from asyncrl.engine import cascade
 
     rule = cascade.CascadeLaunchRule(prefix_fill=8, min_chunk_tokens=16, prefix_block_n=16, suffix_kv_splits=2,
-                                     suffix_early_prefix=1)
+                                     suffix_early_prefix=1, concurrent_prefix=concurrent)
     monkeypatch.setattr(cascade, "CASCADE_RULE", rule)
     prompts = prompts_for(22, [37, 50, 21])
     params = SamplingParams(n=4, temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -5,6 +5,8 @@ On a GPU it runs natively; on CPU with ``TRITON_INTERPRET=1`` (and triton instal
 Triton interpreter; otherwise the module is skipped.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import skip_unless_triton_runs
@@ -198,3 +200,62 @@ def test_cascade_suffix_launch_takes_the_small_batch_tile_up_to_its_row_count():
     assert (pinned.block_n, pinned.num_warps) == (32, 2)
     off = cascade_suffix_launch(CascadeLaunchRule(small_batch_rows=0), DECODE_LAUNCH, batch_rows=8)
     assert off == DECODE_LAUNCH
+
+
+# (prefix chunks in the plan header, suffix split-KV, cache dtype): the concurrent cascade's kernels
+CONCURRENT_CASES = [(1, 1, torch.float32), (2, 1, torch.float32), (1, 1, torch.bfloat16), (2, 1, torch.bfloat16),
+                    (2, 2, torch.float32)]
+
+
+@pytest.mark.skipif(CUDA, reason="4-token tiles keep the interpreter run small; test_gpu.py runs the concurrent "
+                                  "cascade at real tile sizes, eager and under a CUDA graph")
+@pytest.mark.parametrize("chunks,kv_splits,cache_dtype", CONCURRENT_CASES)
+def test_concurrent_cascade_matches_serialized_and_float64(chunks, kv_splits, cache_dtype):
+    """``CascadeLaunchRule.concurrent_prefix``: the suffix kernel without the prefix merge (its own
+    keys only, as partials) and the merge kernel give the serialized cascade's output (to fp32
+    rounding) and the float64 reference's, for rows in groups (a prefix of 1 to 6 blocks, 1 or 2
+    chunks, one chunk empty for the 1-block prefix) and rows outside any (a singleton, whose
+    whole context is its suffix), with the suffix split into 1 or 2 chunks."""
+    import numpy as np
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, tile_shape
+    from asyncrl.engine.triton_decode import (cascade_decode_attention, launch_prefix, launch_suffix_partials,
+                                              merge_cascade)
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    groups, prefix = [3, 1, 2, 2], [4, 3, 1, 6]
+    g = torch.Generator().manual_seed(5 + chunks)
+    suffix = torch.randint(1, 4 * page, (sum(groups),), generator=g).tolist()
+    suffix[0] = 1  # the current token only
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=5)
+    kc, vc = (torch.randn(nb + 1, page, Hkv, D, generator=g).to(cache_dtype) for _ in range(2))
+    B = len(tables)
+    q = torch.randn(B, H, D, generator=g)
+    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
+    plan.prefix_splits = chunks
+    assert (plan.suffix_start == 0).sum() == 1 and plan.num_tiles == 3  # the singleton is outside any group
+    packed = torch.from_numpy(plan.packed()).to(DEVICE)
+    sfx, tiles = packed[:B], packed[B:].view(-1, 2 + mpt)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
+    rule = CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=kv_splits,
+                             suffix_block_n=4)
+    serial = cascade_decode_attention(*dev, sfx, tiles, D ** -0.5, rule=rule)
+    concurrent = cascade_decode_attention(*dev, sfx, tiles, D ** -0.5,
+                                          rule=dataclasses.replace(rule, concurrent_prefix=1))
+    ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
+    torch.testing.assert_close(concurrent.cpu(), serial.cpu(), rtol=0, atol=2e-6)
+    torch.testing.assert_close(concurrent.cpu().double(), ref, rtol=0, atol=1e-5)
+    # the pieces: the suffix partials hold only each row's own keys (a grouped row's alone is not the answer)
+    so, sl = launch_suffix_partials(*dev, sfx, D ** -0.5, rule)
+    assert so.shape == (kv_splits, B, H, D) and sl.shape == (kv_splits, B, H)
+    assert torch.isfinite(sl[0]).all()  # chunk 0 holds the current token
+    lone = int(np.flatnonzero(plan.suffix_start == 0)[0])
+    if kv_splits == 1:
+        torch.testing.assert_close(so[0, lone].cpu().double(), ref[lone], rtol=0, atol=1e-5)
+        assert (so[0, 0].cpu().double() - ref[0]).abs().max() > 1e-3
+    prefix = launch_prefix(dev[0], dev[1], dev[2], dev[3], tiles, D ** -0.5, rule)
+    out = merge_cascade(prefix, (so, sl), sfx, tiles, torch.empty_like(dev[0]))
+    torch.testing.assert_close(out.cpu(), concurrent.cpu(), rtol=0, atol=0)
