@@ -114,7 +114,8 @@ def test_engine_acceptance_equals_the_offline_replay(target, hf, trained_head):
     from asyncrl.training.draft_head import DraftSample
     from asyncrl.training.draft_replay import replay_acceptance
 
-    llm = make_llm(target, speculative_config=_spec(trained_head))
+    # adaptive off: the replay walks rounds over every position, so every step must be a round
+    llm = make_llm(target, speculative_config=dict(_spec(trained_head), adaptive=False))
     prompts = REPETITIVE[:2] + prompts_for(9, [6, 8, 5])
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids)) for o in outs for c in o.outputs]

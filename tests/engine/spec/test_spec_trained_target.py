@@ -75,7 +75,16 @@ def test_the_bench_runs_every_row_on_a_tiny_trained_target(tmp_path):
     assert list(r["rows"]) == list(bench.ROWS) + ["off_again"]  # off first and last: the reference
     assert r["rows"]["off_again"]["greedy"]["same_tokens_as_off"]
     n = bench.TINY["tail_batch"] * bench.TINY["tail_tokens"]
-    for name in bench.ROWS:
+    for name in bench.ADAPTIVE:  # the tails with the speed gate: exact tokens, its record, no workload (a)
+        row = r["rows"][name]
+        assert "a" not in row and row["greedy"]["same_tokens_as_off"], name
+        for key in ("greedy", "t1"):
+            g = row[key]
+            assert g["tokens"] == n and g["spec_steps"] > 0  # reset after the warm-up: it starts speculating
+            assert g["gate_plain_steps"] >= 0 and g["gate_buckets"] and r["summary"][f"{name}/{key}"] == g["x_off"]
+            assert all(set(e) == {"spec", "plain", "speculating"} for e in g["gate_buckets"].values())
+        assert f"{name}/t1 >= 0.95x off (adaptive: no slower than off where drafts do not pay)" in r["bars"]
+    for name in ("off", *bench.DRAFTERS):  # every step they may, the drafters' rows speculate
         row = r["rows"][name]
         for key in ("greedy", "t1"):
             assert row[key]["tokens"] == n
