@@ -182,13 +182,26 @@ def slow_speculation(llm, spec_cost: float):
     llm.spec.verify_step.run, llm.runner.launch = timed_verify, timed_launch
 
 
-@pytest.mark.parametrize("method,overlapped", [("ngram", False), ("draft_model", False), ("ngram", True)])
-def test_engine_mixes_speculative_and_plain_steps_exactly(target, method, overlapped):
+@pytest.fixture(scope="module")
+def head(target, tmp_path_factory):
+    """An untrained EAGLE head (exactness holds for any drafter)."""
+    from asyncrl.engine.models.config import ModelConfig
+    from asyncrl.engine.spec.eagle_head import new_head
+
+    path = str(tmp_path_factory.mktemp("adaptive_head"))
+    new_head(ModelConfig.from_dir(target), seed=1).save(path)
+    return path
+
+
+@pytest.mark.parametrize("method,overlapped", [("ngram", False), ("draft_model", False), ("eagle", False),
+                                               ("ngram", True)])
+def test_engine_mixes_speculative_and_plain_steps_exactly(target, head, method, overlapped):
     """Speculation measured slower (fake clock): the engine switches to plain steps and probes
     speculation again; greedy and sampled (one-hot drafts) tokens and log-probs equal speculation off's.
     ``overlapped``: plain steps with async scheduling (GPU's default), timed only when one spans a
     whole decode step (a decode step in flight)."""
-    spec = {"method": method, "num_speculative_tokens": 3, **({"model": target} if method == "draft_model" else {})}
+    spec = {"method": method, "num_speculative_tokens": 3,
+            **({"model": {"draft_model": target, "eagle": head}[method]} if method != "ngram" else {})}
     for params in (SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=True),
                    SamplingParams(temperature=1.0, top_k=20, max_tokens=40, seed=3, ignore_eos=True, n=2,
                                   logprobs=True)):
@@ -200,6 +213,7 @@ def test_engine_mixes_speculative_and_plain_steps_exactly(target, method, overla
         assert_same_completions(off, on, atol=1e-4)
         m = llm.metrics
         assert m["spec_steps"] > 0 and m["spec_gate_plain_steps"] > 0 and m["spec_gate_probes"] >= 2
+        # eagle: features after plain steps come from a target forward over the positions it missed
         if method == "draft_model" and params.temperature == 0:
             # the target as its own draft: every draft accepted, so after each run of plain steps the
             # draft model caught up on the tokens it had not seen (its K/V in step with the target's)

@@ -121,7 +121,7 @@ def _narrow_draft_equals_off(target_dir, llm_of):
     accepted and some rejected (both paths of the draft's K/V bookkeeping run)."""
     from asyncrl.types import SamplingParams
 
-    spec = {"method": "draft_model", "model": _narrow_draft(), "num_speculative_tokens": 3}
+    spec = {"method": "draft_model", "model": _narrow_draft(), "num_speculative_tokens": 3, "adaptive": False}
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [40, 12, 77, 3, 19, 60]]
     for params in (SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
                    SamplingParams(temperature=1.0, max_tokens=32, seed=2, ignore_eos=True, n=2)):
