@@ -234,6 +234,9 @@ class SpeculativeRolloutConfig:
     disable_by_batch_size: int = field_spec(32, ge=1, help="speculate only while at most this many sequences run")
     min_acceptance: float = field_spec(0.0, ge=0, lt=1, help="a sequence stops drafting below this acceptance "
                                                               "rate (the policy drifted from the draft model)")
+    adaptive: bool = field_spec(True, help="speculate only while speculative steps measure faster (tokens per "
+                                           "second of wall time) than plain decode at the batch size; false: "
+                                           "whenever disable_by_batch_size allows")
 
     def engine_dict(self) -> Optional[dict]:
         """vLLM's ``speculative_config`` dict for the engine; None when off."""
@@ -241,7 +244,7 @@ class SpeculativeRolloutConfig:
             return None
         out = {f: getattr(self, f) for f in ("method", "num_speculative_tokens", "prompt_lookup_max",
                                              "prompt_lookup_min", "draft_sampling", "disable_by_batch_size",
-                                             "min_acceptance")}
+                                             "min_acceptance", "adaptive")}
         return out | ({"model": self.model} if self.method in ("draft_model", "eagle") else {})
 
 

@@ -134,7 +134,8 @@ def main(argv=None) -> int:
     copy_head(hf).save(head_dir)
     stand_in_graphs(eagle_module)
     llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
-              speculative_config={"method": "eagle", "model": head_dir, "num_speculative_tokens": args.k})
+              speculative_config={"method": "eagle", "model": head_dir, "num_speculative_tokens": args.k,
+                                  "adaptive": False})  # every step a round
     proposer = llm.spec.proposer
     proposer.paged = True
     proposer._capture([1, 2, 4, 8])

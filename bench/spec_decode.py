@@ -77,13 +77,17 @@ def quiet_upper_layers(model, first: int, scale: float) -> None:
             layer.mlp.down_proj.weight.mul_(scale)
 
 
-def timed(llm, prompts, params, device: str):
+def timed(llm, prompts, params, device: str, after_warmup=None):
     """Warm-up with the whole workload, then the timed run: (row, token lists). Speculative counters
-    are the timed run's (bench/spec_trained_target.py uses this too)."""
+    are the timed run's (bench/spec_trained_target.py uses this too); with the adaptive gate
+    (spec/adaptive.py) also its plain steps and probes, and its last estimates of both modes.
+    ``after_warmup(llm)``: called between the two (spec_trained_target.py resets the gate there)."""
     # Warm-up = the whole workload once: Triton compiles kernels per context-length bucket, so a
     # shorter warm-up left the first configuration paying compiles in its timed run (H200: "off"
     # 28.6k vs 47.8k tok/s for the same plain decode path in the second engine).
     llm.generate(prompts, params)
+    if after_warmup is not None:
+        after_warmup(llm)
     m0 = dict(llm.metrics)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -102,6 +106,12 @@ def timed(llm, prompts, params, device: str):
                    acceptance_rate=round(d["accepted_tokens"] / d["draft_tokens"], 4) if d["draft_tokens"] else 0.0,
                    tokens_per_target_pass=round((d["rows"] + d["accepted_tokens"]) / max(d["rows"], 1), 3)
                    if d["rows"] else 1.0)
+    if "spec_gate_plain_steps" in m:
+        row.update(gate_plain_steps=m["spec_gate_plain_steps"] - m0["spec_gate_plain_steps"],
+                   gate_probes=m["spec_gate_probes"] - m0["spec_gate_probes"],
+                   gate_switches=m["spec_gate_switches"] - m0["spec_gate_switches"],
+                   gate_bucket=m["spec_gate_bucket"], gate_spec_tokens_per_s=m["spec_gate_spec_tokens_per_s"],
+                   gate_plain_tokens_per_s=m["spec_gate_plain_tokens_per_s"])
     return row, tokens
 
 
@@ -160,7 +170,8 @@ def main(argv=None) -> int:
         spec = specs[name.removesuffix("+q")]
         draft_model_module.GREEDY_ROUNDS_SKIP_Q = not name.endswith("+q")
         t0 = time.perf_counter()
-        llm = LLM(hf, speculative_config=spec, **engine_kw)
+        # the drafter's own speed: every step speculates (the adaptive gate off; spec_trained_target.py times it)
+        llm = LLM(hf, speculative_config=spec and dict(spec, adaptive=False), **engine_kw)
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
         row["tail"], tokens = timed(llm, tail_prompts, tail_params, dev)
         reference = reference or tokens

@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     for name, spec in specs.items():
         t0 = time.perf_counter()
         eagle_module.GRAPHS = name != "eagle_eager"
-        llm = LLM(hf, speculative_config=spec, **engine_kw)
+        llm = LLM(hf, speculative_config=spec and dict(spec, adaptive=False), **engine_kw)  # every step drafts
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
         for tail, prompts in tails.items():
             if name in ("eagle_untrained", "eagle_copy", "eagle_eager") and tail != comparison_tail:

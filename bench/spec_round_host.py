@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     reference = [list(c.token_ids) for o in reference for c in o.outputs]
     for name in args.proposers.split(","):
         llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
-                  speculative_config=dict(specs[name], num_speculative_tokens=args.k))
+                  speculative_config=dict(specs[name], num_speculative_tokens=args.k, adaptive=False))
         llm.generate(prompts, params)  # warm-up
         row = round_costs(llm, prompts, params, vocab)
         tokens = [list(c.token_ids) for o in llm.generate(prompts, params) for c in o.outputs]

@@ -22,14 +22,21 @@ drafted well as the copy rule), so this bench first gives the target structure, 
      ``--tail-tokens`` new tokens (EOS ignored) from held-out GSM8K test questions, greedy and at each
      temperature of ``--temperatures``; and workload (a) (batch 256, 256 random-token prompt, 256
      sampled tokens) off vs each drafter (speculation switches itself off above
-     ``disable_by_batch_size``: this checks it costs nothing there).
+     ``disable_by_batch_size``: this checks it costs nothing there). These rows speculate at every
+     step they may (``adaptive: False``: the drafters' own speed).
+  6. adaptive rows (``<drafter>_adaptive``): the same drafter with the engine's default gate
+     (spec/adaptive.py: speculate only while speculative steps measure faster than plain decode),
+     the tails only (workload (a) runs above ``disable_by_batch_size``, where the gate is not asked).
+     The gate is reset after each warm-up, so the timed run pays for what the gate has to learn (a
+     cold start; an engine kept across rollouts starts warm). ``gate_*``: its plain steps, probes,
+     switches, and per batch bucket its last tokens/s estimates of both modes.
 
 Every row reports tok/s, x off, acceptance, tokens per target pass and whether its tokens equal off;
 beside them, what the generated text is: distinct-4-gram ratio, the loop share of each row's last
 256 tokens (``text_lm.longest_repeat_suffix``) and the start of row 0 decoded. A briefly trained
 model's long outputs may loop, and loops are what drafting likes: read the speed-ups with them.
 
-    python bench/spec_trained_target.py --json bench/results/spec_trained_target_h200.json  # ~4.5 min, one H200
+    python bench/spec_trained_target.py --json bench/results/spec_trained_target_h200.json  # ~5.5 min, one H200
     python bench/spec_trained_target.py --tiny      # the same code path on CPU, tiny shapes, ~15 s
 """
 from __future__ import annotations
@@ -53,8 +60,11 @@ from text_lm import (chunk, distinct_ngrams, document, eval_loss, gsm8k_rows, lo
 from asyncrl.engine.bench import SHAPES  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 
-# timed in this order (off first: the reference); n-gram last, its row is met elsewhere (bench/RESULTS.md)
-ROWS = ("off", "draft_model", "eagle", "ngram")
+# timed in this order (off first: the reference); n-gram after the drafters, its row is met elsewhere
+# (bench/RESULTS.md); then the drafters with the adaptive gate (the tails only)
+DRAFTERS = ("draft_model", "eagle", "ngram")
+ADAPTIVE = tuple(f"{d}_adaptive" for d in DRAFTERS)
+ROWS = ("off", *DRAFTERS, *ADAPTIVE)
 # The draft model per target shape: same tokenizer (vocabulary) and head_dim as the target. 0.6B:
 # 2 layers of width 512 (~7M without the embedding; its tied 512 x 151,936 LM head is 78M), so a
 # drafted token costs a few graph-launched kernels (--draft-layers: deeper).
@@ -289,10 +299,11 @@ def main(argv=None) -> dict:
     common = {"num_speculative_tokens": args.k, "disable_by_batch_size": args.disable_by_batch_size}
     specs = {"off": None, "ngram": {"method": "ngram", **common}}
     samples = None
-    if {"draft_model", "eagle"} & set(args.rows):
+    drafters = {r.removesuffix("_adaptive") for r in args.rows}  # an adaptive row needs its drafter built
+    if {"draft_model", "eagle"} & drafters:
         samples, results["target_samples"] = target_samples(target, text, args)
         phase("target_samples")
-    if "draft_model" in args.rows:
+    if "draft_model" in drafters:
         draft_shape = {**DRAFT_SHAPES[args.shape], "vocab_size": shape["vocab_size"]}
         if args.draft_layers:
             draft_shape["num_hidden_layers"] = args.draft_layers
@@ -303,13 +314,15 @@ def main(argv=None) -> dict:
         phase("draft_model")
         specs["draft_model"] = {"method": "draft_model", "model": draft, **common,
                                 "draft_sampling": args.draft_sampling}
-    if "eagle" in args.rows:
+    if "eagle" in drafters:
         head_dir = tempfile.mkdtemp(prefix="eagle_head_")
         results["eagle"] = train_eagle(target, samples, args, head_dir)
         phase("eagle_head")
         specs["eagle"] = {"method": "eagle", "model": head_dir, **common,
                           "draft_sampling": args.draft_sampling}
     results["train_s"] = round(time.perf_counter() - t_start, 1)
+    specs = {n: spec and dict(spec, adaptive=False) for n, spec in specs.items()}
+    specs.update({f"{d}_adaptive": dict(specs[d], adaptive=True) for d in DRAFTERS if d in specs})
     specs = {n: specs[n] for n in ROWS if n in args.rows and n in specs}
     g = torch.Generator().manual_seed(1)
     a_prompts = torch.randint(1, tok.get_vocab_size(), (args.a_batch, args.a_len), generator=g).tolist()
@@ -319,16 +332,22 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         llm = LLM(target, speculative_config=spec, **engine_kwargs(args.dtype, args.device, max_len))
         row = dict(startup_s=round(time.perf_counter() - t0, 1))
+        adaptive = name.endswith("_adaptive")
         for temp in args.temperatures:
             key = "greedy" if temp == 0 else f"t{temp:g}"
             params = SamplingParams(temperature=temp, max_tokens=args.tail_tokens, ignore_eos=True, seed=0)
-            row[key], tokens = timed(llm, text["tail_prompts"], params, args.device)
+            row[key], tokens = timed(llm, text["tail_prompts"], params, args.device,
+                                     after_warmup=(lambda e: e.spec.gate.reset()) if adaptive else None)
+            if adaptive:
+                row[key]["gate_buckets"] = {str(b): {k: round(v, 1) if isinstance(v, float) else v
+                                                     for k, v in e.items()}
+                                            for b, e in llm.spec.gate.estimates.items()}
             reference.setdefault(key, tokens)
             row[key]["same_tokens_as_off"] = tokens == reference[key]
             row[key].update(text_measures(tok, tokens, sample=name == "off"))
             if name != "off":
                 row[key]["x_off"] = round(row[key]["tokens_per_s"] / results["rows"]["off"][key]["tokens_per_s"], 3)
-        if args.a_batch:
+        if args.a_batch and not adaptive:
             row["a"], _ = timed(llm, a_prompts, a_params, args.device)
             if name != "off":
                 row["a"]["x_off"] = round(row["a"]["tokens_per_s"] / results["rows"]["off"]["a"]["tokens_per_s"], 3)
@@ -357,7 +376,10 @@ def main(argv=None) -> dict:
     results["summary"] = {f"{n}/{k}": r[k]["x_off"] for n, r in results["rows"].items() if n != "off"
                           for k in r if isinstance(r[k], dict) and "x_off" in r[k]}
     results["bars"] = {f"{n}/greedy >= 1.8x off": r["greedy"]["x_off"] >= 1.8 for n, r in results["rows"].items()
-                       if n in ("draft_model", "eagle") and "greedy" in r}
+                       if n.removesuffix("_adaptive") in ("draft_model", "eagle") and "greedy" in r}
+    results["bars"].update({f"{n}/{k} >= 0.95x off (adaptive: no slower than off where drafts do not pay)":
+                            r[k]["x_off"] >= 0.95 for n, r in results["rows"].items() if n.endswith("_adaptive")
+                            for k in r if k.startswith("t") and isinstance(r[k], dict)})
     results["bars"].update({f"{n}/a not slower than off (>= 0.97x, timing noise)": r["a"]["x_off"] >= 0.97
                             for n, r in results["rows"].items() if n != "off" and "a" in r})
     results["total_s"] = round(time.perf_counter() - t_start, 1)

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     hf = build_random_hf("tiny", torch.float32, "cpu", 512)
     stand_in_graphs(verify_module)
     llm = LLM(hf, device="cpu", dtype=torch.float32, max_model_len=512, block_size=16,
-              speculative_config={"method": "ngram", "num_speculative_tokens": args.k})
+              speculative_config={"method": "ngram", "num_speculative_tokens": args.k, "adaptive": False})
     step = llm.spec.verify_step
     step.runner = _SeenAsCuda(llm.runner)
     llm.runner.sampler.fast = _unfiltered  # the GPU's unfiltered path (old checkouts call it eagerly)

@@ -320,9 +320,11 @@ class LLM:
                 return []
             if self.spec is not None and self.spec.should_run(self.scheduler):
                 self._drain()  # drafting needs every token on the host
-                self._note_finished(self.spec.step(self.scheduler, self.version))
+                self._note_finished(self.spec.step(self.scheduler, self.version))  # times itself (the gate)
                 self.num_steps += 1
                 return self._take_finished()
+            started = self.spec.clock() if self.spec is not None and self.spec.gate is not None else None
+            timed_whole = self._times_a_whole_step()
             batch = self.scheduler.schedule()
             launched = None
             if batch is not None:
@@ -333,7 +335,18 @@ class LLM:
                 self._inflight = launched
                 if not self.async_scheduling:
                     self._drain()
+                if started is not None and timed_whole:
+                    self.spec.record_plain(batch, self.spec.clock() - started)
             return self._take_finished()
+
+    def _times_a_whole_step(self) -> bool:
+        """Whether the plain step about to run lasts one whole decode step of wall time (the
+        speculation gate's measure): overlapped, it launches step t and waits for step t-1, so it
+        does only when a decode step is in flight (after a speculative or prefill step it would
+        read nothing, or a prefill); not overlapped, it launches and reads its own step."""
+        if not self.async_scheduling:
+            return True
+        return self._inflight is not None and not self._inflight[0].is_prefill
 
     def _count_step(self, batch) -> None:
         self.num_steps += 1

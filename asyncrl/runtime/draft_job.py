@@ -58,10 +58,11 @@ def acceptance(policy, prompts: list[list[int]], params: SamplingParams, specs: 
     from asyncrl.engine import LLM
 
     out = {}
-    batch = len(prompts) * params.n  # all admitted at once: every step speculates, every position is measured
+    # all admitted at once, the speed gate off (spec/adaptive.py): every step speculates, every position is measured
+    batch = len(prompts) * params.n
     for name, spec in specs.items():
         llm = LLM(policy, dtype=next(policy.parameters()).dtype, device=str(device), max_num_seqs=max(batch, 16),
-                  speculative_config={"disable_by_batch_size": max(batch, 16), **spec})
+                  speculative_config={"disable_by_batch_size": max(batch, 16), **spec, "adaptive": False})
         try:
             llm.generate(prompts, params)
             m = llm.metrics

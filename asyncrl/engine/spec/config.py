@@ -5,7 +5,9 @@
     LLM(model, speculative_config={"method": "draft_model", "model": "path/to/small", ...})
     LLM(model, speculative_config={"method": "eagle", "model": "path/to/head", ...})  # asyncrl train-draft
 
-The same keys are ``rollout.speculative.*`` in the training config. ``eagle``: an EAGLE-style
+The same keys are ``rollout.speculative.*`` in the training config. ``adaptive`` (default True):
+within ``disable_by_batch_size``, speculate only while speculative steps emit tokens at least as
+fast (wall time) as plain decode steps at the batch size (spec/adaptive.py); False: always. ``eagle``: an EAGLE-style
 draft head on the target's last hidden states (spec/eagle_head.py); vLLM's ``eagle3`` (features
 fused from three layers) is refused by name.
 """
@@ -29,6 +31,8 @@ class SpeculativeConfig:
     disable_by_batch_size: int = 32     # adaptive: speculate only while <= this many sequences run
     min_acceptance: float = 0.0         # a sequence stops drafting once its acceptance rate falls below this
     acceptance_window: int = 64         # ... measured over at least this many of its drafts
+    adaptive: bool = True               # speculate only while measured faster than plain decode (spec/adaptive.py);
+                                        # timing-driven: a seed's sampled tokens can differ run to run (False: reproducible)
 
     def __post_init__(self):
         if self.method == "eagle3":

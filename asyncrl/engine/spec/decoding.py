@@ -1,10 +1,16 @@
 """SpeculativeDecoder: when to speculate, and one speculative step (propose -> verify -> commit).
 
-Adaptive by batch size: a step speculates only when no prompt waits for prefill and at most
+Adaptive by batch size: a step may speculate only when no prompt waits for prefill and at most
 ``disable_by_batch_size`` sequences run (the long tail of an RL rollout, where a decode step
 is bound by reading the weights and a verify pass of k+1 tokens per row costs about as much
 as one token). Above it, decode is compute- and KV-bound and speculation would only add
 work, so the plain (overlapped) decode step runs, with its speed unchanged.
+
+Adaptive by measurement (``adaptive``, on by default): within those limits, ``AdaptiveGate``
+(spec/adaptive.py) times whole speculative and plain decode steps and speculates only while its
+tokens per second of wall time keep up with plain decode's at the current batch size (sampled
+rollouts at temperature 1 were slower with every drafter on an H200), re-probing the losing mode
+now and then. ``adaptive=False``: speculate whenever the limits allow (the old behaviour).
 
 A speculative step is synchronous: drafting needs the sequences' latest tokens, so ``LLM``
 first reads the decode step in flight. Per sequence, drafting stops once its acceptance rate
@@ -12,14 +18,19 @@ over at least ``acceptance_window`` drafts falls below ``min_acceptance`` (a dri
 costs verify work for nothing).
 
 Metrics: ``acceptance_rate`` = accepted / drafted tokens, ``tokens_per_target_pass`` =
-emitted tokens / rows verified (1 + accepted per row and step; 1.0 means no gain).
+emitted tokens / rows verified (1 + accepted per row and step; 1.0 means no gain); with the
+gate, ``spec_gate_*`` (``AdaptiveGate.metrics``): plain steps it chose where speculation was
+allowed, probes, switches, and the latest tokens/s of both modes at the last batch bucket.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
-from asyncrl.engine.scheduler import Scheduler
+from asyncrl.engine.scheduler import ScheduledBatch, Scheduler
 from asyncrl.engine.sequence import Sequence
+from asyncrl.engine.spec.adaptive import AdaptiveGate
 from asyncrl.engine.spec.config import SpeculativeConfig
 from asyncrl.engine.spec.verify_step import Drafts, VerifyStep
 
@@ -39,8 +50,9 @@ def make_proposer(config: SpeculativeConfig, dtype, device, target_config):
 
 
 class SpeculativeDecoder:
-    def __init__(self, config: SpeculativeConfig, proposer, runner):
+    def __init__(self, config: SpeculativeConfig, proposer, runner, gate: Optional[AdaptiveGate] = None):
         self.config = config
+        self.gate = gate if gate is not None else (AdaptiveGate() if config.adaptive else None)
         self.k = config.num_speculative_tokens
         self.proposer = proposer
         if hasattr(proposer, "attach"):
@@ -52,8 +64,23 @@ class SpeculativeDecoder:
         self.accepted = 0
 
     def should_run(self, scheduler: Scheduler) -> bool:
+        """Whether the next step speculates: the hard limits (no prompt waiting, 1 to
+        ``disable_by_batch_size`` running), then the gate's choice (plain when it measured plain faster)."""
         n = len(scheduler.running)
-        return not scheduler.waiting and 0 < n <= self.config.disable_by_batch_size
+        if scheduler.waiting or not 0 < n <= self.config.disable_by_batch_size:
+            return False
+        return self.gate is None or self.gate.choose(n)
+
+    @property
+    def clock(self):
+        """The gate's clock (``time.perf_counter``; a fake one in tests), or None without a gate."""
+        return self.gate.clock if self.gate is not None else None
+
+    def record_plain(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A plain decode step of ``batch`` took ``seconds`` of wall time (one token per row): the
+        gate's plain estimate (``LLM.step`` calls this only for steps it timed whole)."""
+        if self.gate is not None and not batch.is_prefill:
+            self.gate.record(False, len(batch.seqs), len(batch.seqs), seconds)
 
     def _budgets(self, seqs: list[Sequence], budgets: list[int]) -> list[int]:
         """Drafts per row: the scheduler's budget, 0 for sequences whose drafts stopped paying."""
@@ -65,6 +92,7 @@ class SpeculativeDecoder:
 
     def step(self, scheduler: Scheduler, version: int) -> list[Sequence]:
         """One speculative step over the running batch; returns the sequences it finished."""
+        started = self.gate.clock() if self.gate is not None else 0.0
         batch = scheduler.schedule_verify(self.k)
         if batch is None:
             return []
@@ -81,11 +109,15 @@ class SpeculativeDecoder:
         self.rows += len(batch.seqs)
         self.drafted += int(counts.sum())
         self.accepted += int(accepted.sum())
-        return scheduler.postprocess_verify(batch, out.tokens, out.logprobs, version)
+        finished = scheduler.postprocess_verify(batch, out.tokens, out.logprobs, version)
+        if self.gate is not None:
+            self.gate.record(True, len(batch.seqs), int(emitted.sum()), self.gate.clock() - started)
+        return finished
 
     @property
     def metrics(self) -> dict:
         return dict(spec_steps=self.steps, spec_rows=self.rows, spec_draft_tokens=self.drafted,
                     spec_accepted_tokens=self.accepted,
                     spec_acceptance_rate=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
-                    spec_tokens_per_target_pass=round((self.rows + self.accepted) / self.rows, 4) if self.rows else 0.0)
+                    spec_tokens_per_target_pass=round((self.rows + self.accepted) / self.rows, 4) if self.rows else 0.0,
+                    **(self.gate.metrics if self.gate is not None else {}))

@@ -48,7 +48,8 @@ def test_graph_round_drafts_what_the_eager_round_drafts(target, perturbed_draft,
 
     monkeypatch.setattr(draft_model, "capture_graphs",
                         lambda sizes, *steps, **_: [{b: _EagerGraph(s, b) for b in sizes} for s in steps])
-    spec = {"method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3, "draft_sampling": sampling}
+    spec = {"method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3, "draft_sampling": sampling,
+            "adaptive": False}  # the same rounds in both engines (the speed gate's choices follow wall time)
     params = SamplingParams(temperature=temperature, seed=0, max_tokens=12, ignore_eos=True)
     eager = make_llm(target, speculative_config=spec)
     graphs = make_llm(target, speculative_config=spec)

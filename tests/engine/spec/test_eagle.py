@@ -114,7 +114,8 @@ def test_engine_acceptance_equals_the_offline_replay(target, hf, trained_head):
     from asyncrl.training.draft_head import DraftSample
     from asyncrl.training.draft_replay import replay_acceptance
 
-    llm = make_llm(target, speculative_config=_spec(trained_head))
+    # adaptive off: the replay walks rounds over every position, so every step must be a round
+    llm = make_llm(target, speculative_config=dict(_spec(trained_head), adaptive=False))
     prompts = REPETITIVE[:2] + prompts_for(9, [6, 8, 5])
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     samples = [DraftSample(o.prompt_token_ids + c.token_ids, len(o.prompt_token_ids)) for o in outs for c in o.outputs]
@@ -130,7 +131,8 @@ def test_same_tokens_and_logprobs_as_without_speculation(target, trained_head):
     for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
                    SamplingParams(temperature=1.0, top_k=20, max_tokens=24, seed=3, ignore_eos=True, n=2)):
         off = make_llm(target, num_kv_blocks=24).generate(prompts, params)
-        llm = make_llm(target, num_kv_blocks=24, speculative_config=_spec(trained_head))
+        # adaptive off: every step speculates (the bound on tokens per pass, preemption inside rounds)
+        llm = make_llm(target, num_kv_blocks=24, speculative_config=_spec(trained_head, adaptive=False))
         on = llm.generate(prompts, params)
         assert _tokens(on) == _tokens(off)
         assert_same_completions(off, on, atol=1e-4)
@@ -143,7 +145,7 @@ def test_trained_head_beats_an_untrained_one(target, trained_head, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     rates = {}
     for name, path in (("trained", trained_head), ("untrained", str(tmp_path))):
-        llm = make_llm(target, speculative_config=_spec(path))
+        llm = make_llm(target, speculative_config=_spec(path, adaptive=False))  # every position drafted
         llm.generate(prompts_for(21, [6] * 4), params)
         rates[name] = llm.metrics["spec_acceptance_rate"]
     assert rates["trained"] > rates["untrained"] + 0.2, rates

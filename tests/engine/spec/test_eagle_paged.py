@@ -36,9 +36,10 @@ def _drafts(llm, params=SamplingParams(temperature=0, max_tokens=12, ignore_eos=
 
 
 def test_paged_draft_steps_equal_the_gathered_ones(target, trained_head):  # noqa: F811
-    gathered = make_llm(target, speculative_config=_spec(trained_head))
+    # adaptive off: both engines run the same rounds (the speed gate's choices follow wall time)
+    gathered = make_llm(target, speculative_config=_spec(trained_head, adaptive=False))
     gathered.spec.proposer.paged = False
-    paged = make_llm(target, speculative_config=_spec(trained_head))
+    paged = make_llm(target, speculative_config=_spec(trained_head, adaptive=False))
     paged.spec.proposer.paged = True
     assert _drafts(paged) == _drafts(gathered)
     assert paged.metrics["spec_accepted_tokens"] > 0
@@ -69,7 +70,7 @@ def test_graph_buffers_draft_what_the_gathered_path_drafts(target, trained_head,
     monkeypatch.setattr(draft_model, "capture_graphs",
                         lambda sizes, *steps, **_: [{b: _EagerGraph(s, b) for b in sizes} for s in steps])
     monkeypatch.setattr(_EagerGraph, "replays", 0)
-    spec = _spec(trained_head, draft_sampling=sampling)
+    spec = _spec(trained_head, draft_sampling=sampling, adaptive=False)  # the same rounds in both engines
     params = SamplingParams(temperature=0 if sampling == "greedy" else 0.8, seed=0, max_tokens=12, ignore_eos=True)
     gathered = make_llm(target, speculative_config=spec)
     gathered.spec.proposer.paged = False

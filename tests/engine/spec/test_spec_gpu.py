@@ -21,7 +21,8 @@ def cuda_llm(path, **kw):
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_gpu_same_tokens_as_without_speculation(target, perturbed_draft, method):  # noqa: F811
-    spec = {"method": method, "num_speculative_tokens": 3} | ({"model": perturbed_draft} if method != "ngram" else {})
+    spec = {"method": method, "num_speculative_tokens": 3, "adaptive": False} | (
+        {"model": perturbed_draft} if method != "ngram" else {})
     prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
     # greedy and unfiltered sampling verify inside the bucket's graph (sampler + verifier captured);
     # top-k runs the sampler and verifier eagerly on the graph's logits
@@ -42,7 +43,7 @@ def test_gpu_probabilistic_draft_model_on_greedy_rows_verifies_in_the_graph(targ
     """Issue 23: greedy rows of a probabilistic draft model draft through the argmax round graph and
     verify inside the bucket's graph (no q: ``graph_tail``), with the tokens of speculation off."""
     spec = {"method": "draft_model", "model": perturbed_draft, "num_speculative_tokens": 3,
-            "draft_sampling": "probabilistic"}
+            "draft_sampling": "probabilistic", "adaptive": False}
     prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     llm = cuda_llm(target, speculative_config=spec)
@@ -70,7 +71,7 @@ def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
     for params in (SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
                    SamplingParams(temperature=1.0, top_k=20, max_tokens=40, seed=3, ignore_eos=True, n=2)):
         off = cuda_llm(target_dir).generate(prompts, params)
-        llm = cuda_llm(target_dir, speculative_config=_spec(head))
+        llm = cuda_llm(target_dir, speculative_config=_spec(head, adaptive=False))
         on = llm.generate(prompts, params)
         assert _tokens(on) == _tokens(off)
         assert llm.metrics["spec_tokens_per_target_pass"] > 1.3
@@ -84,8 +85,29 @@ def test_gpu_eagle_same_tokens_and_the_target_law(tmp_path):
     for graphs in (True, False):
         eagle.GRAPHS = graphs
         try:
-            seen[graphs] = _drafts(cuda_llm(target_dir, speculative_config=_spec(head)))
+            seen[graphs] = _drafts(cuda_llm(target_dir, speculative_config=_spec(head, adaptive=False)))
         finally:
             eagle.GRAPHS = True
     assert seen[True] == seen[False]
     assert_draft_follows_the_target_law(cuda_llm, target_dir, head, method="eagle")
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_gpu_adaptive_gate_mixes_steps_exactly(target, perturbed_draft, method):  # noqa: F811
+    """The speed gate on CUDA (overlapped plain steps, graphs): verify passes made slow on a fake
+    clock, so speculative and plain steps alternate; tokens and log-probs equal speculation off's."""
+    from test_adaptive import slow_speculation
+
+    spec = {"method": method, "num_speculative_tokens": 3} | ({"model": perturbed_draft} if method != "ngram" else {})
+    prompts = REPETITIVE + prompts_for(5, [6, 9, 17])
+    for params in (SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=True),
+                   SamplingParams(temperature=1.0, seed=4, n=2, max_tokens=40, ignore_eos=True, logprobs=True)):
+        off = cuda_llm(target).generate(prompts, params)
+        llm = cuda_llm(target, speculative_config=spec)
+        assert llm.async_scheduling
+        slow_speculation(llm, spec_cost=40.0)
+        on = llm.generate(prompts, params)
+        assert _tokens(on) == _tokens(off)
+        assert_same_completions(off, on, atol=1e-3)
+        m = llm.metrics
+        assert m["spec_steps"] > 0 and m["spec_gate_plain_steps"] > 0 and m["spec_gate_probes"] >= 2

@@ -75,7 +75,16 @@ def test_the_bench_runs_every_row_on_a_tiny_trained_target(tmp_path):
     assert list(r["rows"]) == list(bench.ROWS) + ["off_again"]  # off first and last: the reference
     assert r["rows"]["off_again"]["greedy"]["same_tokens_as_off"]
     n = bench.TINY["tail_batch"] * bench.TINY["tail_tokens"]
-    for name in bench.ROWS:
+    for name in bench.ADAPTIVE:  # the tails with the speed gate: exact tokens, its record, no workload (a)
+        row = r["rows"][name]
+        assert "a" not in row and row["greedy"]["same_tokens_as_off"], name
+        for key in ("greedy", "t1"):
+            g = row[key]
+            assert g["tokens"] == n and g["spec_steps"] > 0  # reset after the warm-up: it starts speculating
+            assert g["gate_plain_steps"] >= 0 and g["gate_buckets"] and r["summary"][f"{name}/{key}"] == g["x_off"]
+            assert all(set(e) == {"spec", "plain", "speculating"} for e in g["gate_buckets"].values())
+        assert f"{name}/t1 >= 0.95x off (adaptive: no slower than off where drafts do not pay)" in r["bars"]
+    for name in ("off", *bench.DRAFTERS):  # every step they may, the drafters' rows speculate
         row = r["rows"][name]
         for key in ("greedy", "t1"):
             assert row[key]["tokens"] == n
@@ -112,7 +121,7 @@ def _narrow_draft_equals_off(target_dir, llm_of):
     accepted and some rejected (both paths of the draft's K/V bookkeeping run)."""
     from asyncrl.types import SamplingParams
 
-    spec = {"method": "draft_model", "model": _narrow_draft(), "num_speculative_tokens": 3}
+    spec = {"method": "draft_model", "model": _narrow_draft(), "num_speculative_tokens": 3, "adaptive": False}
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [40, 12, 77, 3, 19, 60]]
     for params in (SamplingParams(temperature=0, max_tokens=32, ignore_eos=True),
                    SamplingParams(temperature=1.0, max_tokens=32, seed=2, ignore_eos=True, n=2)):

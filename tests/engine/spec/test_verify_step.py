@@ -32,7 +32,7 @@ def target(tmp_path_factory):
     return build_tiny("qwen3", tmp_path_factory.mktemp("verify_target"))
 
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "adaptive": False}  # every step verifies (no speed gate)
 
 
 class _EagerGraph:
