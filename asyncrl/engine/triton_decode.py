@@ -36,6 +36,16 @@ from asyncrl.engine.cascade import CascadeLaunchRule
 
 
 @triton.jit
+def _merge_part(m, l, acc, lse_p, o_p):
+    """Folds a normalised part (out ``o_p`` [R, D], log-sum-exp ``lse_p`` [R]) into an online-softmax
+    state (running max ``m``, normaliser ``l`` [R], accumulator ``acc`` [R, D]); returns the new state."""
+    m_new = tl.maximum(m, lse_p)
+    alpha = tl.exp(m - m_new)
+    beta = tl.exp(lse_p - m_new)
+    return m_new, l * alpha + beta, acc * alpha[:, None] + o_p * beta[:, None]
+
+
+@triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
@@ -148,12 +158,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
             lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + heads, mask=pmask, other=float("-inf"))
             o_p = tl.load(PO + sp * stride_pos + b * stride_pot + heads[:, None] * stride_poh + d[None, :],
                           mask=pmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-            m_new = tl.maximum(m, lse_p)
-            alpha = tl.exp(m - m_new)
-            beta = tl.exp(lse_p - m_new)
-            acc = acc * alpha[:, None] + o_p * beta[:, None]
-            l = l * alpha + beta
-            m = m_new
+            m, l, acc = _merge_part(m, l, acc, lse_p, o_p)
     if KV_SPLITS > 1 or (CASCADE and not PREFIX_MERGE):
         # partial (out, lse) of this chunk; an empty chunk writes lse = -inf
         lsafe = tl.where(l > 0, l, 1.0)
@@ -208,12 +213,7 @@ def _merge_cascade_kernel(PO, PL, SO, SL, START, NSP, O, max_parts, H,
         lse_s = tl.load(SL + s * stride_sls + b * stride_slt + h, mask=hmask, other=float("-inf"))
         o_s = tl.load(SO + s * stride_sos + b * stride_sot + h[:, None] * stride_soh + d[None, :], mask=mask,
                       other=0.0)
-        m_new = tl.maximum(m, lse_s)
-        alpha = tl.exp(m - m_new)
-        beta = tl.exp(lse_s - m_new)
-        acc = acc * alpha[:, None] + o_s * beta[:, None]
-        l = l * alpha + beta
-        m = m_new
+        m, l, acc = _merge_part(m, l, acc, lse_s, o_s)
     nsp = 1
     if max_parts > 1:  # one part (specialised when 1): no load
         nsp = tl.minimum(tl.maximum(tl.load(NSP), 1), max_parts)
@@ -222,12 +222,7 @@ def _merge_cascade_kernel(PO, PL, SO, SL, START, NSP, O, max_parts, H,
         lse_p = tl.load(PL + sp * stride_pls + b * stride_plt + h, mask=hmask, other=float("-inf"))
         o_p = tl.load(PO + sp * stride_pos + b * stride_pot + h[:, None] * stride_poh + d[None, :], mask=mask,
                       other=0.0).to(tl.float32)
-        m_new = tl.maximum(m, lse_p)
-        alpha = tl.exp(m - m_new)
-        beta = tl.exp(lse_p - m_new)
-        acc = acc * alpha[:, None] + o_p * beta[:, None]
-        l = l * alpha + beta
-        m = m_new
+        m, l, acc = _merge_part(m, l, acc, lse_p, o_p)
     tl.store(O + b * stride_ot + h[:, None] * stride_oh + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
              mask=mask)
 
