@@ -13,12 +13,15 @@ Invariant: every plan computes the eager path's log-probs, entropies and gradien
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from asyncrl.training import kernels as kernel_lib
 from asyncrl.training import varlen
+from asyncrl.training.fused_attention import ARCHITECTURES as FUSED_ARCHITECTURES
+from asyncrl.training.fused_attention import fused_attention_unsupported_reason
 
 PACKING_CHOICES = ("auto", "varlen", "tree", "padded")
 _ATTR = "_asyncrl_forward_plan"
@@ -33,12 +36,16 @@ class ForwardPlan:
     decoder blocks under torch.compile). head: the LM head's row kernel, "torch" or "triton"
     (triton_head.py). layout: "varlen" (GPU, varlen.py), "tree" (the prefix tree under a 4D mask
     for short rows, packing.py; padded otherwise) or "padded" (the prompt's KV shared per group).
+    attention: "hf" (HF's attention modules through the attention interface) or "fused" (the
+    liger body in the varlen layout on CUDA, a Qwen3 model: fused_attention.py's [T, H, D] forward
+    with the Triton q/k RMSNorm + RoPE, and the Triton RMSNorm for the hidden states).
     notes: why a requested or automatic choice fell back.
     """
 
     body: str = "eager"
     head: str = "torch"
     layout: str = "tree"
+    attention: str = "hf"
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -47,7 +54,9 @@ class ForwardPlan:
         return PAD_MULTIPLE if self.body == "compiled" else 1
 
     def describe(self) -> str:
-        return f"body={self.body} head={self.head} layout={self.layout}" + \
+        fused = " attention=fused (Triton RMSNorm, q/k RMSNorm + RoPE on [T, H, D])" \
+            if self.attention == "fused" else ""
+        return f"body={self.body} head={self.head} layout={self.layout}{fused}" + \
             (f" ({'; '.join(self.notes)})" if self.notes else "")
 
 
@@ -79,6 +88,20 @@ def _resolve_layout(choice: str, model, device, dtype, notes: list[str]) -> str:
     return "tree"
 
 
+def _fused_attention(model, layout: str, device, notes: list[str]) -> bool:
+    """Whether the liger body also takes fused_attention.py (varlen layout on CUDA, Triton, a
+    Qwen3 model with the default RoPE; ``ASYNCRL_FUSED_ATTENTION=0`` turns it off for A/B runs)."""
+    if layout != "varlen" or device.type != "cuda" or not kernel_lib.triton_available():
+        return False
+    if os.environ.get("ASYNCRL_FUSED_ATTENTION", "1") == "0":
+        notes.append("fused attention off (ASYNCRL_FUSED_ATTENTION=0)")
+        return False
+    reason = fused_attention_unsupported_reason(model)
+    if reason is not None and getattr(model.config, "model_type", None) in FUSED_ARCHITECTURES:
+        notes.append(f"fused attention off: {reason}")  # other architectures: Liger's modules, nothing to say
+    return reason is None
+
+
 def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_blocks: bool = False,
                   device=None, dtype=None) -> ForwardPlan:
     """Resolves ``actor.kernels`` / ``actor.packing`` / ``actor.compile`` for ``model`` (on its
@@ -89,6 +112,7 @@ def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_b
     device = torch.device(device) if device is not None else param.device
     dtype = dtype or param.dtype
     notes: list[str] = []
+    attention = "hf"
     resolved = kernel_lib.resolve_kernels(kernels, model, notes, device)
     layout = _resolve_layout(packing, model, device, dtype, notes)
     head = "triton" if kernels != "eager" and device.type == "cuda" and kernel_lib.triton_available() else "torch"
@@ -99,11 +123,12 @@ def prepare_model(model, kernels: str = "auto", packing: str = "auto", compile_b
         if resolved == "liger":
             notes.append("compile: Liger's block kernels replaced by Inductor's")
     elif resolved == "liger":
-        kernel_lib.apply_liger(model)
-        body = "liger"
+        fused = _fused_attention(model, layout, device, notes)
+        kernel_lib.apply_liger(model, fused_attention=fused)
+        body, attention = "liger", "fused" if fused else "hf"
     else:
         body = "eager"
-    plan = ForwardPlan(body=body, head=head, layout=layout, notes=notes)
+    plan = ForwardPlan(body=body, head=head, layout=layout, attention=attention, notes=notes)
     setattr(model, _ATTR, plan)
     _log.info("trainer forward: %s", plan.describe())
     return plan

@@ -15,6 +15,10 @@ and backward. This module puts them into a model that is already built:
   function otherwise: other models in the process (an eager reference, a CPU model, the HF
   rollout backend) keep HF's RoPE.
 
+In the varlen layout on CUDA a Qwen3 model takes more (:func:`apply_fused_attention`): the
+RMSNorms run triton_qk_norm_rope.py's kernel and the attention modules fused_attention.py's
+[T, H, D] forward (q/k RMSNorm + RoPE in one kernel, no layout copies); issue 20.
+
 Architectures are listed explicitly (``LIGER_ARCHITECTURES``): a Qwen3.5 norm computes
 ``x * (1 + w)`` and a Gemma norm differs again, so an unlisted ``model_type`` is never patched
 (``actor.kernels=auto`` keeps it eager; ``liger`` refuses it with a clear error).
@@ -29,6 +33,8 @@ import importlib.util
 import os
 
 import torch
+
+from asyncrl.training import fused_attention as fused_attention_lib
 
 KERNEL_CHOICES = ("auto", "liger", "eager")
 # model_type -> HF modeling module whose RMSNorm (x * w, llama casting), SwiGLU MLP and
@@ -191,20 +197,35 @@ def _install_rope_dispatcher(modeling_module: str) -> None:
     module.apply_rotary_pos_emb = apply_rotary_pos_emb
 
 
-def apply_liger(model) -> int:
+def apply_liger(model, fused_attention: bool = False) -> int:
     """Swaps ``model``'s RMSNorm and SwiGLU modules to Liger's kernels and installs the RoPE
     dispatcher for its architecture; returns the number of modules swapped. MoE expert blocks
-    are left alone (routing hooks and packed experts stay HF's)."""
+    are left alone (routing hooks and packed experts stay HF's). ``fused_attention`` (a Qwen3
+    model in the varlen layout on CUDA): :func:`apply_fused_attention` instead of Liger's norms."""
     _install_rope_dispatcher(LIGER_ARCHITECTURES[model.config.model_type])
     swapped = 0
     for module in model.modules():
-        if _is_rms_norm(module):
-            _swap_class(module, _liger_rms_norm_forward, "Liger")
-            swapped += 1
-        elif _is_swiglu(module):
+        if _is_swiglu(module):
             _swap_class(module, _liger_swiglu_forward, "Liger")
             swapped += 1
-    return swapped
+    if fused_attention:
+        return swapped + apply_fused_attention(model)
+    return swapped + _swap_norms(model, _liger_rms_norm_forward, "Liger")
+
+
+def apply_fused_attention(model) -> int:
+    """The RMSNorms get the Triton kernel of triton_qk_norm_rope.py (Liger's backward is ~5x off
+    bandwidth at [36736, 1024]) and the attention modules fused_attention.py's [T, H, D] varlen
+    forward with the fused q/k RMSNorm + RoPE; returns the number of modules swapped."""
+    swapped = _swap_norms(model, fused_attention_lib._triton_rms_norm_forward, "Triton")
+    return swapped + fused_attention_lib.install(model, _swap_class)
+
+
+def _swap_norms(model, forward, tag: str) -> int:
+    norms = [module for module in model.modules() if _is_rms_norm(module)]
+    for module in norms:
+        _swap_class(module, forward, tag)
+    return len(norms)
 
 
 def liger_rope_active() -> bool:
