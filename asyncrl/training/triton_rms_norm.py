@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from asyncrl.engine.triton_decode import num_sms
+
 
 @triton.jit
 def _rms_norm_backward_kernel(DY, X, W, RSTD, DX, DW, n_rows, n_cols, programs,
@@ -48,12 +50,6 @@ def _rms_norm_backward_kernel(DY, X, W, RSTD, DX, DW, n_rows, n_cols, programs,
     tl.store(DW + pid * n_cols + cols, dw, mask=cmask)
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
                       programs_per_sm: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """dy, x [R, N] (contiguous, the input dtype), weight [N], rstd [R] fp32 -> (dx [R, N] like x,
@@ -62,7 +58,7 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, r
     block_n = triton.next_power_of_2(N)
     block_row = max(1, min(32, 4096 // block_n))  # ~4k elements a tile: 32 rows of 128, 4 of 1,024
     tiles = triton.cdiv(R, block_row)
-    grid = max(1, min(tiles, programs_per_sm * _num_sms(x.device)))
+    grid = max(1, min(tiles, programs_per_sm * num_sms(x.device)))
     dx = torch.empty_like(x)
     partial = torch.empty(grid, N, dtype=torch.float32, device=x.device)
     _rms_norm_backward_kernel[(grid,)](dy, x, weight, rstd, dx, partial, R, N, grid, BLOCK_ROW=block_row,
