@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.training import varlen
+from asyncrl.training.varlen_gather import gather_key_slots
 
 ARCHITECTURES = ("qwen3",)  # q_norm / k_norm per head_dim on the projections' per-head view
 
@@ -52,9 +53,9 @@ def _rotary(model):
 
 
 def gather_kv(k: torch.Tensor, v: torch.Tensor, rows: varlen.VarlenRows) -> tuple[torch.Tensor, torch.Tensor]:
-    """k, v [T, Hkv, D] -> the sequences' key/value slots [K, Hkv, D] (``rows.key_index``); the
-    backward sums a prompt token's gradients over the rows that read it."""
-    return k.index_select(0, rows.key_index), v.index_select(0, rows.key_index)
+    """k, v [T, Hkv, D] -> the sequences' key/value slots [K, Hkv, D] (``rows.key_index``), through the
+    same gather as ``varlen.varlen_attention`` (its backward sums a prompt token's slots without atomics)."""
+    return (gather_key_slots(k, rows.key_index, rows.slots), gather_key_slots(v, rows.key_index, rows.slots))
 
 
 def _fused_forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
