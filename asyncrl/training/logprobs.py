@@ -185,7 +185,8 @@ def response_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     base = model.get_decoder()
     full_attention = _all_full_attention(model)  # hybrid models: padded, each prompt once (prompt_cache.py)
     if share_prompts and full_attention and plan.layout == "varlen":
-        rows = varlen_rows(input_ids, attention_mask, prompt_length, plan.pad_multiple)
+        with torch.profiler.record_function("actor/varlen_layout"):  # host work: names it in GPU traces
+            rows = varlen_rows(input_ids, attention_mask, prompt_length, plan.pad_multiple)
         if rows is not None:
             with liger_rope_enabled(plan.body == "liger"):
                 hidden = varlen_hidden(model, base, rows)

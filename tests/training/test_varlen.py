@@ -8,7 +8,7 @@ import torch
 from asyncrl.training.batch import pad_prompt_response
 from asyncrl.training.forward_plan import plan_of, prepare_model
 from asyncrl.training.logprobs import position_ids_from_mask, response_logprobs
-from asyncrl.training.varlen import _LayoutWriter, varlen_rows
+from asyncrl.training.varlen import varlen_rows, varlen_rows_of_groups
 
 
 def test_layout_indices_by_hand():
@@ -34,10 +34,7 @@ def test_layout_indices_by_hand():
 
 
 def test_padding_to_a_multiple_adds_one_sequence_of_its_own():
-    writer = _LayoutWriter()
-    writer.group([1, 2, 3], [(0, [4, 5])], 2)
-    writer.pad_to(8)
-    rows = writer.result("cpu")
+    rows = varlen_rows_of_groups([([1, 2, 3], [[4, 5]])], pad_multiple=8)
     assert rows.tokens == 8 and rows.cu_q.tolist() == [0, 3, 4, 8] and rows.key_index.tolist()[-4:] == [4, 5, 6, 7]
 
 

@@ -2,18 +2,15 @@
 import pytest
 import torch
 
-from asyncrl.training.varlen import _LayoutWriter, varlen_rows
+from asyncrl.training.varlen import varlen_rows, varlen_rows_of_groups
 from asyncrl.training.varlen_gather import gather_key_slots, scatter_slots
 
 
 def _layout(pad_multiple=1):
     """Three groups: rows of unequal lengths, an empty response, a group whose only row has no inputs."""
-    w = _LayoutWriter()
-    w.group([1, 2, 3], [(0, [4, 5, 6]), (1, []), (2, [7, 7]), (3, [8, 9])], 4)
-    w.group([10, 11], [(4, [12])], 4)  # one response token: no inputs, the prompt has one slot
-    w.group([13], [(5, [14, 15, 16, 17]), (6, [18, 19])], 4)
-    w.pad_to(pad_multiple)
-    return w.result("cpu")
+    return varlen_rows_of_groups([([1, 2, 3], [[4, 5, 6], [], [7, 7], [8, 9]]),
+                                  ([10, 11], [[12]]),  # one response token: no inputs, the prompt has one slot
+                                  ([13], [[14, 15, 16, 17], [18, 19]])], pad_multiple)
 
 
 @pytest.mark.parametrize("pad_multiple", [1, 16])
