@@ -63,6 +63,9 @@ PLANS = {"eager": ["actor.kernels=eager", "actor.packing=padded"],
          "fused+torch_kv_write": ["actor.kernels=auto", "actor.packing=auto", "rollout.fused_kv_write=false"],
          # the decode CUDA graph also runs the LM head and the sampler (EngineConfig.decode_graph_sampler)
          "fused+graph_sampler": ["actor.kernels=auto", "actor.packing=auto", "rollout.decode_graph_sampler=true"]}
+# plans that differ by an environment variable (read when the model is prepared or a kernel launched)
+PLANS["fused+hf_attention"] = PLANS["fused"]  # HF's Qwen3 attention module (before 2026-12-03's default)
+PLAN_ENV = {"fused+hf_attention": {"ASYNCRL_FUSED_ATTENTION": "0"}}
 LONG = (2, 8, 32, 64) if TINY else (8, 8, 512, 2048)  # prompts, samples, prompt tokens, response tokens
 
 
@@ -230,7 +233,7 @@ def part_peer(checkpoint: Path, work: Path, with_trl: bool, warmup: int, timed: 
         out_json = work / f"peer_{framework}_{plan}.json"
         out_json.unlink(missing_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PEER_TRL_ASYNCRL_OVERRIDES": " ".join(PLANS.get(plan, []))}
+               "PEER_TRL_ASYNCRL_OVERRIDES": " ".join(PLANS.get(plan, [])), **PLAN_ENV.get(plan, {})}
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, str(HERE / "peer_trl_h200.py"), framework, str(checkpoint),
                                str(warmup + timed), str(out_json), str(work / f"{framework}_{plan}")], env=env)

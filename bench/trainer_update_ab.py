@@ -6,9 +6,10 @@ bf16, the fused plan): the same actor updated under three configurations in roun
   main                   the key gather's backward by index_select's autograd (bf16 index_add_) and
                          Liger's RMSNorm backward (ASYNCRL_LIGER_RMS_BACKWARD=1)
   slot_gather            varlen_gather's atomic-free backward, Liger's RMSNorm backward
-  slot_gather+wide_rms   both changes (the default)
-  fused_attention        the default plus ASYNCRL_FUSED_ATTENTION=1 (a second actor, built with it: the
-                         choice is made when the model is prepared); only with ``--fused-attention``
+  slot_gather+wide_rms   both changes
+  fused_attention        slot_gather+wide_rms with the fused attention (the default since 2026-12-03; the
+                         others run with ASYNCRL_FUSED_ATTENTION=0): a second actor, the choice is made
+                         when the model is prepared; only with ``--fused-attention``
 
 ``--profile`` also prints a torch.profiler kernel table of one default update (with input shapes).
 
@@ -59,11 +60,12 @@ def main():
     args = ap.parse_args()
     checkpoint = build_checkpoint(Path(args.work_dir) / "qwen3_06b_random_bf16")
     batch = make_batch(PROMPTS, SAMPLES, PROMPT_TOKENS, 256, VOCAB, DEVICE)
-    actors = {name: build_actor(checkpoint, "fused", MICRO_BATCH) for name in ("main",)}
+    os.environ["ASYNCRL_FUSED_ATTENTION"] = "0"  # the first four configurations: HF's attention module
+    actors = {"main": build_actor(checkpoint, "fused", MICRO_BATCH)}
     if args.fused_attention:
         os.environ["ASYNCRL_FUSED_ATTENTION"] = "1"
         actors["fused_attention"] = build_actor(checkpoint, "fused", MICRO_BATCH)
-        os.environ.pop("ASYNCRL_FUSED_ATTENTION")
+    os.environ.pop("ASYNCRL_FUSED_ATTENTION")
     configs = [name for name in CONFIGS if name != "fused_attention" or args.fused_attention]
     seconds = {name: [] for name in configs}
     for _ in range(args.rounds):

@@ -90,12 +90,13 @@ def _resolve_layout(choice: str, model, device, dtype, notes: list[str]) -> str:
 
 def _fused_attention(model, layout: str, device, notes: list[str]) -> bool:
     """Whether the liger body also takes fused_attention.py (varlen layout on CUDA, Triton, a
-    Qwen3 model with the default RoPE) when ``ASYNCRL_FUSED_ATTENTION=1``: opt-in until it is measured
-    on a GPU (built and tested on CPU under the Triton interpreter, 2026-12-03; bench/RESULTS.md)."""
+    Qwen3 model with the default RoPE), unless ``ASYNCRL_FUSED_ATTENTION=0``. On by default since
+    it measured faster on an H200 (update 0.441 -> 0.424 s in one process, 2026-12-03:
+    bench/trainer_update_ab.py --fused-attention; bench/RESULTS.md, issue 20)."""
     if layout != "varlen" or device.type != "cuda" or not kernel_lib.triton_available():
         return False
-    if os.environ.get("ASYNCRL_FUSED_ATTENTION", "0") != "1":
-        return False  # the default: no note (nothing was asked for)
+    if os.environ.get("ASYNCRL_FUSED_ATTENTION", "1") != "1":
+        return False  # turned off by the user: no note
     reason = fused_attention_unsupported_reason(model)
     if reason is not None and getattr(model.config, "model_type", None) in FUSED_ARCHITECTURES:
         notes.append(f"fused attention off: {reason}")  # other architectures: Liger's modules, nothing to say

@@ -15,7 +15,8 @@ and backward. This module puts them into a model that is already built:
   function otherwise: other models in the process (an eager reference, a CPU model, the HF
   rollout backend) keep HF's RoPE.
 
-With ``ASYNCRL_FUSED_ATTENTION=1`` (opt-in) a Qwen3 model in the varlen layout on CUDA takes more (:func:`apply_fused_attention`): the
+A Qwen3 model in the varlen layout on CUDA takes more (:func:`apply_fused_attention`; off with
+``ASYNCRL_FUSED_ATTENTION=0``): the
 RMSNorms run triton_qk_norm_rope.py's kernel and the attention modules fused_attention.py's
 [T, H, D] forward (q/k RMSNorm + RoPE in one kernel, no layout copies); issue 20.
 

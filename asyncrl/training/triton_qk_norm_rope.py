@@ -186,6 +186,9 @@ def qk_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, positions: t
     """x [T, H, D] (q or k per head, any strides: made contiguous), weight [D] (x's dtype),
     positions [T] long, inv_freq [D / 2] float32 -> rope(rmsnorm(x) * weight) [T, H, D]."""
     assert x.dim() == 3 and positions.shape == (x.shape[0],) and inv_freq.shape == (x.shape[2] // 2,)
+    if not x.device == weight.device == positions.device == inv_freq.device:
+        raise ValueError(f"qk_norm_rope: x, weight, positions and inv_freq must share a device, got {x.device}, "
+                         f"{weight.device}, {positions.device}, {inv_freq.device}")
     return _NormRope.apply(x.contiguous(), weight, positions.contiguous(), inv_freq.float().contiguous(), float(eps))
 
 

@@ -70,7 +70,7 @@ def test_qk_norm_rope_matches_float64(T, H, D, monkeypatch):
     w = (torch.rand(D, generator=g, dtype=torch.float64) + 0.5).to(DEVICE)
     positions = torch.randint(0, 3000, (T,), generator=g).to(DEVICE)
     theta = 1e6  # Qwen3's rope_theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    inv_freq = (1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))).to(DEVICE)
     _check(lambda x, w: qk_norm_rope(x, w, 1e-6, positions, inv_freq),
            lambda x, w: _reference(x, w, 1e-6, positions, theta), x, w)
 
@@ -102,7 +102,7 @@ def test_head_dim_80_on_a_strided_view_of_the_heads():
     x = torch.randn(5, 4, 80, generator=g, dtype=torch.float64).to(DEVICE)
     w = (torch.rand(80, generator=g, dtype=torch.float64) + 0.5).to(DEVICE)
     positions = torch.tensor([0, 1, 2, 0, 1]).to(DEVICE)
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 80, 2, dtype=torch.float32) / 80))
+    inv_freq = (1.0 / (10000.0 ** (torch.arange(0, 80, 2, dtype=torch.float32) / 80))).to(DEVICE)
     _check(lambda x, w: qk_norm_rope(x[:, ::2], w, 1e-6, positions, inv_freq),
            lambda x, w: _reference(x[:, ::2], w, 1e-6, positions), x, w)
 
@@ -213,10 +213,11 @@ def test_apply_liger_with_the_fused_attention_swaps_norms_and_attention():
 
 def test_the_plan_takes_the_fused_attention_only_where_it_applies(monkeypatch):
     """varlen on CUDA with a default-RoPE Qwen3 only; other RoPE types are refused by name, a
-    note says why; it is opt-in (ASYNCRL_FUSED_ATTENTION=1); describe() says which path runs."""
+    note says why; it is on by default, off with ASYNCRL_FUSED_ATTENTION=0; describe() says which path runs."""
     cuda, notes = torch.device("cuda"), []
-    assert not _fused_attention(_model(), "varlen", cuda, notes) and notes == []  # off unless asked for
-    monkeypatch.setenv("ASYNCRL_FUSED_ATTENTION", "1")
+    monkeypatch.setenv("ASYNCRL_FUSED_ATTENTION", "0")
+    assert not _fused_attention(_model(), "varlen", cuda, notes) and notes == []  # turned off: no note
+    monkeypatch.delenv("ASYNCRL_FUSED_ATTENTION")
     assert _fused_attention(_model(), "varlen", cuda, notes) == kernels.triton_available() and notes == []
     assert not _fused_attention(_model(), "tree", cuda, notes)
     assert not _fused_attention(_model(), "varlen", torch.device("cpu"), notes)
