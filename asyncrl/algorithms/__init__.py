@@ -27,6 +27,7 @@ from asyncrl.algorithms.kl import (
     kl_in_reward,
     kl_penalty,
 )
+from asyncrl.algorithms.lazy_metrics import LazyMetrics
 from asyncrl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from asyncrl.algorithms.policy_loss import (
     POLICY_LOSSES,
@@ -46,6 +47,7 @@ __all__ = [
     "FixedKLController",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "LazyMetrics",
     "POLICY_LOSSES",
     "PolicyLossConfig",
     "PolicyLossInput",

@@ -22,11 +22,12 @@ counted from the original mask), so rejection does not up-weight the survivors
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 from torch import Tensor
 
+from asyncrl.algorithms.lazy_metrics import LazyMetrics
 from asyncrl.algorithms.masked import masked_mean, masked_sum
 
 MAX_LOG_WEIGHT = 20.0
@@ -41,7 +42,7 @@ def rollout_is_weights(
     threshold: float = 2.0,
     mode: str = "truncate",
     lower_threshold: Optional[float] = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, Mapping[str, float]]:
     """Importance weights w = π_old/π_rollout, detached, ``[b, L]`` (0 on masked tokens).
 
     old_logprobs, rollout_logprobs, response_mask: [b, L].
@@ -56,7 +57,8 @@ def rollout_is_weights(
 
     Metrics: is_weight_mean / is_weight_max (before truncation), is_clipped_frac
     (tokens whose weight was truncated or masked), mismatch_k1 = mean(lp_old − lp_roll),
-    mismatch_k3 = mean of the k3 estimate of KL(π_roll‖π_old).
+    mismatch_k3 = mean of the k3 estimate of KL(π_roll‖π_old). They come as a
+    ``Mapping[str, float]`` that stays on the device until read (lazy_metrics.py): no sync here.
     """
     if level not in ("token", "sequence", "geometric"):
         raise ValueError(f"level must be 'token', 'sequence' or 'geometric', got {level!r}")
@@ -82,10 +84,12 @@ def rollout_is_weights(
         log_rho = ((old_logprobs - rollout_logprobs) * mask).clamp(-MAX_LOG_WEIGHT, MAX_LOG_WEIGHT)
         stats = torch.stack([
             masked_mean(raw, mask),
-            (raw * mask).max() if mask.any() else raw.new_zeros(()),
+            # raw >= 0 and 0 off the mask: the max over the whole tensor is the masked max (0 when
+            # the mask is empty) without a mask.any() sync; only an empty tensor has no max
+            (raw * mask).max() if raw.numel() else raw.new_zeros(()),
             masked_mean(outside.to(mask.dtype), mask),
             masked_mean(old_logprobs - rollout_logprobs, mask),
             masked_mean(log_rho.exp() - 1.0 - log_rho, mask),
-        ]).tolist()
+        ])
     keys = ("is_weight_mean", "is_weight_max", "is_clipped_frac", "mismatch_k1", "mismatch_k3")
-    return weights * mask, dict(zip(keys, stats))
+    return weights * mask, LazyMetrics(keys, stats)

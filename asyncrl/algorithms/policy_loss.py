@@ -18,12 +18,13 @@ the per-token ratio, with lp − lp_old clamped to ±20 so exp() stays finite.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from asyncrl.algorithms.aggregation import LOSS_AGG_MODES, agg_loss
+from asyncrl.algorithms.lazy_metrics import LazyMetrics
 from asyncrl.algorithms.masked import masked_mean, masked_sum
 from asyncrl.algorithms.registry import Registry
 
@@ -94,10 +95,11 @@ class PolicyLossInput:
 @dataclass
 class PolicyLossOutput:
     """loss: aggregated scalar. metrics (masked token means over the micro-batch):
-    clipfrac, clipfrac_lower (dual clip), ppo_kl = mean(lp_old − lp), ratio_mean."""
+    clipfrac, clipfrac_lower (dual clip), ppo_kl = mean(lp_old − lp), ratio_mean; a
+    ``Mapping[str, float]`` that stays on the device until read (lazy_metrics.py)."""
 
     loss: Tensor
-    metrics: dict[str, float]
+    metrics: Mapping[str, float]
 
 
 PolicyLossFn = Callable[[PolicyLossInput, PolicyLossConfig], PolicyLossOutput]
@@ -137,9 +139,9 @@ def _finish(
             masked_mean(zero if clipped_lower is None else clipped_lower.to(mask.dtype), mask),
             masked_mean(inp.old_logprobs - inp.logprobs, mask),
             masked_mean(ratio, mask),
-        ]).tolist()  # one device sync for all metrics
+        ])  # read lazily: one device sync for all metrics, when (and if) the caller reads them
     keys = ("clipfrac", "clipfrac_lower", "ppo_kl", "ratio_mean")
-    return PolicyLossOutput(loss=loss, metrics=dict(zip(keys, stats)))
+    return PolicyLossOutput(loss=loss, metrics=LazyMetrics(keys, stats))
 
 
 @POLICY_LOSSES.register("ppo_clip", "vanilla")

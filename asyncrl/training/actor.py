@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
+from torch.profiler import record_function
 
-from asyncrl.algorithms import (PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss, global_counts,
-                                kl_penalty, rollout_is_weights)
+from asyncrl.algorithms import (LazyMetrics, PolicyLossConfig, PolicyLossInput, agg_loss, compute_policy_loss,
+                                global_counts, kl_penalty, rollout_is_weights)
 from asyncrl.distributed.batches import map_rows, micro_batches
 from asyncrl.distributed.grad_norm import clip_grad_norm
 from asyncrl.distributed.group import SINGLE, DataParallel
@@ -16,7 +17,7 @@ from asyncrl.distributed.lockstep import replicated
 from asyncrl.training.compile import compile_stats
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import ForwardPlan, prepare_model
-from asyncrl.training.logprob_gap import LogprobGap
+from asyncrl.training.logprob_gap import LogprobGap, gap_metrics
 from asyncrl.training.mfu import peak_flops, update_flops
 from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
 from asyncrl.training.optim import build_optimizer
@@ -26,6 +27,8 @@ from asyncrl.types import TrainBatch
 
 # metrics that are each micro-batch's share of the mini-batch loss: they add up to it
 LOSS_SHARES = ("actor/pg_loss", "actor/kl_loss")
+# internal metric: how many micro-batches (over all ranks) had a non-finite loss; never returned
+NONFINITE_MICROS = "actor/_nonfinite_micros"
 
 
 def policy_loss_config(algo) -> PolicyLossConfig:
@@ -37,7 +40,7 @@ def policy_loss_config(algo) -> PolicyLossConfig:
 
 
 def behaviour_weights(algo, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor,
-                      mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+                      mask: torch.Tensor) -> tuple[torch.Tensor, Mapping[str, float]]:
     """Detached w = π_old/π_rollout ``[b, L]`` per ``algo.rollout_correction`` (rows must be whole:
     the sequence levels reduce over each row). Used by TIS and by decoupled PPO alike."""
     corr = algo.rollout_correction
@@ -169,21 +172,24 @@ class Actor:
         # the global counts of every loss aggregation, need no collective
         global_tokens, global_seqs = global_counts(mini.response_mask)
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        for micro, rows in micro_batches(mini, self.dp, self.cfg.micro_batch_size):
-            metrics = self._micro_loss(micro, global_tokens, global_seqs)
-            for key, value in metrics.items():
-                weight = 1.0 if key in LOSS_SHARES else rows / mini.batch_size
-                sums[key] = sums.get(key, 0.0) + value * weight
-        sums = self.dp.sum_metrics(sums)
-        grad_norm = self._clip_gradients()
-        # a NaN/Inf gradient would poison the weights, and a micro-batch without backward (its
-        # loss was not finite) would leave a biased partial gradient: skip the step and count it.
-        # The norm and the summed metrics are global: every rank takes the same branch
-        if math.isfinite(grad_norm) and not sums.get("actor/nonfinite_loss"):
-            self.optimizer.step()
+        # every micro-batch's metrics stay on the device until one host read per step (below):
+        # no sync between a micro-batch's forward and its backward, or between micro-batches
+        micros = [(self._micro_loss(micro, global_tokens, global_seqs), rows)
+                  for micro, rows in micro_batches(mini, self.dp, self.cfg.micro_batch_size)]
+        with record_function("actor/clip_grad"):
+            grad_norm = self._clip_gradients()
+        with record_function("actor/metrics"):
+            sums, grad_norm = self._sum_metrics(micros, grad_norm, mini.batch_size)
+        nonfinite_micros = sums.pop(NONFINITE_MICROS, 0.0)
+        # a NaN/Inf gradient would poison the weights, and so would a non-finite loss (its
+        # backward ran, see _micro_loss): skip the step and count it. The norm and the summed
+        # metrics are global: every rank takes the same branch
+        if math.isfinite(grad_norm) and not nonfinite_micros:
+            with record_function("actor/optimizer_step"):
+                self.optimizer.step()
             if not self.dp.sharded:  # sharded: the global norm above is the check
-                check_parameters_finite(self.model, "the actor's optimizer step")
+                with record_function("actor/param_check"):
+                    check_parameters_finite(self.model, "the actor's optimizer step")
             sums["actor/skipped_step"] = 0.0
         else:
             self.optimizer.zero_grad(set_to_none=True)
@@ -193,22 +199,82 @@ class Actor:
         sums["actor/lr"] = self.scheduler.get_last_lr()[0]
         return sums
 
-    def _clip_gradients(self) -> float:
+    def _sum_metrics(self, micros: list[tuple[LazyMetrics, int]], grad_norm: torch.Tensor,
+                     batch_size: int) -> tuple[dict[str, float], float]:
+        """(the step's metrics, the grad norm) from every micro-batch's device values and the
+        0-d norm, read with one host sync. The metrics are weighted (LOSS_SHARES summed, the
+        rest by rows / ``batch_size``) and summed over micro-batches and ranks; the internal
+        NONFINITE_MICROS counts the micro-batches whose loss was not finite, over all ranks.
+
+        A micro-batch whose loss was not finite adds no pg_loss / entropy and 1 x its weight
+        to actor/nonfinite_loss (the key is there only then): the metrics it had when its
+        backward was skipped."""
+        parts = [metrics.stacked() for metrics, _ in micros]
+        on_host = grad_norm.device.type == "cpu" and self.device.type != "cpu"  # sharded: a CPU norm
+        if not on_host:
+            parts.append(grad_norm.reshape(1))
+        floats = torch.cat([p.to(self.device, torch.float64) for p in parts]).tolist() if parts else []
+        grad_norm_value = float(grad_norm) if on_host else floats.pop()
+        sums: dict[str, float] = {}
+        position = 0
+        for metrics, rows in micros:
+            read = dict(zip(metrics, floats[position:position + len(metrics)]))
+            position += len(metrics)
+            nonfinite = read.pop(NONFINITE_MICROS)
+            sums[NONFINITE_MICROS] = sums.get(NONFINITE_MICROS, 0.0) + nonfinite  # unweighted: padding counts
+            if nonfinite:  # the metrics it had when its backward was skipped
+                read.pop("actor/pg_loss", None)
+                read.pop("actor/entropy", None)
+                read["actor/nonfinite_loss"] = 1.0
+            for key, value in read.items():
+                weight = 1.0 if key in LOSS_SHARES else rows / batch_size
+                sums[key] = sums.get(key, 0.0) + value * weight
+        # the norm is global already (one norm over every rank's gradients)
+        return self.dp.sum_metrics(sums), grad_norm_value
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """The gradients' global norm before clipping, a 0-d tensor (not read here)."""
         if self.dp.sharded:
-            return float(clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp))
-        return float(torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip))
+            return clip_grad_norm(self.forward_module.parameters(), self.cfg.grad_clip, self.dp)
+        return torch.nn.utils.clip_grad_norm_(trained_parameters(self.optimizer), self.cfg.grad_clip)
 
     def _gap_metrics(self) -> dict[str, float]:
         """The logprob gap over every rank's tokens."""
         if self.dp.world_size > 1:
-            parts = self.dp.gather_objects((self._gap.total, self._gap.tokens, self._gap.max))
-            self._gap.total, self._gap.tokens = sum(p[0] for p in parts), sum(p[1] for p in parts)
-            self._gap.max = max(p[2] for p in parts)
+            parts = self.dp.gather_objects(self._gap.totals())  # floats: they travel pickled
+            return gap_metrics(sum(p[0] for p in parts), sum(p[1] for p in parts), max(p[2] for p in parts))
         return self._gap.metrics()
 
-    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float, device=None) -> dict[str, float]:
+    def _micro_loss(self, micro: TrainBatch, global_tokens: float, global_seqs: float,
+                    device=None) -> LazyMetrics:
+        """Forward and backward of one micro-batch; returns its metrics on the device (read by
+        _sum_metrics with every other micro-batch's, once per step). NONFINITE_MICROS is 1.0
+        when the loss was not finite (its pg_loss / entropy then do not count)."""
         device = device or self.device
-        logprobs, entropy = self._forward(micro, with_entropy=self.computes_entropy)
+        with record_function("actor/forward"):
+            logprobs, entropy = self._forward(micro, with_entropy=self.computes_entropy)
+        with record_function("actor/loss"):
+            loss, out, parts = self._loss(micro, logprobs, entropy, global_tokens, global_seqs, device)
+            # The loss is not read here: a host read (.item()) between the forward and the backward
+            # would leave the GPU idle while the host waits. Backward always runs; a non-finite
+            # loss (NaN gradients, or a wrong but finite one) is flagged on the device, and the
+            # step reads the flag with the grad norm and skips the optimizer step (on every rank:
+            # the flag is summed over ranks), so the NaN never reaches the weights. Every rank
+            # runs every backward, as FSDP2's collectives need.
+            parts.append(((NONFINITE_MICROS,), ~torch.isfinite(loss.detach())))
+        with record_function("actor/backward"):
+            loss.backward()
+        parts.append((("actor/pg_loss",), out.loss.detach()))
+        if self.computes_entropy:
+            mask = micro.response_mask.to(device)
+            parts.append((("actor/entropy",), (entropy.detach() * mask).sum() / mask.sum().clamp(min=1)))
+        return LazyMetrics(tuple(name for names, _ in parts for name in names),
+                           torch.cat([values.reshape(-1).to(device, torch.float64) for _, values in parts]))
+
+    def _loss(self, micro: TrainBatch, logprobs: torch.Tensor, entropy, global_tokens: float,
+              global_seqs: float, device):
+        """(loss, the policy loss's output, its metrics as [(names, device values [len(names)])])
+        of one micro-batch."""
         mask = micro.response_mask.to(device)
         if micro.old_logprobs is not None:
             old = micro.old_logprobs.to(device)
@@ -224,20 +290,22 @@ class Actor:
         loss = out.loss
         agg = dict(mode=self.algo.loss_agg_mode, global_tokens=global_tokens, global_seqs=global_seqs,
                    norm_length=self.algo.loss_scale_factor)
-        metrics = {f"actor/{k}": float(v) for k, v in out.metrics.items()}
-        metrics.update({f"rollout_correction/{k}": v for k, v in is_metrics.items()})
+        parts = [_device_values("actor/", out.metrics)]
+        if is_metrics:
+            parts.append(_device_values("rollout_correction/", is_metrics))
         if micro.ref_logprobs is not None and self.algo.kl_coef > 0:
             kl = agg_loss(kl_penalty(logprobs, micro.ref_logprobs.to(device), self.algo.kl_estimator), mask, **agg)
             loss = loss + self.algo.kl_coef * kl
-            metrics["actor/kl_loss"] = kl.detach().item()
+            parts.append((("actor/kl_loss",), kl.detach()))
         if self.algo.entropy_coeff > 0:
             loss = loss - self.algo.entropy_coeff * agg_loss(entropy, mask, **agg)
-        finite = math.isfinite(loss.detach().item())
-        if self.dp.any(not finite):  # every rank skips together: FSDP2's backward is a collective
-            metrics["actor/nonfinite_loss"] = 0.0 if finite else 1.0
-            return metrics  # no backward: the NaN must not reach the weights
-        loss.backward()
-        metrics["actor/pg_loss"] = out.loss.detach().item()
-        if self.computes_entropy:
-            metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-        return metrics
+        return loss, out, parts
+
+
+def _device_values(prefix: str, metrics) -> tuple[tuple[str, ...], torch.Tensor]:
+    """(prefixed names, values [n]) of a loss's metrics: a LazyMetrics' own device tensor (no
+    sync); a plain mapping of floats (a custom loss) becomes a CPU tensor."""
+    names = tuple(prefix + k for k in metrics)
+    if isinstance(metrics, LazyMetrics):
+        return names, metrics.stacked()
+    return names, torch.tensor([float(v) for v in metrics.values()], dtype=torch.float64)

@@ -111,3 +111,34 @@ def test_decoupled_shortcut_equals_the_recomputed_proximal_logprobs(tiny_policy,
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
     for key in ("rollout_correction/is_weight_mean", "rollout_correction/mismatch_k1", "actor/pg_loss"):
         assert m_got[key] == pytest.approx(m_expected[key], rel=1e-4, abs=1e-6), key
+
+
+def test_an_infinite_loss_skips_the_step_though_its_gradients_are_finite(tiny_policy, monkeypatch):
+    """Backward runs without a host read of the loss; its device flag alone skips the step."""
+    import asyncrl.training.actor as actor_module
+
+    model, tok = tiny_policy
+    actor = _actor(model, "actor.micro_batch_size=1")
+    real, calls = actor_module.compute_policy_loss, []
+
+    def infinite_second(name, inp, cfg):
+        out = real(name, inp, cfg)
+        calls.append(name)
+        if len(calls) == 2:
+            out.loss = out.loss + math.inf  # a constant: the gradients stay finite
+        return out
+
+    batch = _batch(tok)
+    batch.group_ids = torch.arange(3)  # one group per row: three micro-batches of one row
+    before = [p.detach().clone() for p in actor.model.parameters()]
+    monkeypatch.setattr(actor_module, "compute_policy_loss", infinite_second)
+    metrics = actor.update(batch)
+    assert len(calls) == 3
+    assert metrics["actor/skipped_step"] == 1.0 and math.isfinite(metrics["actor/grad_norm"])
+    assert metrics["actor/nonfinite_loss"] == pytest.approx(1 / 3)  # one micro-batch of one row out of 3
+    assert math.isfinite(metrics["actor/pg_loss"]) and "actor/_nonfinite_micros" not in metrics
+    assert all(torch.equal(a, b) for a, b in zip(before, actor.model.parameters()))
+    monkeypatch.setattr(actor_module, "compute_policy_loss", real)
+    metrics = actor.update(batch)
+    assert metrics["actor/skipped_step"] == 0.0 and "actor/nonfinite_loss" not in metrics
+    assert not all(torch.equal(a, b) for a, b in zip(before, actor.model.parameters()))

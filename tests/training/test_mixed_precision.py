@@ -12,7 +12,7 @@ import torch
 from asyncrl.config import load_config
 from asyncrl.training.actor import Actor
 from asyncrl.training.batch import pad_prompt_response
-from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
+from asyncrl.training.mixed_precision import MasterWeights, trainer_adamw, trained_parameters
 from asyncrl.types import TrainBatch
 
 BF16_UNIT = 2.0 ** -8  # unit roundoff of bfloat16 (8 significant bits)
@@ -34,6 +34,19 @@ def test_masters_accumulate_gradients_and_step_in_float32():
     opt.step()
     assert all(bool((m != b).all()) for m, b in zip(masters, before))  # every master moved by ~1e-6
     assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(model.parameters(), masters))
+
+
+def test_copy_to_model_rounds_every_group_like_copy_():
+    """The grouped _foreach_copy_ gives exactly p.copy_(m) per parameter, across dtype groups."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(5, dtype=dtype)) for dtype in
+              (torch.bfloat16, torch.float16, torch.bfloat16, torch.float64)]
+    master = MasterWeights(params, torch.float32)
+    for m in master.masters:
+        m.data.copy_(torch.randn(5) * 100)
+    master.copy_to_model()
+    for p, m in zip(params, master.masters):
+        assert p.dtype != m.dtype and torch.equal(p, m.detach().to(p.dtype))
 
 
 def test_masters_travel_with_the_optimizer_state():
