@@ -29,14 +29,22 @@ tests/training/test_triton_qk_norm_rope.py (float64 references, ``TRITON_INTERPR
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 TILE = 4096  # elements of x per program step (tokens x heads x D): 32 per thread at 4 warps
 NUM_WARPS = 4
 TARGET_PROGRAMS = 1024  # backward: enough programs for 132 SMs; more tokens each keep the dw partials small
 MAX_ITERS = 16
+# tl.cos / tl.sin compile to the GPU's approximate cos.approx / sin.approx, whose error grows with
+# the argument (angles reach ~1e4 rad at long positions): ~1e-4 off torch's fp32 cos, which the
+# float64 tests caught on an H200. libdevice's __nv_cosf / __nv_sinf do full range reduction, as
+# torch does. The Triton interpreter (CPU tests) has no libdevice; its tl.cos is numpy's, exact.
+PRECISE_TRIG = os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @triton.jit
@@ -69,7 +77,8 @@ def _weight_halves(w_ptr, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
-def _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, dtype):
+def _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, dtype,
+             PRECISE: tl.constexpr):
     """HF's rotary embedding of the tokens, once per token (shared by its heads): fp32 angle
     pos * inv_freq, cos / sin rounded to the activations' dtype (HF returns them in x's dtype),
     as [BLOCK_T, 1, BLOCK_HALF] fp32."""
@@ -77,8 +86,12 @@ def _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF: tl.constexpr, HALF
     pos = tl.load(pos_ptr + toks, mask=tok_ok, other=0).to(tl.float32)
     inv = tl.load(inv_freq_ptr + cols, mask=cols < HALF, other=0.0)
     angle = pos[:, None] * inv[None, :]
-    c = tl.cos(angle).to(dtype).to(tl.float32)
-    s = tl.sin(angle).to(dtype).to(tl.float32)
+    if PRECISE:
+        c, s = libdevice.cos(angle), libdevice.sin(angle)
+    else:
+        c, s = tl.cos(angle), tl.sin(angle)
+    c = c.to(dtype).to(tl.float32)
+    s = s.to(dtype).to(tl.float32)
     return c[:, None, :], s[:, None, :]
 
 
@@ -90,7 +103,8 @@ def _rstd(x1, x2, eps, HALF: tl.constexpr):
 
 @triton.jit
 def _forward_kernel(x_ptr, y_ptr, w_ptr, pos_ptr, inv_freq_ptr, n_tok, heads, eps, HALF: tl.constexpr,
-                    BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, ROPE: tl.constexpr):
+                    BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, ROPE: tl.constexpr,
+                    PRECISE_TRIG: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     offs, mask, toks, tok_ok = _tile(tl.program_id(0).to(tl.int64) * BLOCK_T, n_tok, heads, BLOCK_T, BLOCK_H,
                                      BLOCK_HALF, HALF)
@@ -100,7 +114,7 @@ def _forward_kernel(x_ptr, y_ptr, w_ptr, pos_ptr, inv_freq_ptr, n_tok, heads, ep
     a1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     a2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     if ROPE:
-        c, s = _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF, HALF, dtype)
+        c, s = _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF, HALF, dtype, PRECISE_TRIG)
         a1, a2 = a1 * c - a2 * s, a2 * c + a1 * s
     tl.store(y_ptr + offs, a1.to(dtype), mask=mask)
     tl.store(y_ptr + offs + HALF, a2.to(dtype), mask=mask)
@@ -109,7 +123,7 @@ def _forward_kernel(x_ptr, y_ptr, w_ptr, pos_ptr, inv_freq_ptr, n_tok, heads, ep
 @triton.jit
 def _backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, dw_partial_ptr, pos_ptr, inv_freq_ptr, n_tok, heads, eps,
                      HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-                     ITERS: tl.constexpr, ROPE: tl.constexpr):
+                     ITERS: tl.constexpr, ROPE: tl.constexpr, PRECISE_TRIG: tl.constexpr):
     dtype = x_ptr.dtype.element_ty
     pid = tl.program_id(0).to(tl.int64)
     w1, w2 = _weight_halves(w_ptr, BLOCK_HALF, HALF)
@@ -122,7 +136,7 @@ def _backward_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, dw_partial_ptr, pos_ptr, inv_
         g1, g2 = _load_halves(dy_ptr, offs, mask, HALF)
         rstd = _rstd(x1, x2, eps, HALF)
         if ROPE:
-            c, s = _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF, HALF, dtype)
+            c, s = _cos_sin(pos_ptr, inv_freq_ptr, toks, tok_ok, BLOCK_HALF, HALF, dtype, PRECISE_TRIG)
             g1, g2 = g1 * c + g2 * s, g2 * c - g1 * s
         # dw: the rounded n, as autograd of HF's ``weight * n`` sees it (masked rows: x = 0, n = 0)
         dw1 += tl.sum(tl.sum(g1 * (x1 * rstd).to(dtype).to(tl.float32), axis=1), axis=0)
@@ -158,7 +172,7 @@ class _NormRope(torch.autograd.Function):
         rope = positions is not None
         _forward_kernel[(triton.cdiv(n_tok, geo["BLOCK_T"]),)](
             x, y, weight, positions if rope else x, inv_freq if rope else x, n_tok, heads, eps, ROPE=rope,
-            num_warps=NUM_WARPS, **geo)
+            PRECISE_TRIG=PRECISE_TRIG, num_warps=NUM_WARPS, **geo)
         ctx.save_for_backward(x, weight, *((positions, inv_freq) if rope else ()))
         ctx.eps = eps
         return y
@@ -176,7 +190,7 @@ class _NormRope(torch.autograd.Function):
         positions, inv_freq = rope_args if rope_args else (x, x)
         _backward_kernel[(programs,)](
             x, dy.contiguous(), dx, weight, partial, positions, inv_freq, n_tok, heads, ctx.eps, ITERS=iters,
-            ROPE=bool(rope_args), num_warps=NUM_WARPS, **geo)
+            ROPE=bool(rope_args), PRECISE_TRIG=PRECISE_TRIG, num_warps=NUM_WARPS, **geo)
         dw = partial.sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
         return dx, dw, None, None, None
 
