@@ -135,14 +135,18 @@ def part_update(checkpoint: Path, batch, micro: int, plans, warmup=1, repeats=3)
 
 def _loss_and_grads(actor, batch):
     """Summed loss (the micro-batch losses add up to it) and gradients of one update, no step."""
+    from asyncrl.distributed.batches import micro_batches
+    from asyncrl.algorithms import global_counts
+    from asyncrl.training.mixed_precision import trained_parameters
+
     actor.model.train()
     actor.optimizer.zero_grad(set_to_none=True)
-    mask = batch.response_mask.to(DEVICE)
-    tokens, seqs = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+    tokens, seqs = global_counts(batch.response_mask)  # as Actor._optimizer_step
     loss = 0.0
-    for idx in actor._micro_indices(batch):
-        loss += actor._micro_loss(batch.select(idx), tokens, seqs, DEVICE)["actor/pg_loss"]
-    return loss, [p.grad.float() for p in actor.model.parameters()]
+    for micro, _ in micro_batches(batch, actor.dp, actor.cfg.micro_batch_size):
+        loss += actor._micro_loss(micro, tokens, seqs, DEVICE)["actor/pg_loss"]
+    # the fp32 masters hold the gradients where the actor keeps them (mixed_precision.py)
+    return loss, [p.grad.float() for p in trained_parameters(actor.optimizer)]
 
 
 def part_error(checkpoint: Path, batch, micro: int) -> list[dict]:
