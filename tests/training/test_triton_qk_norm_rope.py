@@ -23,14 +23,20 @@ needs_triton = pytest.mark.skipif(not RUNS_TRITON, reason="needs CUDA, or TRITON
 DEVICE = "cuda" if CUDA else "cpu"
 
 
-def _reference(x, w, eps, positions=None, theta=10000.0):
-    """float64 HF: w * (x rsqrt(mean x^2 + eps)), then rotate_half RoPE with inv_freq = theta^(-2i/D)."""
+def _inv_freq(dim, theta):
+    """HF's fp32 inv_freq = theta^(-2i/D), computed on the CPU (as HF's rotary embedding at init):
+    the kernel and the reference get the same tensor (CUDA's fp32 pow differs from the CPU's in
+    the last bit, which moves an angle of ~60 rad by ~4e-6)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
+def _reference(x, w, eps, positions=None, inv_freq=None):
+    """float64 HF: w * (x rsqrt(mean x^2 + eps)), then rotate_half RoPE with ``inv_freq`` [D/2] fp32."""
     y = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     if positions is None:
         return y
     D = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=x.device) / D))
-    freqs = positions[:, None].float() * inv_freq  # fp32, as HF's rotary embedding
+    freqs = positions[:, None].float() * inv_freq.to(x.device)  # fp32, as HF's rotary embedding
     emb = torch.cat([freqs, freqs], -1).double()
     cos, sin = emb.cos()[:, None], emb.sin()[:, None]
     rotated = torch.cat([-y[..., D // 2:], y[..., :D // 2]], -1)
@@ -69,10 +75,9 @@ def test_qk_norm_rope_matches_float64(T, H, D, monkeypatch):
     x = (torch.randn(T, H, D, generator=g, dtype=torch.float64) * 3).to(DEVICE)
     w = (torch.rand(D, generator=g, dtype=torch.float64) + 0.5).to(DEVICE)
     positions = torch.randint(0, 3000, (T,), generator=g).to(DEVICE)
-    theta = 1e6  # Qwen3's rope_theta
-    inv_freq = (1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))).to(DEVICE)
+    inv_freq = _inv_freq(D, 1e6).to(DEVICE)  # Qwen3's rope_theta
     _check(lambda x, w: qk_norm_rope(x, w, 1e-6, positions, inv_freq),
-           lambda x, w: _reference(x, w, 1e-6, positions, theta), x, w)
+           lambda x, w: _reference(x, w, 1e-6, positions, inv_freq), x, w)
 
 
 @needs_triton
@@ -102,9 +107,9 @@ def test_head_dim_80_on_a_strided_view_of_the_heads():
     x = torch.randn(5, 4, 80, generator=g, dtype=torch.float64).to(DEVICE)
     w = (torch.rand(80, generator=g, dtype=torch.float64) + 0.5).to(DEVICE)
     positions = torch.tensor([0, 1, 2, 0, 1]).to(DEVICE)
-    inv_freq = (1.0 / (10000.0 ** (torch.arange(0, 80, 2, dtype=torch.float32) / 80))).to(DEVICE)
+    inv_freq = _inv_freq(80, 10000.0).to(DEVICE)
     _check(lambda x, w: qk_norm_rope(x[:, ::2], w, 1e-6, positions, inv_freq),
-           lambda x, w: _reference(x[:, ::2], w, 1e-6, positions), x, w)
+           lambda x, w: _reference(x[:, ::2], w, 1e-6, positions, inv_freq), x, w)
 
 
 # -- the fused attention in a model -----------------------------------------------------------
@@ -279,11 +284,11 @@ def test_bf16_kernels_match_float64_on_gpu(D):
     x = torch.randn(T, H, D, generator=g).cuda()
     w = (torch.rand(D, generator=g) + 0.5).cuda()
     positions = torch.randint(0, 4096, (T,), generator=g).cuda()
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, D, 2, dtype=torch.float32, device="cuda") / D))
+    inv_freq = _inv_freq(D, 1e6).cuda()
     xb, wb = x.bfloat16().requires_grad_(), w.bfloat16().requires_grad_()
     xd, wd = xb.detach().double().requires_grad_(), wb.detach().double().requires_grad_()
     if D == 128:
-        ours, ref = qk_norm_rope(xb, wb, 1e-6, positions, inv_freq), _reference(xd, wd, 1e-6, positions, 1e6)
+        ours, ref = qk_norm_rope(xb, wb, 1e-6, positions, inv_freq), _reference(xd, wd, 1e-6, positions, inv_freq)
     else:
         ours, ref = rms_norm(xb, wb, 1e-6), _reference(xd, wd, 1e-6)
     up = torch.randn(ref.shape, generator=g).cuda()

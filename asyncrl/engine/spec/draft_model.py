@@ -126,6 +126,7 @@ class DraftModelProposer:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}       # argmax drafts (all rows greedy, or greedy config)
         self.prob_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # drafts sampled from q (probabilistic config)
         self.staged: Optional[StaticInputs] = None
+        self.catch_up_tokens = 0  # positions the last propose prefilled before its round (see _catch_up)
 
     def block_bytes(self, block_size: int) -> int:
         """Bytes of one KV block of the draft (all its layers, K and V)."""
@@ -180,6 +181,9 @@ class DraftModelProposer:
         """Eager prefill of every row's draft K/V up to position ``L - 3`` (inclusive)."""
         rows = [(s, s.draft_cached, len(s.token_ids) - 2 - s.draft_cached) for s in seqs
                 if s.draft_cached < len(s.token_ids) - 2]
+        # 0 in the steady state (``verified`` leaves the draft K/V one round behind, which the round
+        # itself rewrites); > 0 for new sequences and after steps decoded without speculation
+        self.catch_up_tokens = sum(n for _, _, n in rows)
         if not rows:
             return
         r = self.runner

@@ -70,6 +70,7 @@ class EagleProposer:
         self.prob_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # drafts sampled from q (probabilistic config)
         self.staged: Optional[StaticInputs] = None
         self.vars: dict[str, torch.Tensor] = {}
+        self.catch_up_tokens = 0  # positions whose features the last propose got from a target forward
         self.rounds = {"graph": 0, "eager": 0}
 
     def block_bytes(self, block_size: int) -> int:
@@ -101,6 +102,7 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, batch, budgets: list[int]):
         seqs, B = batch.seqs, len(batch.seqs)
+        self.catch_up_tokens = 0
         prob = wants_q(self.probabilistic, seqs)
         L = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
         first = np.minimum([s.draft_cached for s in seqs], L - 1)
@@ -205,6 +207,9 @@ class EagleProposer:
             else:
                 out.append(None)
                 missing.append((i, s, max(lo, 0), hi))
+        # 0 in the steady state (the last verify pass holds the features); > 0 for new sequences and
+        # after steps decoded without speculation
+        self.catch_up_tokens = sum(max(0, hi - lo + 1) for _, _, lo, hi in missing)
         for (i, *_), f in zip(missing, self._target_hidden([m[1:] for m in missing])):
             out[i] = f
         H = self.head.config.hidden_size

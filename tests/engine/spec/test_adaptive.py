@@ -225,6 +225,44 @@ def test_engine_mixes_speculative_and_plain_steps_exactly(target, head, method, 
         assert m["decode_steps"] + overlapped >= m["spec_gate_plain_steps"]
 
 
+def costly_catch_up(llm, cost: float) -> None:
+    """On top of ``slow_speculation``'s clock: a proposer's catch-up (the draft model's K/V prefill of
+    positions it has not seen, EAGLE's target forward for missing features) costs ``cost``."""
+    clock, proposer = llm.spec.gate.clock, llm.spec.proposer
+    name = "_catch_up" if hasattr(proposer, "_catch_up") and not hasattr(proposer, "_target_hidden") \
+        else "_target_hidden"
+    inner = getattr(proposer, name)
+
+    def timed(*a, **kw):
+        out = inner(*a, **kw)
+        clock.t += cost if proposer.catch_up_tokens else 0.0
+        return out
+
+    setattr(proposer, name, timed)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+def test_a_catch_up_is_not_timed_as_speculation(target, head, method):
+    """Speculation measured faster (a verify pass 0.3 of a plain step) but each catch-up very slow
+    (100 plain steps: the H200's draft model at 2.3x off ran 0.78x under the gate, its first
+    speculative step of every probe paying for the prefill of the positions decoded plain): the
+    gate times the steps after the catch-up and keeps speculating; tokens equal speculation off's."""
+    spec = {"method": method, "num_speculative_tokens": 3, "model": {"draft_model": target, "eagle": head}[method]}
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=True)
+    off = make_llm(target).generate(REPETITIVE, params)
+    llm = make_llm(target, speculative_config=spec)
+    slow_speculation(llm, spec_cost=0.3)
+    costly_catch_up(llm, cost=100.0)
+    on = llm.generate(REPETITIVE, params)
+    assert [c.token_ids for o in on for c in o.outputs] == [c.token_ids for o in off for c in o.outputs]
+    m = llm.metrics
+    assert m["spec_catch_up_steps"] >= 1  # the new sequences' first speculative step (and after plain probes)
+    both = [st for st in llm.spec.gate.buckets.values() if st.rates[SPEC].value and st.rates[PLAIN].value]
+    assert both and all(st.home is SPEC and st.rates[SPEC].value > st.rates[PLAIN].value for st in both)
+    # plain only in the probes (dwell 2, a few per bucket), never home
+    assert m["spec_gate_switches"] == 0 and m["spec_gate_plain_steps"] < m["spec_steps"]
+
+
 def test_engine_gate_on_by_default_and_off_by_key(target):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     off = make_llm(target).generate(REPETITIVE, params)
