@@ -112,6 +112,14 @@ def timed(llm, prompts, params, device: str, after_warmup=None):
                    gate_switches=m["spec_gate_switches"] - m0["spec_gate_switches"],
                    gate_bucket=m["spec_gate_bucket"], gate_spec_tokens_per_s=m["spec_gate_spec_tokens_per_s"],
                    gate_plain_tokens_per_s=m["spec_gate_plain_tokens_per_s"])
+    if "spec_seconds" in m:  # where the wall went: speculative steps, catch-ups, the rest (plain + host)
+        d = {k: m[f"spec_{k}"] - m0[f"spec_{k}"] for k in ("seconds", "catch_up_seconds", "catch_up_steps",
+                                                            "catch_up_tokens", "plain_seconds", "plain_timed_steps")}
+        row.update(spec_s=round(d["seconds"], 3), catch_up_s=round(d["catch_up_seconds"], 3),
+                   catch_up_steps=d["catch_up_steps"], catch_up_tokens=d["catch_up_tokens"],
+                   other_s=round(dt - d["seconds"] - d["catch_up_seconds"], 3),
+                   plain_steps=m["decode_steps"] - m0["decode_steps"],
+                   plain_timed_s=round(d["plain_seconds"], 3), plain_timed_steps=d["plain_timed_steps"])
     return row, tokens
 
 

@@ -21,9 +21,13 @@ Metrics: ``acceptance_rate`` = accepted / drafted tokens, ``tokens_per_target_pa
 emitted tokens / rows verified (1 + accepted per row and step; 1.0 means no gain); with the
 gate, ``spec_gate_*`` (``AdaptiveGate.metrics``): plain steps it chose where speculation was
 allowed, probes, switches, and the latest tokens/s of both modes at the last batch bucket.
+Where the time went: ``spec_seconds`` (wall of speculative steps), ``spec_catch_up_seconds`` /
+``spec_catch_up_tokens`` (steps whose proposer first caught up on positions decoded plain, and
+how many positions), ``spec_plain_seconds`` / ``spec_plain_timed_steps`` (plain steps the gate timed).
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import numpy as np
@@ -60,6 +64,14 @@ class SpeculativeDecoder:
         self.verify_step = VerifyStep(runner, self.k, config.disable_by_batch_size)
         self.steps = 0
         self.catch_up_steps = 0  # speculative steps whose proposer first caught up (not timed by the gate)
+        # wall seconds of speculative steps (catch-up steps apart) and of the plain steps the gate timed:
+        # where a run's time went, so a gate that loses to plain decode shows whether probes, catch-ups
+        # or the plain steps themselves cost it (bench/spec_trained_target.py reports them per row)
+        self.seconds = 0.0
+        self.catch_up_seconds = 0.0
+        self.catch_up_tokens = 0
+        self.plain_seconds = 0.0
+        self.plain_timed_steps = 0
         self.rows = 0          # sequence-steps verified (target passes per sequence)
         self.drafted = 0
         self.accepted = 0
@@ -82,6 +94,8 @@ class SpeculativeDecoder:
         gate's plain estimate (``LLM.step`` calls this only for steps it timed whole)."""
         if self.gate is not None and not batch.is_prefill:
             self.gate.record(False, len(batch.seqs), len(batch.seqs), seconds)
+            self.plain_seconds += seconds
+            self.plain_timed_steps += 1
 
     def _budgets(self, seqs: list[Sequence], budgets: list[int]) -> list[int]:
         """Drafts per row: the scheduler's budget, 0 for sequences whose drafts stopped paying."""
@@ -93,7 +107,8 @@ class SpeculativeDecoder:
 
     def step(self, scheduler: Scheduler, version: int) -> list[Sequence]:
         """One speculative step over the running batch; returns the sequences it finished."""
-        started = self.gate.clock() if self.gate is not None else 0.0
+        clock = self.gate.clock if self.gate is not None else time.perf_counter
+        started = clock()
         batch = scheduler.schedule_verify(self.k)
         if batch is None:
             return []
@@ -116,15 +131,24 @@ class SpeculativeDecoder:
         # plain stretch, on the H200) pays for the switch into speculation, not for speculating:
         # timed, it made every probe look several times slower than plain decode and speculation
         # never came back (draft model 0.78x off where it runs 2.3x). The gate times the steps after.
-        caught_up = getattr(self.proposer, "catch_up_tokens", 0) > 0
-        self.catch_up_steps += caught_up
-        if self.gate is not None and not caught_up:
-            self.gate.record(True, len(batch.seqs), int(emitted.sum()), self.gate.clock() - started)
+        caught_up_tokens = int(getattr(self.proposer, "catch_up_tokens", 0))  # (numpy sums on EAGLE's side)
+        seconds = clock() - started
+        if caught_up_tokens > 0:
+            self.catch_up_steps += 1
+            self.catch_up_tokens += caught_up_tokens
+            self.catch_up_seconds += seconds
+        else:
+            self.seconds += seconds
+            if self.gate is not None:
+                self.gate.record(True, len(batch.seqs), int(emitted.sum()), seconds)
         return finished
 
     @property
     def metrics(self) -> dict:
         return dict(spec_steps=self.steps, spec_catch_up_steps=self.catch_up_steps, spec_rows=self.rows, spec_draft_tokens=self.drafted,
+                    spec_seconds=self.seconds, spec_catch_up_seconds=self.catch_up_seconds,
+                    spec_catch_up_tokens=self.catch_up_tokens, spec_plain_seconds=self.plain_seconds,
+                    spec_plain_timed_steps=self.plain_timed_steps,
                     spec_accepted_tokens=self.accepted,
                     spec_acceptance_rate=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
                     spec_tokens_per_target_pass=round((self.rows + self.accepted) / self.rows, 4) if self.rows else 0.0,

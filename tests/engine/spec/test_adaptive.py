@@ -257,6 +257,10 @@ def test_a_catch_up_is_not_timed_as_speculation(target, head, method):
     assert [c.token_ids for o in on for c in o.outputs] == [c.token_ids for o in off for c in o.outputs]
     m = llm.metrics
     assert m["spec_catch_up_steps"] >= 1  # the new sequences' first speculative step (and after plain probes)
+    # where the time went: every catch-up's cost in catch_up_seconds, none in the timed speculative steps'
+    assert m["spec_catch_up_seconds"] >= 100.0 * m["spec_catch_up_steps"] and m["spec_catch_up_tokens"] > 0
+    assert 0 < m["spec_seconds"] < 100.0
+    assert m["spec_plain_timed_steps"] <= m["decode_steps"] and m["spec_plain_seconds"] >= 0
     both = [st for st in llm.spec.gate.buckets.values() if st.rates[SPEC].value and st.rates[PLAIN].value]
     assert both and all(st.home is SPEC and st.rates[SPEC].value > st.rates[PLAIN].value for st in both)
     # plain only in the probes (dwell 2, a few per bucket), never home
