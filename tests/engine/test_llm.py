@@ -306,7 +306,7 @@ def test_fast_batch_decoder_equals_decode(tmp_path):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from asyncrl.engine.llm import fast_batch_decoder
+    from asyncrl.engine.llm import BATCH_DECODE_MIN_TOKENS, fast_batch_decoder
 
     core = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(50)}, unk_token="t0"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -316,6 +316,8 @@ def test_fast_batch_decoder_equals_decode(tmp_path):
     decode = fast_batch_decoder(tok)
     assert decode is not None
     rows = [[5, 6, 49, 7], [], [1] * 9, [49]]
-    assert decode(rows) == [tok.decode(r, skip_special_tokens=True) for r in rows]
+    assert decode(rows) == [tok.decode(r, skip_special_tokens=True) for r in rows]  # one by one
+    big = rows + [[i % 50 for i in range(BATCH_DECODE_MIN_TOKENS)]]  # the backend's decode_batch
+    assert decode(big) == [tok.decode(r, skip_special_tokens=True) for r in big]
     tok.clean_up_tokenization_spaces = True  # a pass the backend does not do: no fast path
     assert fast_batch_decoder(tok) is None and fast_batch_decoder(object()) is None

@@ -280,6 +280,10 @@ class CausalLM(nn.Module):
         Unknown names raise: a silently skipped tensor would leave stale weights.
         """
         params = dict(self.named_parameters(remove_duplicate=False))
+        # one walk of the module tree per load, not get_submodule per tensor (that walk per tensor
+        # doubled the CPU quickstart's weight sync: 0.23 -> 0.43 s over 300 steps); fresh each
+        # call, as FP8 and LoRA replace modules after build
+        modules = dict(self.named_modules(remove_duplicate=False))
         n = 0
         for name, tensor in named_tensors:
             if "rotary_emb.inv_freq" in name:
@@ -294,7 +298,7 @@ class CausalLM(nn.Module):
             if target not in params:
                 raise KeyError(f"no parameter for checkpoint tensor {name!r}")
             module_name, _, param_name = target.rpartition(".")
-            loader = getattr(self.get_submodule(module_name), "weight_loader", None)
+            loader = getattr(modules[module_name], "weight_loader", None)
             if loader is None:
                 load_replicated(params[target], tensor, name)
             else:
