@@ -27,11 +27,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from spec_trained_target import DRAFT_SHAPES, engine_kwargs  # noqa: E402  (the trained-target run's draft and engine)
 
 from asyncrl.engine.bench import SHAPES, build_random_hf  # noqa: E402
-
-DRAFT_SHAPE = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=128, tie_word_embeddings=True)
 
 
 def build_models(shape: str, device: str, out: Path) -> dict:
@@ -43,9 +43,8 @@ def build_models(shape: str, device: str, out: Path) -> dict:
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     build_random_hf(shape, dtype, device, 4096).save_pretrained(out / "target")
     vocab = SHAPES[shape]["vocab_size"]
-    draft_shape = DRAFT_SHAPE if shape != "tiny" else dict(SHAPES["tiny"], num_hidden_layers=1)
     cfg = Qwen3Config(max_position_embeddings=4096, eos_token_id=0, pad_token_id=0, bos_token_id=0,
-                      **{**draft_shape, "vocab_size": vocab})
+                      **{**DRAFT_SHAPES[shape], "vocab_size": vocab})
     AutoModelForCausalLM.from_config(cfg, dtype=dtype).save_pretrained(out / "draft")
     new_head(ModelConfig.from_dir(str(out / "target")), seed=1).save(str(out / "head"))
     return {"target": str(out / "target"), "draft_model": str(out / "draft"), "eagle": str(out / "head")}
@@ -56,9 +55,8 @@ def time_catch_ups(paths: dict, method: str, device: str, batch: int, tokens: in
     from asyncrl.engine.llm import LLM
     from asyncrl.types import SamplingParams
     spec = {"method": method, "model": paths[method], "num_speculative_tokens": 4, "disable_by_batch_size": 64}
-    llm = LLM(paths["target"], speculative_config=spec, device=device, max_model_len=tokens + 64,
-              block_size=64 if device.startswith("cuda") else 16,
-              dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    llm = LLM(paths["target"], speculative_config=spec, **engine_kwargs(dtype, device, tokens + 64))
     steps: list[dict] = []
     inner = llm.spec.step
 

@@ -553,6 +553,9 @@ class LLM:
         return False
 
 
+BATCH_DECODE_MIN_TOKENS = 16384  # fast_batch_decoder: below it the backend decodes one by one
+
+
 def fast_batch_decoder(tokenizer):
     """A function decoding many id lists at once, equal to ``tokenizer.decode(ids,
     skip_special_tokens=True)`` for each, or None where that cannot be promised.
@@ -581,8 +584,6 @@ def fast_batch_decoder(tokenizer):
         return [backend.decode(ids, skip_special_tokens=True) for ids in seqs]
     return decode
 
-
-BATCH_DECODE_MIN_TOKENS = 16384  # fast_batch_decoder: below it the backend decodes one by one
 
 
 def _maybe_tokenizer(path: str):
