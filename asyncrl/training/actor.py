@@ -18,7 +18,7 @@ from asyncrl.training.compile import compile_stats
 from asyncrl.training.forward import PolicyLogprobs
 from asyncrl.training.forward_plan import ForwardPlan, prepare_model
 from asyncrl.training.logprob_gap import LogprobGap, gap_metrics
-from asyncrl.training.mfu import peak_flops, update_flops
+from asyncrl.training.mfu import matmul_params, peak_flops, update_flops
 from asyncrl.training.mixed_precision import trainer_adamw, trained_parameters
 from asyncrl.training.optim import build_optimizer
 from asyncrl.training.param_check import check_parameters_finite
@@ -89,6 +89,7 @@ class Actor:
         self.loss_cfg = policy_loss_config(algo_cfg)
         # LoRA: only the adapters require grad, so only they get optimizer state (the base stays frozen)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self._matmul_params = matmul_params(model)  # for MFU: fixed for the model's life
         if dp.sharded:  # FSDP2 keeps the fp32 master shards itself (roles.master_dtype); LoRA: the adapters' shards
             self.optimizer = build_optimizer([p for p in self.forward_module.parameters() if p.requires_grad],
                                              actor_cfg)
@@ -106,6 +107,9 @@ class Actor:
         # kernels, layout, compile of the forward (forward_plan.py); the reference's copy inherits it
         self.plan = plan if plan is not None else prepare_model(model, actor_cfg.kernels, actor_cfg.packing,
                                                                 actor_cfg.compile)
+        # train() walks the module tree (0.1 ms on the tiny CPU model, every step): skipped when
+        # every module is in training mode already (compute_logprobs' eval() clears that)
+        self._modules = list(self.forward_module.modules())
 
     @property
     def on_policy_shortcut(self) -> bool:
@@ -139,7 +143,8 @@ class Actor:
     @replicated("actor")
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """PPO epochs over mini-batches; returns averaged metrics of the step."""
-        self.forward_module.train()
+        if not all(module.training for module in self._modules):
+            self.forward_module.train()
         self._gap = LogprobGap()  # filled only by the on-policy shortcut's pre-update forward
         history: list[dict[str, float]] = []
         start = time.perf_counter()
@@ -158,7 +163,8 @@ class Actor:
         device's peak, where known). The update ends in host reads of its metrics, so the GPU
         has finished by the time the clock stops."""
         # per device: the batch's FLOPs are spread over the data-parallel ranks
-        flops = self.cfg.ppo_epochs * update_flops(self.model, batch.attention_mask.sum(-1)) / self.dp.world_size
+        flops = self.cfg.ppo_epochs * update_flops(self.model, batch.attention_mask.sum(-1),
+                                                   matmul_weights=self._matmul_params) / self.dp.world_size
         out = {"actor/tflops": flops / max(seconds, 1e-9) / 1e12}
         if self.plan.body == "compiled":
             out.update(compile_stats())
@@ -189,7 +195,7 @@ class Actor:
                 self.optimizer.step()
             if not self.dp.sharded:  # sharded: the global norm above is the check
                 with record_function("actor/param_check"):
-                    check_parameters_finite(self.model, "the actor's optimizer step")
+                    check_parameters_finite(self.model, "the actor's optimizer step", self.trainable)
             sums["actor/skipped_step"] = 0.0
         else:
             self.optimizer.zero_grad(set_to_none=True)

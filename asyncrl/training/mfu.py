@@ -11,6 +11,8 @@ hardware's own utilisation is lower by that share.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 # Dense (no sparsity) bf16 / fp16 tensor-core peaks from the vendors' datasheets, FLOP/s.
@@ -40,13 +42,16 @@ def matmul_params(model) -> int:
     return total
 
 
-def update_flops(model, row_tokens: torch.Tensor, passes: float = 3.0) -> float:
+def update_flops(model, row_tokens: torch.Tensor, passes: float = 3.0,
+                 matmul_weights: Optional[int] = None) -> float:
     """Model FLOPs of forward + backward (``passes`` = 3: forward once, backward twice) over
-    rows of ``row_tokens`` [B] real tokens each."""
+    rows of ``row_tokens`` [B] real tokens each. ``matmul_weights``: ``matmul_params(model)``
+    when the caller keeps it (a per-step caller: it walks every parameter)."""
     config = model.config
     attn_width = config.num_attention_heads * getattr(config, "head_dim",
                                                       config.hidden_size // config.num_attention_heads)
     tokens = row_tokens.double()
-    dense = 2.0 * matmul_params(model) * float(tokens.sum())
+    n = matmul_params(model) if matmul_weights is None else matmul_weights
+    dense = 2.0 * n * float(tokens.sum())
     attention = 2.0 * config.num_hidden_layers * attn_width * float((tokens ** 2).sum())
     return passes * (dense + attention)

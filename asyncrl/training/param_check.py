@@ -7,19 +7,27 @@ every checkpoint written so far healthy (checkpoint.py also refuses to write NaN
 """
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 import torch
 
 from asyncrl.errors import NonFiniteError
 
 
 @torch.no_grad()
-def check_parameters_finite(model: torch.nn.Module, where: str) -> None:
+def check_parameters_finite(model: torch.nn.Module, where: str,
+                            params: Optional[Sequence[torch.Tensor]] = None) -> None:
     """Raise :class:`NonFiniteError` naming the first non-finite parameter of ``model``.
 
-    One fused norm per parameter tensor and one device sync per call (a NaN or Inf anywhere
-    makes its tensor's norm non-finite); the per-parameter scan runs only on failure."""
-    params = [p for p in model.parameters()]
-    norms = torch._foreach_norm([p.detach() for p in params])
+    ``params``: the tensors to check when not all of ``model``'s (the ones the optimizer
+    changes; a caller that checks every step keeps this list, as a walk of the module tree per
+    step costs more than the check on a tiny model). One fused norm per tensor and one device
+    sync per call (a NaN or Inf anywhere makes its tensor's norm non-finite); the
+    per-parameter scan that names the culprit runs only on failure."""
+    tensors = [p.detach() for p in (model.parameters() if params is None else params)]
+    if not tensors:
+        return
+    norms = torch._foreach_norm(tensors)
     if bool(torch.stack([n.float() for n in norms]).isfinite().all()):
         return
     for name, param in model.named_parameters():

@@ -142,3 +142,25 @@ def test_an_infinite_loss_skips_the_step_though_its_gradients_are_finite(tiny_po
     metrics = actor.update(batch)
     assert metrics["actor/skipped_step"] == 0.0 and "actor/nonfinite_loss" not in metrics
     assert not all(torch.equal(a, b) for a, b in zip(before, actor.model.parameters()))
+
+
+def test_update_runs_in_training_mode_after_an_eval_forward(tiny_policy):
+    """compute_logprobs puts the modules in eval mode; the update (which skips train() when every
+    module is already training) must switch every one of them back."""
+    model, tok = tiny_policy
+    actor, batch = _actor(model), _batch(tok)
+    seen = []
+    hook = lambda module, args: seen.append(module.training)  # noqa: E731
+    handles = [m.register_forward_pre_hook(hook) for m in actor.model.modules()]
+    actor.compute_logprobs(batch)
+    assert seen and not any(seen)
+    seen.clear()
+    actor.update(batch)
+    assert seen and all(seen)
+    submodule = next(m for m in actor.model.modules() if m is not actor.model)
+    submodule.eval()  # one module out of training mode is enough to need train()
+    seen.clear()
+    actor.update(batch)
+    assert all(seen) and submodule.training
+    for handle in handles:
+        handle.remove()

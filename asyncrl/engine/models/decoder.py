@@ -16,9 +16,10 @@ keeps this rank's slice. With ``tp.size == 1`` they are the plain torch layers.
 """
 from __future__ import annotations
 
+import functools
 import os
 import types
-from typing import Iterable, Optional
+from typing import Hashable, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -239,6 +240,20 @@ _PACKED = {
 }
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _load_target(name: str) -> tuple[str, Optional[Hashable], str, str]:
+    """(our parameter's name, its shard of a fused parameter or None, its module's name, the
+    parameter's own name) for the HF tensor ``name``: pure string work, cached because every
+    weight sync sends the same names."""
+    target, shard = name, None
+    for frag, (fused, fused_shard) in _PACKED.items():
+        if f".{frag}." in name:
+            target, shard = name.replace(f".{frag}.", f".{fused}."), fused_shard
+            break
+    module_name, _, param_name = target.rpartition(".")
+    return target, shard, module_name, param_name
+
+
 class CausalLM(nn.Module):
     """``forward(input_ids [T], positions [T], meta) -> hidden [T, hidden]``;
     ``compute_logits(hidden [N, hidden]) -> [N, vocab]`` (fp32; under tensor parallelism on
@@ -279,25 +294,21 @@ class CausalLM(nn.Module):
 
         Unknown names raise: a silently skipped tensor would leave stale weights.
         """
-        params = dict(self.named_parameters(remove_duplicate=False))
-        # one walk of the module tree per load, not get_submodule per tensor (that walk per tensor
-        # doubled the CPU quickstart's weight sync: 0.23 -> 0.43 s over 300 steps); fresh each
-        # call, as FP8 and LoRA replace modules after build
+        # one walk of the module tree per load gives both maps (not get_submodule per tensor, nor
+        # a second walk for named_parameters: on the CPU quickstart's tiny model the walks were
+        # most of a sync's time); fresh each call, as FP8 and LoRA replace modules after build
         modules = dict(self.named_modules(remove_duplicate=False))
+        params = {f"{prefix}.{key}" if prefix else key: param for prefix, module in modules.items()
+                  for key, param in module._parameters.items() if param is not None}
         n = 0
         for name, tensor in named_tensors:
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # tied: embed_tokens.weight carries it
-            target, shard = name, None
-            for frag, (fused, fused_shard) in _PACKED.items():
-                if f".{frag}." in name:
-                    target, shard = name.replace(f".{frag}.", f".{fused}."), fused_shard
-                    break
+            target, shard, module_name, param_name = _load_target(name)
             if target not in params:
                 raise KeyError(f"no parameter for checkpoint tensor {name!r}")
-            module_name, _, param_name = target.rpartition(".")
             loader = getattr(modules[module_name], "weight_loader", None)
             if loader is None:
                 load_replicated(params[target], tensor, name)

@@ -41,7 +41,12 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def _copy_rows(param: torch.Tensor, first: int, src: torch.Tensor) -> None:
     """``src`` into rows ``[first, first + len(src))`` of ``param``."""
-    _copy(param[first:first + src.shape[0]], src)
+    _copy(param if first == 0 and src.shape[0] == param.shape[0] else param[first:first + src.shape[0]], src)
+
+
+def _rows(loaded: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """Rows ``[start, start + length)`` of ``loaded`` (itself when that is all of it: TP = 1)."""
+    return loaded if start == 0 and length == loaded.shape[0] else loaded.narrow(0, start, length)
 
 
 def load_replicated(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
@@ -64,7 +69,7 @@ class ColumnParallelLinear(nn.Linear):
         param = getattr(self, param_name)
         rows = param.shape[0]
         _check_shape(loaded, (rows * self.tp.size, *param.shape[1:]), name)
-        return 0, loaded.narrow(0, self.tp.rank * rows, rows)
+        return 0, _rows(loaded, self.tp.rank * rows, rows)
 
     def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
                       name: str = "") -> None:
@@ -97,7 +102,7 @@ class MergedColumnParallelLinear(nn.Linear):
         """(first local row of shard ``shard``, this rank's rows of the full HF tensor ``loaded``)."""
         offset, full, local, start = self.shards[shard]
         _check_shape(loaded, (full, *getattr(self, param_name).shape[1:]), name)
-        return offset, loaded.narrow(0, start, local)
+        return offset, _rows(loaded, start, local)
 
     def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Hashable, name: str = "") -> None:
         _copy_rows(getattr(self, param_name).data, *self.local_part(param_name, loaded, shard, name))
@@ -140,7 +145,7 @@ class RowParallelLinear(nn.Linear):
             return 0, loaded
         cols = param.shape[1]
         _check_shape(loaded, (param.shape[0], cols * self.tp.size), name)
-        return 0, loaded.narrow(1, self.tp.rank * cols, cols)
+        return 0, loaded if self.tp.size == 1 else loaded.narrow(1, self.tp.rank * cols, cols)
 
     def weight_loader(self, param_name: str, loaded: torch.Tensor, shard: Optional[Hashable] = None,
                       name: str = "") -> None:
