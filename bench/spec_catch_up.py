@@ -2,8 +2,9 @@
 
 Under the adaptive gate (spec/adaptive.py) a sampled tail decodes mostly plain and probes
 speculation now and then; each probe's first speculative step first catches the proposer up on
-the positions decoded plain (the draft model's K/V prefill, EAGLE's target forward for its
-features). On the H200 those catch-ups cost 45 ms (draft model) and 99 ms (EAGLE) each at T = 1
+the positions decoded plain (the draft model's K/V prefill; the EAGLE head's entries, which
+until 2026-12-04 also needed a target forward for their features: the runner records them now).
+On the H200 those catch-ups cost 45 ms (draft model) and 99 ms (EAGLE) each at T = 1
 (bench/RESULTS.md, 2026-12-04), and EAGLE's ~50 ms even for ~90 positions. This bench times every
 catch-up step of a random-weight target (the cost does not depend on acceptance) with the engine's
 compiled glue on and off (``ASYNCRL_ENGINE_COMPILE``), each in its own process, so a per-shape

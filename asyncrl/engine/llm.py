@@ -148,7 +148,8 @@ class LLM:
         spec, proposer = self._speculative_proposer(dtype, device)
         self.runner = ModelRunner(self.model, self.config, self.max_model_len, self.followers,
                                   extra_block_bytes=proposer.block_bytes(self.config.block_size)
-                                  if hasattr(proposer, "block_bytes") else 0)
+                                  if hasattr(proposer, "block_bytes") else 0,
+                                  record_features=getattr(proposer, "reads_target_features", False))
         if self.followers is not None:
             self.followers.wait_ready()
         if self.runner.state_pool is not None:  # hybrid: block-table rows are state slots, no prefix cache

@@ -76,10 +76,14 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, followers=None,
-                 extra_block_bytes: int = 0):
+                 extra_block_bytes: int = 0, record_features: bool = False):
         """``followers``: on rank 0 of a TP engine, the other ranks (``run_step(StepInputs)``).
         ``extra_block_bytes``: memory per KV block taken by another pool with the same block
-        geometry (a speculative draft model's K/V, ``spec/draft_model.py``; TP=1 only)."""
+        geometry (a speculative draft model's K/V, ``spec/draft_model.py``; TP=1 only).
+        ``record_features``: keep every cached position's final hidden state at its KV slot
+        (``self.features [(num_blocks + 1) * block_size, hidden]``, written by the model's own
+        forward, CUDA graphs included): an EAGLE proposer's input, so that positions decoded
+        without speculation need no second target forward (its bytes are in ``extra_block_bytes``)."""
         self.model = model
         self.tp, self.followers = model.tp, followers
         self.extra_block_bytes = extra_block_bytes
@@ -108,6 +112,11 @@ class ModelRunner:
             self.num_blocks = self.tp.comm.min_int(self.num_blocks)
         self.scratch_block = self.num_blocks
         self._allocate_kv_cache()
+        self.features: Optional[torch.Tensor] = None
+        if record_features:  # before any graph capture: every captured forward writes it
+            self.features = torch.zeros((self.num_blocks + 1) * self.block_size, model.config.hidden_size,
+                                        dtype=self.dtype, device=self.device)
+            model.feature_buffer = self.features
         self.routing = None
         if config.return_routed_experts and hasattr(model, "routers") and model.routers():
             from asyncrl.engine.routing import RoutingRecorder
@@ -193,6 +202,8 @@ class ModelRunner:
             self.state_pool.release(self.model.linear_layers())
         if self.routing is not None:
             self.routing.release(self.model.routers())
+        if self.features is not None:
+            self.model.feature_buffer = self.features = None
 
     @staticmethod
     def _copy_arrays(copies: list[tuple[int, int, int]]) -> list[np.ndarray]:
@@ -210,6 +221,9 @@ class ModelRunner:
                 cache[dst, :m] = cache[src, :m]
         if self.routing is not None:
             self.routing.copy_blocks(src, dst, m)
+        if self.features is not None:
+            view = self.features.view(-1, self.block_size, self.features.shape[1])
+            view[dst, :m] = view[src, :m]
 
     @torch.inference_mode()
     def _warmup_sampler(self) -> None:

@@ -35,10 +35,13 @@ def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pa
 def _pad_rows(rows: list[Optional[list]], length: int, fill, dtype) -> torch.Tensor:
     """``[B, length]``: each row's first ``length`` values (None: none), then ``fill``."""
     rows = [row or [] for row in rows]
-    lens = np.minimum(_lengths(rows), length)
+    full = _lengths(rows)
+    lens = np.minimum(full, length)
+    if (full > length).any():  # cut only when a row is longer (never, for a batch's own rows)
+        rows = [r[:n] for r, n in zip(rows, lens.tolist())]
     np_dtype = torch.empty((), dtype=dtype).numpy().dtype
     out = np.full((len(rows), length), fill, dtype=np_dtype)
-    out[np.arange(length) < lens[:, None]] = _flat([r[:n] for r, n in zip(rows, lens.tolist())], lens, np_dtype)
+    out[np.arange(length) < lens[:, None]] = _flat(rows, lens, np_dtype)
     return torch.from_numpy(out)
 
 

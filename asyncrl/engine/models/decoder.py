@@ -52,7 +52,9 @@ class _CudaCompiled:
         self.enabled = os.environ.get("ASYNCRL_ENGINE_COMPILE", "1") != "0"
 
     def __call__(self, x, *args):
-        if not (x.device.type in self.device_types and self.enabled):
+        # is_cuda / is_cpu are flags; x.device builds an object (this runs ~100 times per step)
+        kind = "cuda" if x.is_cuda else "cpu" if x.is_cpu else x.device.type
+        if not (self.enabled and kind in self.device_types):
             return self.fn(x, *args)
         return self.variant((x, *args))(x, *args)
 
@@ -260,6 +262,10 @@ class CausalLM(nn.Module):
     rank 0 only, None on the others). ``tp``: this rank's share of the model."""
 
     model_class = DecoderModel  # the trunk: families with other layers override it (moe.py, qwen3_5.py)
+    # ``[(num_blocks + 1) * block_size, hidden]`` or None: set by a ModelRunner whose EAGLE proposer
+    # drafts from the target's features; every forward writes its tokens' hidden states at their KV
+    # slots (prefill, plain decode, verify alike), so the features of every cached position are there
+    feature_buffer: Optional[torch.Tensor] = None
 
     def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
@@ -278,7 +284,10 @@ class CausalLM(nn.Module):
         return cls.model_class is DecoderModel
 
     def forward(self, input_ids, positions, meta):
-        return self.model(input_ids, positions, meta)
+        hidden = self.model(input_ids, positions, meta)
+        if self.feature_buffer is not None:  # rows of ``hidden`` and of the slot mapping align on every path
+            self.feature_buffer.index_copy_(0, meta.slot_mapping, hidden)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
         logits = self.lm_head(hidden)

@@ -5,28 +5,30 @@ the target's block geometry (the draft-model layout: same block tables, ``block_
 at start-up). ``Sequence.draft_cached`` counts the entries written with TRUE features (reset
 when the sequence loses its blocks).
 
-A round, for a sequence of L tokens (target K/V valid for positions 0..L-2):
-  1. catch up: one packed forward writes entries ``[draft_cached, L - 1]`` with true features;
-     its output at L - 1 drafts token 1. The features come from the previous verify pass
-     (``verified`` keeps the accepted positions' target hidden states: exactly the ones the
-     next catch-up needs), else from a target forward over the missing positions that reads
-     the target's cached K/V and writes nothing (its K/V writes go to the scratch block): the
-     first speculative step of a sequence, or after decode steps without speculation.
+The features are the target's own: the engine's runner keeps every cached position's final
+hidden state at its KV slot (``ModelRunner.features``, written by the target's forward in prefill,
+plain decode and verify alike, CUDA graphs included; forks copy them with the K/V), so no
+position ever needs a second target forward, however it was decoded.
+
+A round, for a sequence of L tokens (target K/V and features valid for positions 0..L-2):
+  1. catch up: one packed forward of the head writes entries ``[draft_cached, L - 1]`` (entry p
+     reads feature p - 1 from the runner's features, zero for p = 0); its output at L - 1 drafts
+     token 1. In the steady state that is the 1..Q positions the last verify pass emitted; after
+     decode steps without speculation (the adaptive gate, spec/adaptive.py), or for a new
+     sequence, it is every position since (``catch_up_tokens``: a head forward, one layer).
   2. k - 1 one-token steps: entry ``L - 1 + j`` = (draft j, the head's own output of step j - 1).
      These entries hold draft features; the next round's catch-up overwrites them.
 Drafts are the head's argmax (``greedy``, vLLM's default for EAGLE) or samples from its processed
 distribution (``probabilistic``; a round whose rows are all greedy drafts argmax and hands the
 verifier no q: ``draft_model.wants_q``); verification is the unchanged exact rule (``verifier.py``).
 On GPU a whole round is ONE CUDA graph per batch bucket up to ``disable_by_batch_size``
-(``ASYNCRL_EAGLE_GRAPHS=0``: eager) whenever every row's catch-up reads features of the last verify
-pass (the steady state): the catch-up is padded to ``Q = k + 1`` entries per row (a verify emits
-1..Q tokens, so the entries to write are <= Q, and the verify pass's hidden states ``[B * Q, H]``
-hold their features in that very layout, copied once into ``vhidden``), run by the paged decode
-kernel with ``query_len = Q`` (entries past a row's count write the scratch block; their outputs
-are never read), then the k - 1 one-token steps; all of the round's host inputs go over in one
-copy (``StaticInputs``). Rows whose catch-up needs a target forward (the first speculative step
-of a sequence, after decode steps without speculation) run the round eagerly: catch-up through
-the gathered path, steps through the paged kernel.
+(``ASYNCRL_EAGLE_GRAPHS=0``: eager) whenever every row's catch-up is at most ``Q = k + 1`` entries
+and none starts at position 0 (the steady state): the catch-up is padded to Q entries per row (a
+verify emits 1..Q tokens), their features gathered from the runner's by slot, run by the paged
+decode kernel with ``query_len = Q`` (entries past a row's count write the scratch block; their
+outputs are never read), then the k - 1 one-token steps; all of the round's host inputs go over
+in one copy (``StaticInputs``). A longer catch-up (a new sequence, or after plain decode steps)
+runs the round eagerly: catch-up through the gathered path, steps through the paged kernel.
 """
 from __future__ import annotations
 
@@ -48,11 +50,10 @@ GRAPHS = os.environ.get("ASYNCRL_EAGLE_GRAPHS", "1") != "0"
 
 class EagleProposer:
     """``propose(batch, budgets)`` -> (drafts ``[B, k]`` int64 on the device, counts ``[B]``,
-    probs ``[B, k, V]`` or None); ``verified(batch, out)`` keeps the accepted features.
-    Invariant: ``features[seq_id] = (start, row, n)``: rows ``row * Q .. row * Q + n - 1`` of
-    ``hidden`` (the last verify pass's hidden states ``[B * Q, H]``; on the graph path also
-    ``vhidden``) are the target features of positions ``start .. start + n - 1`` of a sequence of
-    the last verify pass (cleared and refilled by every ``verified``)."""
+    probs ``[B, k, V]`` or None). Invariant: ``Sequence.draft_cached`` entries of the head's K/V
+    hold true features (the target's, read from ``runner.features``)."""
+
+    reads_target_features = True  # the engine's runner records them (ModelRunner(record_features=True))
 
     def __init__(self, config: SpeculativeConfig, dtype: torch.dtype, device, target_config):
         self.k = config.num_speculative_tokens
@@ -63,20 +64,20 @@ class EagleProposer:
         self.dtype, self.device = dtype, torch.device(device)
         self.max_batch = config.disable_by_batch_size
         self.runner = None
-        self.features: dict[int, tuple[int, int, int]] = {}
-        self.hidden: Optional[torch.Tensor] = None
-        self.held = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}       # argmax drafts
         self.prob_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # drafts sampled from q (probabilistic config)
         self.staged: Optional[StaticInputs] = None
         self.vars: dict[str, torch.Tensor] = {}
-        self.catch_up_tokens = 0  # positions whose features the last propose got from a target forward
+        # head entries the last propose wrote for rows needing more than one round's Q (a new
+        # sequence's prompt, positions decoded without speculation): the proposer's catch-up
+        self.catch_up_tokens = 0
         self.rounds = {"graph": 0, "eager": 0}
 
     def block_bytes(self, block_size: int) -> int:
-        """Bytes of one KV block of the head (one layer, K and V)."""
+        """Bytes per KV block: the head's K/V (one layer) and the target features the runner
+        records at the block's slots."""
         c = self.head.config
-        return 2 * block_size * c.num_key_value_heads * c.head_dim * self.dtype.itemsize
+        return (2 * c.num_key_value_heads * c.head_dim + c.hidden_size) * block_size * self.dtype.itemsize
 
     def attach(self, runner) -> None:
         self.runner = runner
@@ -95,21 +96,19 @@ class EagleProposer:
         self.prob_graphs.clear()
         attn = self.head.layers[0].self_attn
         attn.k_cache = attn.v_cache = torch.empty(0)
-        self.features.clear()
-        self.hidden, self.held = None, 0
 
     # ---- one round ----------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, batch, budgets: list[int]):
         seqs, B = batch.seqs, len(batch.seqs)
-        self.catch_up_tokens = 0
         prob = wants_q(self.probabilistic, seqs)
         L = np.array([len(s.token_ids) for s in seqs], dtype=np.int64)
         first = np.minimum([s.draft_cached for s in seqs], L - 1)
+        entries = L - first
+        self.catch_up_tokens = int(entries[entries > self.q].sum())
         bs = min((b for b in self.graphs if b >= B), default=None)
-        src = self._verified_rows(seqs, first, L) if bs is not None else None
-        if src is not None:
-            drafts, probs = self._replay(seqs, first, L, src, bs, prob)
+        if bs is not None and (first >= 1).all() and (entries <= self.q).all():
+            drafts, probs = self._replay(seqs, first, L, bs, prob)
             drafts, probs = drafts[:B], (probs[:B] if probs is not None else None)
             self.rounds["graph"] += 1
         else:
@@ -120,7 +119,7 @@ class EagleProposer:
         return drafts, np.asarray(budgets, dtype=np.int64), probs
 
     def _eager_round(self, seqs, first: np.ndarray, L: np.ndarray, prob: bool):
-        """Catch-up through the gathered path (target forward for missing features), then the
+        """Catch-up through the gathered path (the head over every entry to write), then the
         k - 1 steps (paged on GPU, gathered on CPU): drafts ``[B, k]``, probs or None."""
         B = len(seqs)
         g = self._catch_up(seqs, first, L)
@@ -152,36 +151,8 @@ class EagleProposer:
         return AttentionMetadata(slot_mapping=v["slots"][i], block_tables=v["bt"], context_lens=v["ctx"][i],
                                  paged_decode=True)
 
-    @torch.inference_mode()
     def verified(self, batch, out) -> None:
-        """Keep the target features of each row's emitted positions ``L - 1 .. L - 2 + emitted``
-        (the verify pass's hidden states ``out.hidden [B * Q, H]``, by reference: the next
-        verify pass, which overwrites them, comes after the next round's catch-up has read them):
-        the next catch-up's true features. With graphs, one copy into ``vhidden``."""
-        self.features = {s.seq_id: (start, i, len(toks))
-                         for i, (s, start, toks) in enumerate(zip(batch.seqs, batch.starts, out.tokens))}
-        self.hidden = out.hidden
-        n = out.hidden.shape[0]
-        self.held = 0  # rows of vhidden that hold this pass's features
-        if self.graphs and n <= self.vars["vhidden"].shape[0]:
-            self.vars["vhidden"][:n].copy_(out.hidden)
-            self.held = n
-
-    def _verified_rows(self, seqs, first: np.ndarray, L: np.ndarray) -> Optional[np.ndarray]:
-        """For the graph round: per row, the ``vhidden`` row of its first catch-up entry's feature
-        (entry ``first`` reads feature ``first - 1``), or None when any row's catch-up needs
-        features the last verify pass did not produce (or ``vhidden`` does not hold them)."""
-        held = self.held
-        src = np.empty(len(seqs), dtype=np.int64)
-        for i, (s, a, b) in enumerate(zip(seqs, first, L)):
-            have = self.features.get(s.seq_id)
-            if have is None or a < 1 or b - a > self.q:
-                return None
-            start, row, n = have
-            if not (start <= a - 1 and b - 2 < start + n and (row + 1) * self.q <= held):
-                return None
-            src[i] = row * self.q + a - 1 - start
-        return src
+        """Nothing to keep: the verify pass wrote its features into the runner's by itself."""
 
     def _catch_up(self, seqs, first: np.ndarray, L: np.ndarray) -> torch.Tensor:
         """Write head entries ``[first_i, L_i - 1]`` of every row; g ``[B, H]`` at ``L_i - 1``."""
@@ -196,43 +167,17 @@ class EagleProposer:
         return g[torch.from_numpy(np.cumsum(n) - 1).to(self.device)]
 
     def _true_features(self, seqs, first: np.ndarray, L: np.ndarray) -> torch.Tensor:
-        """Packed ``[sum(L - first), H]``: target feature ``p - 1`` for every entry p (zero for p = 0)."""
-        out, missing, Q = [], [], self.q
-        for i, (s, a, b) in enumerate(zip(seqs, first, L)):
-            lo, hi = a - 1, b - 2  # features needed: positions lo..hi (lo = -1: the zero feature)
-            have = self.features.get(s.seq_id)
-            if have is not None and have[0] <= max(lo, 0) and hi < have[0] + have[2]:
-                base = have[1] * Q - have[0]  # hidden row of position p: base + p
-                out.append(self.hidden[base + max(lo, 0): base + hi + 1])
-            else:
-                out.append(None)
-                missing.append((i, s, max(lo, 0), hi))
-        # 0 in the steady state (the last verify pass holds the features); > 0 for new sequences and
-        # after steps decoded without speculation
-        self.catch_up_tokens = sum(max(0, hi - lo + 1) for _, _, lo, hi in missing)
-        for (i, *_), f in zip(missing, self._target_hidden([m[1:] for m in missing])):
-            out[i] = f
-        H = self.head.config.hidden_size
-        zero = torch.zeros(1, H, dtype=self.dtype, device=self.device)
-        return torch.cat([torch.cat([zero, f]) if a == 0 else f for f, a in zip(out, first)])
-
-    def _target_hidden(self, rows: list[tuple]) -> list[torch.Tensor]:
-        """Target hidden states ``[b - a + 1, H]`` of positions ``[a, b]`` for each ``(seq, a, b)`` (empty
-        when b < a), in one forward that reads the target's cached K/V and writes its own to the
-        scratch block (the cached K/V, and so the target's later tokens, stay untouched)."""
-        live = [(s, a, b) for s, a, b in rows if b >= a]
-        hidden = iter(())
-        if live:
-            r = self.runner
-            n = [b - a + 1 for _, a, b in live]
-            ids = torch.tensor([t for s, a, b in live for t in s.token_ids[a:b + 1]], device=self.device)
-            pos = torch.tensor([p for _, a, b in live for p in range(a, b + 1)], device=self.device)
-            meta = build_gathered_metadata([s.block_table for s, _, _ in live], [a for _, a, _ in live], n,
-                                           r.block_size, r.scratch_block, self.device)
-            meta.slot_mapping = torch.full_like(meta.slot_mapping, r.scratch_block * r.block_size)
-            hidden = iter(r.model(ids, pos, meta).split(n))
-        empty = torch.zeros(0, self.head.config.hidden_size, dtype=self.dtype, device=self.device)
-        return [next(hidden) if b >= a else empty for _, a, b in rows]
+        """Packed ``[sum(L - first), H]``: target feature ``p - 1`` for every entry p (zero for p = 0),
+        gathered from the runner's features by slot."""
+        bsz = self.runner.block_size
+        fpos = [np.arange(a - 1, b - 1) for a, b in zip(first, L)]
+        slots = np.concatenate([np.asarray(s.block_table, dtype=np.int64)[np.maximum(p, 0) // bsz] * bsz
+                                + np.maximum(p, 0) % bsz for s, p in zip(seqs, fpos)])
+        feats = self.runner.features[torch.from_numpy(slots).to(self.device)]
+        zero = np.concatenate(fpos) < 0  # entry 0 of a sequence: no feature before it
+        if zero.any():
+            feats[torch.from_numpy(zero).to(self.device)] = 0
+        return feats
 
     def _gathered_inputs(self, seqs, L: np.ndarray) -> dict:
         """CPU: positions ``[k - 1, B]`` (entry ``L - 1 + j`` of draft step j) and each step's gathered
@@ -268,47 +213,49 @@ class EagleProposer:
                     bt=dev[3 * n:].t().contiguous().to(torch.int32))
 
     # ---- CUDA graphs (GPU: a whole round replayed per batch bucket) -------------------
-    def _round_host(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, rows: int,
-                    prob: bool = False) -> dict:
+    def _round_host(self, seqs, first: np.ndarray, L: np.ndarray, rows: int, prob: bool = False) -> dict:
         """Host inputs of a graph round of ``rows`` rows: the catch-up's ``cids, cpos, cslots, feat
-        [rows, Q]`` (entry j of row i: position ``first_i + j``, its token, its slot, the ``vhidden``
-        row of its feature; entries past the row's count ``L_i - first_i`` write the scratch
-        block), ``cctx [rows]`` int32 and ``last [rows]`` (entry ``L_i - 1`` in the packed output);
-        the steps' ``pos, slots, ctx, bt`` (``_paged_host``); with a probabilistic config the sampling
-        arrays (greedy defaults unless ``prob``: the argmax graph reads none). Padding rows: one entry
-        at position 0, scratch."""
+        [rows, Q]`` (entry j of row i: position ``first_i + j``, its token, its slot, the slot of its
+        feature, position ``first_i + j - 1``, in the runner's features; entries past the row's count
+        ``L_i - first_i`` write the scratch block and read any feature), ``cctx [rows]`` int32 and
+        ``last [rows]`` (entry ``L_i - 1`` in the packed output); the steps' ``pos, slots, ctx, bt``
+        (``_paged_host``); with a probabilistic config the sampling arrays (greedy defaults unless
+        ``prob``: the argmax graph reads none). Padding rows: one entry at position 0, scratch."""
         r, B, Q, bsz = self.runner, len(seqs), self.q, self.runner.block_size
+        scratch = r.scratch_block * bsz
         h = self._paged_host(seqs, L, rows)
-        n, base, feat0 = np.ones(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
-        n[:B], base[:B], feat0[:B] = L - first, first, src
+        n, base = np.ones(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
+        n[:B], base[:B] = L - first, first
         j = np.arange(Q)
         pos = base[:, None] + j[None, :]
         live = j[None, :] < n[:, None]
         ids = np.zeros((rows, Q), dtype=np.int64)
         for i, s in enumerate(seqs):
             ids[i, :n[i]] = s.token_ids[first[i]:L[i]]
-        blk = h["bt"][np.arange(rows)[:, None], np.minimum(pos // bsz, h["bt"].shape[1] - 1)].astype(np.int64)
-        slots = np.where(live, blk * bsz + pos % bsz, r.scratch_block * bsz)
-        out = dict(cids=ids, cpos=pos, cslots=slots, feat=np.where(live, feat0[:, None] + j[None, :], feat0[:, None]),
-                   cctx=(base + Q).astype(np.int32), last=np.arange(rows) * Q + n - 1, **h)
+        at = np.arange(rows)[:, None]
+        width = h["bt"].shape[1] - 1
+        blk = h["bt"][at, np.minimum(pos // bsz, width)].astype(np.int64)
+        slots = np.where(live, blk * bsz + pos % bsz, scratch)
+        fpos = np.maximum(pos - 1, 0)
+        fblk = h["bt"][at, np.minimum(fpos // bsz, width)].astype(np.int64)
+        feat = np.where(live & (pos >= 1), fblk * bsz + fpos % bsz, scratch)
+        out = dict(cids=ids, cpos=pos, cslots=slots, feat=feat, cctx=(base + Q).astype(np.int32),
+                   last=np.arange(rows) * Q + n - 1, **h)
         if self.probabilistic:  # one staged layout for both graphs of a bucket
             out.update(sampling_host(seqs, rows, self.k, prob))
         return out
 
-    def _replay(self, seqs, first: np.ndarray, L: np.ndarray, src: np.ndarray, bs: int, prob: bool):
-        self.staged.put(bs, self._round_host(seqs, first, L, src, bs, prob))  # every input: one copy
+    def _replay(self, seqs, first: np.ndarray, L: np.ndarray, bs: int, prob: bool):
+        self.staged.put(bs, self._round_host(seqs, first, L, bs, prob))  # every input: one copy
         (self.prob_graphs if prob else self.graphs)[bs].replay()
         return self.vars["drafts"][:bs], (self.vars["probs"][:bs] if prob else None)
 
     @torch.inference_mode()
     def _capture(self, sizes: list[int]) -> None:
-        H, V, none = self.head.config.hidden_size, self.head.config.vocab_size, np.zeros(0, dtype=np.int64)
+        V, none = self.head.config.vocab_size, np.zeros(0, dtype=np.int64)
         max_bs = max(sizes)
-        self.staged = StaticInputs.padded({bs: self._round_host([], none, none, none, bs) for bs in sizes},
-                                          self.device)
-        self.vars = dict(vhidden=torch.zeros(max(self.max_batch, max_bs) * self.q, H, dtype=self.dtype,
-                                             device=self.device),
-                         drafts=torch.zeros(max_bs, self.k, dtype=torch.int64, device=self.device))
+        self.staged = StaticInputs.padded({bs: self._round_host([], none, none, bs) for bs in sizes}, self.device)
+        self.vars = dict(drafts=torch.zeros(max_bs, self.k, dtype=torch.int64, device=self.device))
         capture_rounds(self, sizes, V)
 
     def _graph_round(self, bs: int, prob: bool) -> None:
@@ -318,7 +265,7 @@ class EagleProposer:
         v, target, Q = self.staged.views(bs), self.runner.model, self.q
         meta = AttentionMetadata(slot_mapping=v["cslots"].view(-1), block_tables=v["bt"], context_lens=v["cctx"],
                                  paged_decode=True, query_len=Q)
-        feats = self.vars["vhidden"][v["feat"].view(-1)]
+        feats = self.runner.features[v["feat"].view(-1)]
         g = self.head(target.model.embed_tokens(v["cids"].view(-1)), feats, v["cpos"].view(-1), meta)[v["last"]]
         tok, q = draft_tokens(target.compute_logits(g), v, 0, prob)
         drafts, probs = self._draft_steps({**v, "tok": tok, "q": q, "g": g}, prob)

@@ -213,7 +213,7 @@ def test_engine_mixes_speculative_and_plain_steps_exactly(target, head, method, 
         assert_same_completions(off, on, atol=1e-4)
         m = llm.metrics
         assert m["spec_steps"] > 0 and m["spec_gate_plain_steps"] > 0 and m["spec_gate_probes"] >= 2
-        # eagle: features after plain steps come from a target forward over the positions it missed
+        # eagle: after plain steps its head catches up on the positions it missed (features recorded)
         if method == "draft_model" and params.temperature == 0:
             # the target as its own draft: every draft accepted, so after each run of plain steps the
             # draft model caught up on the tokens it had not seen (its K/V in step with the target's)
@@ -227,10 +227,9 @@ def test_engine_mixes_speculative_and_plain_steps_exactly(target, head, method, 
 
 def costly_catch_up(llm, cost: float) -> None:
     """On top of ``slow_speculation``'s clock: a proposer's catch-up (the draft model's K/V prefill of
-    positions it has not seen, EAGLE's target forward for missing features) costs ``cost``."""
+    positions it has not seen, the EAGLE head's entries for them) costs ``cost``."""
     clock, proposer = llm.spec.gate.clock, llm.spec.proposer
-    name = "_catch_up" if hasattr(proposer, "_catch_up") and not hasattr(proposer, "_target_hidden") \
-        else "_target_hidden"
+    name = "_catch_up"
     inner = getattr(proposer, name)
 
     def timed(*a, **kw):
