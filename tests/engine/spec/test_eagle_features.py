@@ -12,37 +12,39 @@ from test_eagle import _spec, hf, target, trained_head  # noqa: F401 (fixtures)
 from asyncrl.types import SamplingParams
 
 
-def _watch_features(llm, hf):  # noqa: F811
-    """Wrap the proposer's feature read: each row's features against HF's last hidden state of its
-    tokens; count target forwards made inside a round. Returns (rows checked, target forwards)."""
-    proposer, model = llm.spec.proposer, llm.runner.model
+def _watch_features(llm, hf, atol=1e-4):  # noqa: F811
+    """Before every round, each row's recorded features (the runner's, by slot, positions
+    0..L-2) against HF's last hidden state of its tokens; count the target forwards made inside
+    a round. Returns {"rows": rows checked, "target_forwards": ...}."""
+    proposer, runner, model = llm.spec.proposer, llm.runner, llm.runner.model
     seen = {"rows": 0, "target_forwards": 0, "in_round": False}
-    read, forward, propose = proposer._true_features, model.forward, proposer.propose
+    forward, propose = model.forward, proposer.propose
+    bsz = runner.block_size
 
-    def checked(seqs, first, L):
-        feats = read(seqs, first, L)
-        offset = 0
+    def check(seqs):
         with torch.no_grad():
-            for s, a, b in zip(seqs, first, L):
-                ref = hf.model(input_ids=torch.tensor([s.token_ids[:b - 1]])).last_hidden_state[0]
-                want = torch.cat([torch.zeros(1, ref.shape[1]), ref[:b - 1]])[a:b]  # entry p: feature p - 1
-                torch.testing.assert_close(feats[offset:offset + b - a], want, atol=1e-4, rtol=1e-4)
-                offset += b - a
+            for s in seqs:
+                n = len(s.token_ids) - 1  # cached positions 0..L-2
+                pos = torch.arange(n)
+                slots = torch.tensor(s.block_table)[pos // bsz] * bsz + pos % bsz
+                ids = torch.tensor([s.token_ids[:n]], device=runner.device)
+                ref = hf.model(input_ids=ids).last_hidden_state[0]
+                torch.testing.assert_close(runner.features[slots.to(runner.device)], ref, atol=atol, rtol=atol)
                 seen["rows"] += 1
-        return feats
 
     def counted(*a, **kw):
         seen["target_forwards"] += seen["in_round"]
         return forward(*a, **kw)
 
-    def round_(*a, **kw):
+    def round_(batch, budgets):
+        check(batch.seqs)
         seen["in_round"] = True
         try:
-            return propose(*a, **kw)
+            return propose(batch, budgets)
         finally:
             seen["in_round"] = False
 
-    proposer._true_features, model.forward, proposer.propose = checked, counted, round_
+    model.forward, proposer.propose = counted, round_
     return seen
 
 
@@ -85,3 +87,22 @@ def test_the_feature_pool_is_counted_in_the_block_budget(target, trained_head): 
 def test_other_proposers_record_nothing(target, method):  # noqa: F811
     llm = make_llm(target, speculative_config={"method": method, "num_speculative_tokens": 3})
     assert llm.runner.features is None and llm.runner.model.feature_buffer is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_features_recorded_by_the_graphs(target, hf, trained_head):  # noqa: F811
+    """On CUDA the decode graphs, the verify graph and the round graph write and read the features:
+    equal to HF's (fp32) before every round, with the gate mixing plain and speculative steps."""
+    from test_spec_gpu import cuda_llm
+
+    llm = cuda_llm(target, speculative_config=_spec(trained_head))
+    slow_speculation(llm, spec_cost=3.0)
+    seen = _watch_features(llm, hf.to("cuda"), atol=2e-3)
+    llm.generate(prompts_for(4, [6, 9, 7]) * 2, SamplingParams(n=2, temperature=0.8, seed=0, max_tokens=60,
+                                                                ignore_eos=True))
+    m = llm.metrics
+    assert seen["rows"] > 0 and seen["target_forwards"] == 0 and m["spec_gate_plain_steps"] > 0
+    assert llm.spec.proposer.rounds["graph"] > 0
+    hf.to("cpu")
+
