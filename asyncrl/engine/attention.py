@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -175,6 +176,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     raw(v_cache).view(-1, Hkv, D).index_copy_(0, slot_mapping, _to_cache(v, v_cache))
 
 
+# Masked SDPA on CUDA without cuDNN's backend: cuDNN builds an execution plan for every new (Lq, Lk)
+# shape, 60-75 ms each and up to 1.7 s (H200, torch 2.11, bench/RESULTS.md 2026-12-04), and the
+# gathered path's shapes change every prefill and every speculative catch-up; the flash and
+# memory-efficient kernels take any shape at once (0.4-0.8 ms for the same calls).
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q ``[T, H, D]`` -> out ``[T, H, D]`` attending through ``meta.kv_slots``."""
@@ -188,8 +196,13 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         # the fused (mem-efficient) CUDA kernel takes a mask but not enable_gqa: expand
         # K/V heads rather than fall back to the math kernel's [B, H, Lq, Lk] scores
         kb, vb = kb.repeat_interleave(H // Hkv, 1), vb.repeat_interleave(H // Hkv, 1)
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None,
-                                         scale=scale, enable_gqa=H != kb.shape[1])
+    if q.is_cuda:
+        with sdpa_kernel(NO_CUDNN):
+            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None,
+                                                 scale=scale)
+    else:
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None,
+                                             scale=scale, enable_gqa=H != kb.shape[1])
     return out.transpose(1, 2).reshape(B * Lq, H, D)[meta.q_out_index]
 
 
