@@ -1,0 +1,27 @@
+"""bench/quickstart_ab.py at toy size: two checkouts (here the same commit twice) run as a user runs
+them, in pairs, each run's RL seconds and stages read back and the pair ratio formed."""
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "quickstart_ab.py"
+TOY = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=2", "model.tiny.head_dim=8",
+       "model.tiny.intermediate_size=64", "sft.steps=5", "sft.batch_size=16", "trainer.prompts_per_step=4",
+       "rollout.n=4", "task.num_eval=16", "logging.progress=false", "logging.tensorboard=false",
+       "logging.report=false", "trainer.eval_samples=0"]
+
+
+def test_pairs_of_the_same_commit(tmp_path):
+    spec = importlib.util.spec_from_file_location("quickstart_ab", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--base", "HEAD", "--head", "HEAD", "--pairs", "2", "--steps", "2", "--workdir",
+                      str(tmp_path), "--json", str(tmp_path / "ab.json"), "--set", *TOY])
+    assert out["commits"]["base"] == out["commits"]["head"] and out["mode"] == "concurrent"
+    assert sorted((r["pair"], r["name"]) for r in out["runs"]) == [(0, "base"), (0, "head"), (1, "base"), (1, "head")]
+    assert all(r["rl_seconds"] > 0 and r["actor_update"] > 0 and r["rollout"] > 0 for r in out["runs"])
+    assert len(out["pair_ratios"]) == 2 and all(x > 0 for x in out["pair_ratios"])
+    assert json.loads((tmp_path / "ab.json").read_text())["mean_ratio"] == out["mean_ratio"]
+    subprocess.run(["git", "-C", str(BENCH.parents[1]), "worktree", "remove", "--force",
+                    str(tmp_path / "trees" / out["commits"]["head"])], capture_output=True)
