@@ -34,13 +34,25 @@ def worktree(commit: str, root: Path) -> Path:
     return path
 
 
+def checked_import(tree: Path, cwd: Path) -> None:
+    """``asyncrl`` as a run imports it must be the worktree's: ``python -m`` puts the working
+    directory first on ``sys.path``, so a run started inside a checkout would import that one."""
+    found = subprocess.run([sys.executable, "-c", "import asyncrl; print(asyncrl.__file__)"], cwd=cwd,
+                           env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True).stdout
+    if not Path(found.strip()).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"a run for {tree} would import asyncrl from {found.strip() or '(nowhere)'}")
+
+
 def launch(tree: Path, run_dir: Path, steps: int, overrides: list[str], core: str | None) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(tree))
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"trainer.steps={steps}", "seed=0",
            f"logging.run_dir={run_dir}", f"sft.cache_dir={run_dir.parent.parent / ('sft_' + tree.name)}", *overrides]
     if core is not None:
         cmd = ["taskset", "-c", core, *cmd]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # cwd outside every checkout (see checked_import)
+    return subprocess.Popen(cmd, env=env, cwd=run_dir.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def result(proc: subprocess.Popen, run_dir: Path, name: str) -> dict:
@@ -69,7 +81,9 @@ def main(argv=None) -> dict:
                                     capture_output=True, text=True).stdout.strip()
                for name, ref in (("base", args.base), ("head", args.head))}
     trees = {name: worktree(commit, root / "trees") for name, commit in commits.items()}
+    (root / "runs").mkdir(parents=True, exist_ok=True)
     for name, tree in trees.items():  # the SFT warm starts, untimed
+        checked_import(tree, root / "runs")
         run = root / "runs" / f"warm_{name}"
         result(launch(tree, run, 1, args.set, None), run, name)
     cores = _cores(args.cores)

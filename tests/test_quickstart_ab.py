@@ -25,3 +25,20 @@ def test_pairs_of_the_same_commit(tmp_path):
     assert json.loads((tmp_path / "ab.json").read_text())["mean_ratio"] == out["mean_ratio"]
     subprocess.run(["git", "-C", str(BENCH.parents[1]), "worktree", "remove", "--force",
                     str(tmp_path / "trees" / out["commits"]["head"])], capture_output=True)
+
+
+def test_a_run_imports_its_own_checkout(tmp_path):
+    """``python -m`` puts the working directory first on sys.path: a run started inside another
+    checkout would silently run that checkout's code; the bench checks and refuses."""
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("quickstart_ab", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    repo = BENCH.parents[1]
+    other = tmp_path / "other"
+    (other / "asyncrl").mkdir(parents=True)
+    (other / "asyncrl" / "__init__.py").write_text("")
+    with pytest.raises(SystemExit, match="would import asyncrl from"):
+        bench.checked_import(other, repo)  # cwd = the repository: its asyncrl comes first
+    bench.checked_import(other, tmp_path)
