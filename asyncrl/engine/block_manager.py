@@ -207,9 +207,14 @@ class BlockManager:
     def set_namespace(self, namespace: int) -> None:
         """New weights: cached K/V is stale. Drop the index; new chains root elsewhere."""
         self.namespace = namespace
+        # only the indexed blocks could be found again; visiting them, not every free block, keeps a
+        # weight sync's cost independent of the pool's size (the CPU quickstart syncs every step).
+        # A free block left with an old hash (a duplicate the index never held) is reset when taken.
+        for b in self.hash_to_block.values():
+            block = self.blocks[b]
+            if block.ref_count == 0:
+                block.hash, block.token_ids = None, ()
         self.hash_to_block.clear()
-        for b in self.free:
-            self.blocks[b].hash, self.blocks[b].token_ids = None, ()
 
     # ---- checks --------------------------------------------------------------
     def check_invariants(self, live: list[Sequence]) -> None:

@@ -34,6 +34,8 @@ _LORA_NAME = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<kind
 
 def parse_lora_name(name: str) -> Optional[tuple[str, str]]:
     """(HF module name, "A" | "B") of a PEFT adapter tensor name, or None for any other tensor."""
+    if ".lora_" not in name:  # every base tensor of every weight sync: no regex for them
+        return None
     match = _LORA_NAME.match(name)
     return (match["module"], match["kind"]) if match else None
 
