@@ -183,6 +183,15 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` for shapes that change call to call: on CUDA with cuDNN's
+    backend off (``NO_CUDNN``), elsewhere as it is."""
+    if q.is_cuda:
+        with sdpa_kernel(NO_CUDNN):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
 def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q ``[T, H, D]`` -> out ``[T, H, D]`` attending through ``meta.kv_slots``."""
@@ -196,13 +205,8 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         # the fused (mem-efficient) CUDA kernel takes a mask but not enable_gqa: expand
         # K/V heads rather than fall back to the math kernel's [B, H, Lq, Lk] scores
         kb, vb = kb.repeat_interleave(H // Hkv, 1), vb.repeat_interleave(H // Hkv, 1)
-    if q.is_cuda:
-        with sdpa_kernel(NO_CUDNN):
-            out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None,
-                                                 scale=scale)
-    else:
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None,
-                                             scale=scale, enable_gqa=H != kb.shape[1])
+    out = masked_sdpa(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None, scale=scale,
+                      enable_gqa=H != kb.shape[1])
     return out.transpose(1, 2).reshape(B * Lq, H, D)[meta.q_out_index]
 
 

@@ -38,8 +38,8 @@ from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from asyncrl.engine.attention import masked_sdpa
 from asyncrl.training.packing import response_lengths
 from asyncrl.training.varlen_gather import SlotMap, gather_key_slots
 
@@ -254,8 +254,8 @@ def _dense_varlen(q, k, v, rows: VarlenRows, scale: float) -> torch.Tensor:
     from_end_q = rows.cu_q[1:].long()[seq_q] - 1 - torch.arange(q.shape[0], device=q.device)
     from_end_k = rows.cu_k[1:].long()[seq_k] - 1 - torch.arange(k.shape[0], device=q.device)
     mask = (seq_q[:, None] == seq_k[None, :]) & (from_end_k[None, :] >= from_end_q[:, None])
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    out = masked_sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                      attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
     return out[0].transpose(0, 1)
 
 

@@ -36,11 +36,10 @@ import os
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from asyncrl.engine.attention import AttentionMetadata
+from asyncrl.engine.attention import AttentionMetadata, masked_sdpa
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.models.decoder import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, _qkv_prepare
 
@@ -152,8 +151,8 @@ class EagleHead(nn.Module):
         V = torch.cat([vv for _, vv in keys], dim=1).transpose(1, 2)
         Q = q.view(B, T, attn.num_heads, -1).transpose(1, 2)
         mask = ttt_mask(T, j, x.device)
-        o = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=attn.scale,
-                                           enable_gqa=attn.num_heads != attn.num_kv_heads)
+        # masked_sdpa: every training batch brings a new T (cuDNN's backend would plan each one)
+        o = masked_sdpa(Q, K, V, attn_mask=mask, scale=attn.scale, enable_gqa=attn.num_heads != attn.num_kv_heads)
         return attn.o_proj(o.transpose(1, 2).reshape(B, T, attn.q_size))
 
     # ---- checkpoint ---------------------------------------------------------------
