@@ -128,9 +128,10 @@ class SpeculativeDecoder:
         finished = scheduler.postprocess_verify(batch, out.tokens, out.logprobs, version)
         # A step whose proposer first caught up on positions decoded without speculation (a draft
         # model's K/V prefill, the EAGLE head's entries: tens of ms after a long plain stretch on
-        # the H200, when EAGLE still ran a target forward for the features) pays for the switch into speculation, not for speculating:
-        # timed, it made every probe look several times slower than plain decode and speculation
-        # never came back (draft model 0.78x off where it runs 2.3x). The gate times the steps after.
+        # the H200, when EAGLE still ran a target forward for the features) pays for the switch
+        # into speculation, not for speculating: timed, it made every probe look several times
+        # slower than plain decode and speculation never came back (draft model 0.78x off where it
+        # runs 2.3x). The gate times the steps after.
         caught_up_tokens = int(getattr(self.proposer, "catch_up_tokens", 0))  # (numpy sums on EAGLE's side)
         seconds = clock() - started
         if caught_up_tokens > 0:
