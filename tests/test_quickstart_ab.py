@@ -42,3 +42,19 @@ def test_a_run_imports_its_own_checkout(tmp_path):
     with pytest.raises(SystemExit, match="would import asyncrl from"):
         bench.checked_import(other, repo)  # cwd = the repository: its asyncrl comes first
     bench.checked_import(other, tmp_path)
+
+
+def test_more_commits_pinned_in_waves(tmp_path):
+    """``--also`` runs a third commit beside base and head; ``--cores`` pins each run to a core of its
+    own, in waves when there are more runs than cores (here 3 runs on 2 cores)."""
+    spec = importlib.util.spec_from_file_location("quickstart_ab", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main(["--base", "HEAD", "--head", "HEAD", "--also", "HEAD", "--pairs", "1", "--steps", "2",
+                      "--cores", "0-1", "--workdir", str(tmp_path), "--set", *TOY])
+    assert out["mode"] == "pinned" and set(out["ratios"]) == {"head", "HEAD"}
+    assert sorted(r["name"] for r in out["runs"]) == ["HEAD", "base", "head"]
+    assert all(len(v) == 1 and v[0] > 0 for v in out["ratios"].values())
+    assert set(out["stage_ratios"]["HEAD"]) >= {"rl_seconds", "rollout", "actor_update"}
+    subprocess.run(["git", "-C", str(BENCH.parents[1]), "worktree", "remove", "--force",
+                    str(tmp_path / "trees" / out["commits"]["head"])], capture_output=True)
