@@ -19,10 +19,16 @@ Decide (``choose``), per bucket:
   no flapping between two equal modes).
 * Every ``interval`` steps in home the other mode is probed for ``dwell`` measured steps (its
   estimate restarts from them, so a phase change shows at once: a greedy / repetitive stretch
-  where drafts pay again, or one where they stop paying). A probe that confirms home doubles the
-  interval (up to ``probe_max``); one that changes home resets it to ``probe_min``. With the
-  H200's T = 1 costs (a draft-model step ~4.6 plain steps' wall for ~1.85 tokens per row), a probe
-  of 4 steps costs ~11 plain steps: ~7 probes over a 2,048-token tail, ~4%.
+  where drafts pay again, or one where they stop paying). A probe that confirms home at least
+  doubles the interval (up to ``probe_max``); one that changes home resets it to ``probe_min``.
+* A probe's price is what it lost against home: its steps' seconds beyond what home would have
+  taken for the same tokens, plus the switch step (``record_switch``: the speculative step whose
+  proposer first caught up on the positions decoded plain, not timed as speculation; for a plain
+  probe, the bucket's last one, paid on the way back home). The next interval is at least that
+  price over ``probe_budget`` times home's seconds per step, so probing costs at most that share
+  of the time (2%). On the H200 at T = 1 (draft model; 2026-12-04) a probe lost ~25 ms, ~10 of them
+  the catch-up, against 1.4 ms plain steps: doubling from 32 probed 6 times in a 2,048-token tail
+  (~4% of it); the budget spaces them ~900 steps apart.
 
 After entering a mode (a probe, or a switch of home) the gate stays in it for ``dwell`` measured
 steps (at most ``4 * dwell`` choices, in case steps go unmeasured) before it decides again: the
@@ -79,16 +85,17 @@ class Bucket:
     since_probe: int = 0    # steps in home since the last probe
     interval: int = 0
     probed: set = field(default_factory=set)  # modes measured at least once
+    switch: tuple = (0, 0.0)  # (tokens, seconds) of the last step that switched into speculation
     stale: set = field(default_factory=set)   # modes whose estimate restarts at their next record
 
 
 class AdaptiveGate:
     def __init__(self, window: int = 8, dwell: int = 4, margin: float = 0.05, probe_min: int = 32,
-                 probe_max: int = 1024, clock: Callable[[], float] = time.perf_counter):
+                 probe_max: int = 1024, probe_budget: float = 0.02, clock: Callable[[], float] = time.perf_counter):
         if not 1 <= dwell <= window:
             raise ValueError(f"need 1 <= dwell <= window, got dwell={dwell}, window={window}")
         self.window, self.dwell, self.margin = window, dwell, margin
-        self.probe_min, self.probe_max = probe_min, probe_max
+        self.probe_min, self.probe_max, self.probe_budget = probe_min, probe_max, probe_budget
         self.clock = clock
         self.buckets: dict[int, Bucket] = {}
         self.last: Optional[int] = None  # the bucket of the last choice (metrics)
@@ -115,7 +122,7 @@ class AdaptiveGate:
         winner = self._winner(st)
         if st.mode != st.home:  # a probe ended: home is whichever won
             changed = winner != st.home
-            st.interval = self.probe_min if changed else min(2 * st.interval, self.probe_max)
+            st.interval = self.probe_min if changed else min(max(2 * st.interval, self._priced(st)), self.probe_max)
             st.home, st.mode, st.since_probe = winner, winner, 0
             self.switches += changed
             # the probed mode won: it runs on, its estimate fresh; lost: home's estimate from before stands
@@ -134,6 +141,18 @@ class AdaptiveGate:
         rates = {m: st.rates[m].value or 0.0 for m in (SPEC, PLAIN)}
         challenger = not st.home
         return challenger if rates[challenger] > rates[st.home] * (1 + self.margin) else st.home
+
+    def _priced(self, st: Bucket) -> int:
+        """Home steps to the next probe for the probe just ended (mode != home) to cost at most
+        ``probe_budget`` of the time: its loss against home's rate over the budget's share of a home step."""
+        home, probe = st.rates[st.home].steps, st.rates[st.mode].steps
+        home_tokens, home_seconds = sum(t for t, _ in home), sum(s for _, s in home)
+        if not home or home_tokens <= 0 or home_seconds <= 0 or self.probe_budget <= 0:
+            return 0
+        switch_tokens, switch_seconds = st.switch
+        tokens = sum(t for t, _ in probe) + switch_tokens
+        lost = sum(s for _, s in probe) + switch_seconds - tokens * home_seconds / home_tokens
+        return round(lost / (self.probe_budget * home_seconds / len(home))) if lost > 0 else 0
 
     def _enter(self, st: Bucket, mode: bool, probe: bool = False) -> bool:
         """Run ``mode`` from now; its estimate restarts with its next recorded step (a probe
@@ -162,6 +181,13 @@ class AdaptiveGate:
         st.probed.add(speculative)
         if speculative == st.mode:
             st.fresh += 1
+
+    def record_switch(self, rows: int, tokens: int, seconds: float) -> None:
+        """A speculative step of ``rows`` sequences whose proposer first caught up on positions
+        decoded plain: not a measure of speculating (``record`` does not see it), but the price of
+        switching into it, which a probe pays (see ``_priced``)."""
+        if rows > 0 and seconds > 0:
+            self._bucket(rows).switch = (tokens, seconds)
 
     def reset(self) -> None:
         """Forget every estimate (the counters of ``metrics`` stay): the next steps start as a new engine's."""

@@ -138,6 +138,8 @@ class SpeculativeDecoder:
             self.catch_up_steps += 1
             self.catch_up_tokens += caught_up_tokens
             self.catch_up_seconds += seconds
+            if self.gate is not None:  # the price of the switch into speculation, which probes pay
+                self.gate.record_switch(len(batch.seqs), int(emitted.sum()), seconds)
         else:
             self.seconds += seconds
             if self.gate is not None:

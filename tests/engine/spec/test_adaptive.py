@@ -80,7 +80,7 @@ def test_slower_speculation_is_switched_off_after_the_first_window():
 
 
 def test_speculation_is_probed_again_every_interval_doubling_to_the_cap():
-    gate, clock = new_gate(dwell=4, probe_min=32, probe_max=128)
+    gate, clock = new_gate(dwell=4, probe_min=32, probe_max=128, probe_budget=0)  # the doubling alone
     modes = run(gate, clock, SAMPLED, 1200)
     runs = spec_runs(modes)
     assert runs[0] == (0, 4) and all(n == 4 for _, n in runs)  # every probe: dwell speculative steps
@@ -88,6 +88,33 @@ def test_speculation_is_probed_again_every_interval_doubling_to_the_cap():
     # the first window's plain probe (4) + 32 plain steps; then each probe confirms plain: 64, 128, 128, ...
     assert gaps[:4] == [4 + 32, 64, 128, 128] and set(gaps[3:]) == {128}
     assert gate.metrics["spec_gate_probes"] == len(runs) - 1 + 1  # speculative probes + the first plain window
+
+
+def test_a_costly_probe_waits_until_it_costs_the_budget():
+    """A probe that lost L seconds against home is next made after L / (budget x home step) home
+    steps: here 4 speculative steps of 4.6 s for 60 tokens, where plain takes 7.5 s, lose 10.9 s
+    (+ 20 s of a switch step once one is recorded, less its tokens' 1.9 s); at 2% of 1 s steps that is
+    545, then 1,451 steps (more than the doubling's 1,090)."""
+    gate, clock = new_gate(dwell=4, probe_min=32, probe_max=4096, probe_budget=0.02)
+    modes = run(gate, clock, SAMPLED, 300)  # the first window, the first probe (priced: 545 to the next)
+    assert [b - (a + 4) for (a, _), (b, _) in zip(spec_runs(modes), spec_runs(modes)[1:])] == [4 + 32]
+    gate.record_switch(ROWS, 15, 20.0)  # a catch-up step: 20 s, a speculative step's 15 tokens
+    more = run(gate, clock, SAMPLED, 2400)
+    runs = spec_runs(modes + more)
+    gaps = [b - (a + 4) for (a, _), (b, _) in zip(runs, runs[1:])]
+    assert gaps[:3] == [4 + 32, 545, round((10.9 + 20.0 - 15 / 8) / 0.02)]
+    # over 3,000 steps the probes cost under 3% of plain decode's rate (doubling alone: ~5%)
+    tokens = sum(round(SAMPLED[m][1] * ROWS) for m in modes + more)
+    assert tokens / clock.t > 0.97 * ROWS / SAMPLED[PLAIN][0]
+
+
+def test_a_cheap_probe_keeps_the_doubling():
+    """Where the other mode is nearly as fast, a probe costs little: the interval just doubles."""
+    gate, clock = new_gate(dwell=4, probe_min=32, probe_max=4096, probe_budget=0.02)
+    close = {SPEC: (1.0, 0.875), PLAIN: (1.0, 1.0)}  # speculation 12.5% slower: a probe loses 0.5 s
+    modes = run(gate, clock, close, 600)
+    gaps = [b - (a + 4) for (a, _), (b, _) in zip(spec_runs(modes), spec_runs(modes)[1:])]
+    assert gaps[:3] == [4 + 32, 64, 128]
 
 
 def test_faster_speculation_stays_on():
@@ -259,6 +286,8 @@ def test_a_catch_up_is_not_timed_as_speculation(target, head, method):
     # where the time went: every catch-up's cost in catch_up_seconds, none in the timed speculative steps'
     assert m["spec_catch_up_seconds"] >= 100.0 * m["spec_catch_up_steps"] and m["spec_catch_up_tokens"] > 0
     assert 0 < m["spec_seconds"] < 100.0
+    # ... and handed to the gate as the price of switching into speculation (what its probes pay)
+    assert any(st.switch[1] >= 100.0 and st.switch[0] > 0 for st in llm.spec.gate.buckets.values())
     assert m["spec_plain_timed_steps"] <= m["decode_steps"] and m["spec_plain_seconds"] >= 0
     both = [st for st in llm.spec.gate.buckets.values() if st.rates[SPEC].value and st.rates[PLAIN].value]
     assert both and all(st.home is SPEC and st.rates[SPEC].value > st.rates[PLAIN].value for st in both)
