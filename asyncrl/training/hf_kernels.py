@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 from asyncrl.training import gdn_cpu
+from asyncrl.training.hf_functions import replace, replaced, torch_function_of
 
 _MODULES = ("transformers.models.qwen3_5.modeling_qwen3_5",
             "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
@@ -37,9 +38,9 @@ _FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"
 
 
 def torch_reference(fn: Callable) -> Callable:
-    """transformers' torch implementation behind a kernel-routing wrapper (its ``__wrapped__``
-    chain), called with only the keyword arguments it accepts (as the wrapper does)."""
-    torch_fn = inspect.unwrap(fn)
+    """transformers' torch implementation behind a kernel-routing wrapper (:func:`torch_function_of`),
+    called with only the keyword arguments it accepts (as the wrapper does)."""
+    torch_fn = torch_function_of(fn)
     params = inspect.signature(torch_fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return torch_fn
@@ -67,17 +68,16 @@ def transformers_torch_forms():
 
 def _short_row_form(name: str, torch_fn: Callable) -> Callable | None:
     if name == "torch_chunk_gated_delta_rule":
-        return gdn_cpu.short_row_delta_rule(inspect.unwrap(torch_fn))
+        return gdn_cpu.short_row_delta_rule(torch_function_of(torch_fn))
     if name == "causal_conv1d_fn":
         return gdn_cpu.causal_conv1d_fn
     return None
 
 
-def _device_dispatch(name: str, routed: Callable) -> Callable:
-    torch_fn = torch_reference(routed)
+def _device_dispatch(name: str, torch_fn: Callable, routed: Callable) -> Callable:
+    """CPU tensors -> ``torch_fn`` (or its short-row form), anything else -> ``routed`` (what ran before)."""
     short_fn = _short_row_form(name, torch_fn) or torch_fn
 
-    @functools.wraps(routed)
     def dispatch(*args, **kwargs):
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
         if first is None or first.device.type != "cpu":
@@ -87,7 +87,6 @@ def _device_dispatch(name: str, routed: Callable) -> Callable:
                              "implementation cannot keep them apart; unpack them (no sequence packing)")
         return (short_fn if _short_row_forms else torch_fn)(*args, **kwargs)
 
-    dispatch.asyncrl_device_dispatch = True
     return dispatch
 
 
@@ -102,8 +101,7 @@ def route_cpu_to_torch_kernels() -> int:
             continue
         for name in _FUNCTIONS:
             fn = getattr(module, name, None)
-            if fn is None or getattr(fn, "asyncrl_device_dispatch", False) or inspect.unwrap(fn) is fn:
+            if fn is None or replaced(fn) or torch_function_of(fn) is fn:
                 continue  # absent, done already, or not behind a routing wrapper
-            setattr(module, name, _device_dispatch(name, fn))
-            wrapped += 1
+            wrapped += replace(module, name, functools.partial(_device_dispatch, name, torch_reference(fn)))
     return wrapped

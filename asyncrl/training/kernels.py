@@ -36,6 +36,7 @@ import os
 import torch
 
 from asyncrl.training import fused_attention as fused_attention_lib
+from asyncrl.training import hf_functions
 
 KERNEL_CHOICES = ("auto", "liger", "eager")
 # model_type -> HF modeling module whose RMSNorm (x * w, llama casting), SwiGLU MLP and
@@ -181,21 +182,18 @@ def _is_swiglu(module) -> bool:
 
 
 def _install_rope_dispatcher(modeling_module: str) -> None:
-    """Replaces ``apply_rotary_pos_emb`` in the model's HF modeling module, once, by a dispatcher
-    (Liger for CUDA tensors inside :func:`liger_rope_enabled`, HF's function otherwise)."""
-    module = importlib.import_module(modeling_module)
-    original = module.apply_rotary_pos_emb
-    if getattr(original, "_asyncrl_dispatcher", False):
-        return
+    """Puts a dispatcher in front of ``apply_rotary_pos_emb`` in the model's HF modeling module, once
+    (Liger for CUDA tensors inside :func:`liger_rope_enabled`, HF's function otherwise;
+    ``hf_functions.replace``: a plain function or transformers 5.25's hub-kernel module alike)."""
+    def dispatcher(original):
+        def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+            if _LIGER_ROPE.get() and q.is_cuda and not args and kwargs.get("unsqueeze_dim", 1) == 1:
+                from liger_kernel.ops import LigerRopeFunction
+                return LigerRopeFunction.apply(q, k, cos, sin, None, 1)
+            return original(q, k, cos, sin, *args, **kwargs)
+        return apply_rotary_pos_emb
 
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if _LIGER_ROPE.get() and q.is_cuda and not args and kwargs.get("unsqueeze_dim", 1) == 1:
-            from liger_kernel.ops import LigerRopeFunction
-            return LigerRopeFunction.apply(q, k, cos, sin, None, 1)
-        return original(q, k, cos, sin, *args, **kwargs)
-
-    apply_rotary_pos_emb._asyncrl_dispatcher = True
-    module.apply_rotary_pos_emb = apply_rotary_pos_emb
+    hf_functions.replace(importlib.import_module(modeling_module), "apply_rotary_pos_emb", dispatcher)
 
 
 def apply_liger(model, fused_attention: bool = False) -> int:

@@ -2,7 +2,6 @@
 transformers' torch functions: outputs, final states and gradients, alone and inside the whole
 model's training forward/backward (fp64 and fp32 models). transformers' delta rule computes in
 fp32 whatever the input dtype, so every comparison is to fp32 rounding (1e-5)."""
-import inspect
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from asyncrl.training import gdn_cpu, hf_kernels  # noqa: E402
 from asyncrl.training.logprobs import response_logprobs  # noqa: E402
 from asyncrl.training.model import build_tiny_model  # noqa: E402
 
-HF_CHUNK = inspect.unwrap(transformers_qwen3_5.torch_chunk_gated_delta_rule)
-HF_CONV = inspect.unwrap(transformers_qwen3_5.causal_conv1d_fn)
+HF_CHUNK = hf_kernels.torch_function_of(transformers_qwen3_5.torch_chunk_gated_delta_rule)
+HF_CONV = hf_kernels.torch_function_of(transformers_qwen3_5.causal_conv1d_fn)
 
 
 @pytest.mark.parametrize("length, chunk", [(1, 1), (18, 18), (64, 64), (65, 33), (130, 44), (128, 64), (200, 50)])
