@@ -133,6 +133,12 @@ class SandboxRun:
                     f"kernel sandbox unavailable: {why}. Install bubblewrap, or accept the weaker in-process "
                     "sandbox explicitly: SandboxLimits(isolation='weak'), or the code reward's sandbox='weak'")
         self._uid = 1_000_000 + secrets.randbelow(1_000_000_000) if os.geteuid() == 0 else None
+        blocked = self._weak and self._uid is not None and boot_main and walls.weak_mode_blocker(main)
+        if blocked:
+            raise SandboxUnavailable(
+                f"weak sandbox unavailable: its throw-away uid cannot read {blocked} on the way to asyncrl's "
+                f"rewards/standalone/{main}, which it runs after switching to that uid. Install asyncrl where "
+                "other users can read it (or chmod o+x that directory), or use the kernel sandbox (bubblewrap)")
         self._work: Optional[Path] = None  # weak mode's host working directory
         self._stopped = False
         self._cleanup_fds: list[int] = []  # closed once the child holds them

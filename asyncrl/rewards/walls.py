@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,30 @@ def probe(network: bool = False) -> str:
                     "user.max_user_namespaces, or an AppArmor restriction)")
         return f"bubblewrap failed: {message[-1] if message else done.returncode}{hint}"
     return ""
+
+
+def closed_to_others(path: str) -> str:
+    """"" when a uid that owns nothing (the weak sandbox's throw-away one) can reach and read
+    ``path``, else the first component that stops it: a directory on the way without the
+    others-execute bit, or the path itself without others-read (e.g. a checkout under a home
+    directory of mode 700)."""
+    parts = Path(os.path.abspath(path)).parts
+    for depth in range(1, len(parts) + 1):
+        here = os.path.join(*parts[:depth])
+        try:
+            mode = os.stat(here).st_mode
+        except OSError as err:
+            return f"{here}: {err.strerror}"
+        last = depth == len(parts)
+        need = (stat.S_IROTH | (stat.S_IXOTH if stat.S_ISDIR(mode) else 0)) if last else stat.S_IXOTH
+        if mode & need != need:
+            return f"{here} (mode {stat.filemode(mode)})"
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def weak_mode_blocker(script: str) -> str:
+    """Why the weak sandbox's throw-away uid (a root caller's runs) could not read the standalone
+    ``script`` it runs as its main program, or "": the bootstrap starts as the caller and opens
+    that script only after the switch (the interpreter and the bootstrap itself need no such access)."""
+    return closed_to_others(os.path.join(STANDALONE, script))

@@ -90,6 +90,17 @@ def test_entry_point_is_taken_from_the_candidate():
 
 
 def test_weak_sandbox_when_chosen_explicitly():
+    """Runs where the throw-away uid can read asyncrl's scripts; elsewhere (a root caller with the
+    checkout under a mode-700 home) the sandbox refuses, naming the directory."""
+    import os
+
+    from asyncrl.rewards import walls
+    from asyncrl.rewards.sandbox import SandboxUnavailable
+
+    if os.geteuid() == 0 and walls.weak_mode_blocker("candidate_server.py"):
+        with pytest.raises(SandboxUnavailable, match="weak sandbox unavailable: .* cannot read /"):
+            code_reward("p", "def add(a, b):\n    return a + b", tests=TESTS, sandbox="weak")
+        return
     assert code_reward("p", "def add(a, b):\n    return a + b", tests=TESTS, sandbox="weak") == 1.0
 
 

@@ -197,3 +197,29 @@ def test_without_a_cgroup_the_fallback_is_named(monkeypatch, caplog):
 def test_isolation_mode_is_validated():
     with pytest.raises(ValueError, match="isolation"):
         SandboxLimits(isolation="none")
+
+
+def test_closed_to_others_names_the_directory_that_stops_a_foreign_uid():
+    """The weak sandbox's throw-away uid must reach asyncrl's standalone scripts: a directory on
+    the way without others-execute (a home of mode 700), or a script without others-read, is named.
+    (Not under pytest's tmp_path: its root is itself mode 700.)"""
+    import tempfile
+    from pathlib import Path
+
+    from asyncrl.rewards import walls
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as base:
+        home = Path(base) / "home"
+        (home / "pkg").mkdir(parents=True)
+        script = home / "pkg" / "boot.py"
+        script.write_text("pass\n")
+        for directory in (Path(base), home, home / "pkg"):
+            directory.chmod(0o755)
+        script.chmod(0o644)
+        assert walls.closed_to_others(str(script)) == ""
+        home.chmod(0o700)
+        assert walls.closed_to_others(str(script)) == f"{home} (mode drwx------)"
+        home.chmod(0o711)  # enterable, not listable: enough
+        assert walls.closed_to_others(str(script)) == ""
+        script.chmod(0o600)
+        assert walls.closed_to_others(str(script)) == f"{script} (mode -rw-------)"
