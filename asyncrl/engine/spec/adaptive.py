@@ -145,14 +145,14 @@ class AdaptiveGate:
     def _priced(self, st: Bucket) -> int:
         """Home steps to the next probe for the probe just ended (mode != home) to cost at most
         ``probe_budget`` of the time: its loss against home's rate over the budget's share of a home step."""
-        home, probe = st.rates[st.home].steps, st.rates[st.mode].steps
-        home_tokens, home_seconds = sum(t for t, _ in home), sum(s for _, s in home)
-        if not home or home_tokens <= 0 or home_seconds <= 0 or self.probe_budget <= 0:
+        home, probe = st.rates[st.home], st.rates[st.mode].steps
+        if not home.value or self.probe_budget <= 0:
             return 0
         switch_tokens, switch_seconds = st.switch
         tokens = sum(t for t, _ in probe) + switch_tokens
-        lost = sum(s for _, s in probe) + switch_seconds - tokens * home_seconds / home_tokens
-        return round(lost / (self.probe_budget * home_seconds / len(home))) if lost > 0 else 0
+        lost = sum(s for _, s in probe) + switch_seconds - tokens / home.value
+        home_step = sum(s for _, s in home.steps) / len(home)
+        return round(lost / (self.probe_budget * home_step)) if lost > 0 else 0
 
     def _enter(self, st: Bucket, mode: bool, probe: bool = False) -> bool:
         """Run ``mode`` from now; its estimate restarts with its next recorded step (a probe

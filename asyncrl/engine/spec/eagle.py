@@ -200,8 +200,8 @@ class EagleProposer:
         bt = np.full((rows, self.table_width), r.scratch_block, dtype=np.int32)
         for i, s in enumerate(seqs):
             bt[i, :len(s.block_table)] = s.block_table
-        blk = bt[np.arange(rows)[None, :], np.minimum(pos // bsz, bt.shape[1] - 1)].astype(np.int64)
-        return dict(pos=pos, slots=blk * bsz + pos % bsz, ctx=(pos + 1).astype(np.int32), bt=bt)
+        slots = _table_slots(bt, np.arange(rows)[None, :], pos, bsz)
+        return dict(pos=pos, slots=slots, ctx=(pos + 1).astype(np.int32), bt=bt)
 
     def _paged_inputs(self, seqs, L: np.ndarray, rows: int) -> dict:
         """``_paged_host`` on the device, in one host->device copy."""
@@ -233,12 +233,8 @@ class EagleProposer:
         for i, s in enumerate(seqs):
             ids[i, :n[i]] = s.token_ids[first[i]:L[i]]
         at = np.arange(rows)[:, None]
-        width = h["bt"].shape[1] - 1
-        blk = h["bt"][at, np.minimum(pos // bsz, width)].astype(np.int64)
-        slots = np.where(live, blk * bsz + pos % bsz, scratch)
-        fpos = np.maximum(pos - 1, 0)
-        fblk = h["bt"][at, np.minimum(fpos // bsz, width)].astype(np.int64)
-        feat = np.where(live & (pos >= 1), fblk * bsz + fpos % bsz, scratch)
+        slots = np.where(live, _table_slots(h["bt"], at, pos, bsz), scratch)
+        feat = np.where(live & (pos >= 1), _table_slots(h["bt"], at, np.maximum(pos - 1, 0), bsz), scratch)
         out = dict(cids=ids, cpos=pos, cslots=slots, feat=feat, cctx=(base + Q).astype(np.int32),
                    last=np.arange(rows) * Q + n - 1, **h)
         if self.probabilistic:  # one staged layout for both graphs of a bucket
@@ -272,3 +268,11 @@ class EagleProposer:
         self.vars["drafts"][:bs].copy_(drafts)
         if probs is not None:
             self.vars["probs"][:bs].copy_(probs)
+
+
+def _table_slots(bt: np.ndarray, rows: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
+    """KV slot (int64) of position ``pos`` of row ``rows`` (broadcast together) in the padded block
+    table ``bt [rows, W]``: ``bt[row, p // block_size] * block_size + p % block_size``; positions past
+    the table read its last column (the padding's scratch block)."""
+    blk = bt[rows, np.minimum(pos // block_size, bt.shape[1] - 1)].astype(np.int64)
+    return blk * block_size + pos % block_size
