@@ -109,8 +109,8 @@ def main(argv=None) -> dict:
         runs = [r for i in range(args.pairs) for r in _run_all([j for j in jobs if j[4] == i], None, args.set)]
     seconds = {(r["pair"], r["name"]): r["rl_seconds"] for r in runs}
     ratios = {name: [seconds[i, name] / seconds[i, "base"] for i in range(args.pairs)] for name in names[1:]}
-    out = {"commits": commits, "steps": args.steps, "mode": "pinned" if cores else
-           "sequential" if args.sequential else "concurrent", "runs": runs, "pair_ratios": ratios["head"],
+    out = {"commits": commits, "steps": args.steps, "mode": "sequential" if args.sequential else
+           "pinned" if cores else "concurrent", "runs": runs, "pair_ratios": ratios["head"],
            "mean_ratio": statistics.mean(ratios["head"]),
            "ratios": ratios, "stage_ratios": _stage_ratios(runs, names),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
