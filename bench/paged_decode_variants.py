@@ -40,6 +40,7 @@ _P = DecodeLaunch(16, 8, 2, variant="packed", fp8_block_n=16)  # the packed kern
 _T = PACKED_LAUNCH  # _P + the block table in registers, 3 stages (2 tiles ahead): the env's default
 VARIANTS = {
     "base": DecodeLaunch(),
+    "base bf16 dots": DecodeLaunch(fp8_f16_dots=False),  # e4m3 tiles upcast to bf16 (the kernel before 2026-12-04)
     "base tile128 w8 s2": DecodeLaunch(128, 8, 2),
     "base table s3": DecodeLaunch(64, 4, 3, table_in_registers=True),
     "base table s4": DecodeLaunch(64, 4, 4, table_in_registers=True),
@@ -62,7 +63,7 @@ def env_for(launch: DecodeLaunch) -> str:
             f"{launch.persistent_per_sm},{launch.fp8_block_n},{int(launch.table_in_registers)}")
 
 
-def measure() -> dict:
+def measure(names: list[str]) -> dict:
     from paged_decode_sweep import case
     from triton.testing import do_bench_cudagraph
 
@@ -76,7 +77,8 @@ def measure() -> dict:
                 k, v = kc.to(dtype), vc.to(dtype)
                 kv_bytes = 2 * batch * context * HKV * D * k.element_size()
                 ref = paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=VARIANTS["base"]).float()
-                for name, launch in VARIANTS.items():
+                for name in names:
+                    launch = VARIANTS[name]
                     row = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1],
                                variant=name)
                     try:
@@ -101,7 +103,7 @@ def pick(rows: list[dict]) -> list[dict]:
     for regime, shapes in REGIMES.items():
         for kv in sorted({r["kv"] for r in rows}):
             totals = {}
-            for name in VARIANTS:
+            for name in sorted({r["variant"] for r in rows}):
                 got = [r for r in rows if r["regime"] == regime and r["kv"] == kv and r["variant"] == name]
                 if len(got) == len(shapes) and all("us" in r and r["max_abs_diff"] < 5e-2 for r in got):
                     totals[name] = sum(r["us"] for r in got)
@@ -143,7 +145,8 @@ def offline_report() -> int:
                                        PERSISTENT=bool(launch.persistent_per_sm),
                                        BT_REGS=16 if launch.table_in_registers else 0)  # (a): <= 9 blocks
             else:
-                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=16 if launch.table_in_registers else 0)
+                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=16 if launch.table_in_registers else 0,
+                                       F16_DOTS=kv != "bf16" and launch.fp8_f16_dots)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
@@ -167,11 +170,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--offline", action="store_true", help="no GPU: compile for sm90, print resources")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated names of VARIANTS to time (base is always timed)")
     args = ap.parse_args()
     if args.offline:
         return offline_report()
+    names = ["base"] + [n for n in args.variants.split(",") if n != "base"]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     t0 = time.time()
-    rows = measure()
+    rows = measure(names)
     picks = pick(rows)
     for p in picks:
         print(f"PICK regime ({p['regime']}) kv {p['kv']}: {p['best']} {p['best_us']} us vs base {p['base_us']} us "

@@ -53,7 +53,8 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
-                         EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True):
+                         EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
+                         F16_DOTS: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
@@ -65,7 +66,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     CASCADE without PREFIX_MERGE (``CascadeLaunchRule.concurrent_prefix``): the prefix partials are
     not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
     only, written as partial (out, lse) to SO / SL like split-KV chunks, for
-    ``_merge_cascade_kernel``."""
+    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -90,6 +91,8 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     qtok = b * QLEN + qi  # the row's packed token index
     q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
+    cdt: tl.constexpr = tl.float16 if F16_DOTS else Q.dtype.element_ty
+    q = q.to(cdt)
     limit = ctx - QLEN + qi  # the last key position each row sees
     if BT_REGS > 0:  # opt-in (table_regs): the row's block table in registers, read once
         bt_idx = tl.arange(0, BT_REGS)
@@ -122,7 +125,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         else:  # per-token block lookup: a tile may span several small blocks
             blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
         off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
+        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
@@ -138,7 +141,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
+        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -233,13 +236,15 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   IEEE: tl.constexpr, F16_DOTS: tl.constexpr = False):
     """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
     (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, max_parts]``: the step's
     chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
     one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
     head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
-    (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf)."""
+    (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf). F16_DOTS: as the
+    decode kernel's."""
+    cdt: tl.constexpr = tl.float16 if F16_DOTS else Q.dtype.element_ty
     nsp = 1
     if max_parts > 1:  # one part (specialised when 1): no load
         nsp = tl.minimum(tl.maximum(tl.load(TILES + 1), 1), max_parts)
@@ -262,7 +267,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
         valid = seq >= 0
         heads = kvh * GROUP + r % GROUP
         rowq = seq.to(tl.int64) * stride_qt + heads * stride_qh
-        q = tl.load(Q + rowq[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        q = tl.load(Q + rowq[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0).to(cdt)
         m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -271,7 +276,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
             kmask = tok < hi
             blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
+            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             else:
@@ -281,7 +286,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(Q.dtype.element_ty)
+            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -314,6 +319,7 @@ class DecodeLaunch:
     persistent_per_sm: int = 0   # packed: >0 = persistent grid of SMs x this, looping over work items
     fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
     table_in_registers: bool = False  # base and packed: block-table row read once (``table_regs``)
+    fp8_f16_dots: bool = True    # base: an e4m3 cache's dots in fp16 (``f16_dots``)
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
@@ -370,6 +376,19 @@ def table_regs(block_tables: torch.Tensor, page: int, block_n: int, launch: Deco
     if not launch.table_in_registers or page % block_n or block_tables.shape[1] > MAX_TABLE_REGS:
         return 0
     return max(16, triton.next_power_of_2(block_tables.shape[1]))
+
+
+def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None = None) -> bool:
+    """Whether the kernels run an e4m3 cache's dots in fp16 instead of the query's bf16.
+
+    Why: on sm90 two e4m3 values become two fp16 values in one ``cvt.rn.f16x2.e4m3x2``, while bf16 needs
+    that and then one ``cvt.bf16.f16`` per element (sm90 has no direct e4m3 -> bf16 conversion, and its
+    conversion unit is 1/4 the FMA rate): the bf16 path spent 3x the conversions of the fp16 one per K/V tile
+    and ran at half the bytes per second of a bf16 cache (``bench/paged_decode_variants.py``). fp16 holds
+    every e4m3 value exactly, the softmax weights p in [0, 1], and a bf16 query exactly within its range
+    (|q| < 65,504; a normalised, rotated query is far inside it), with 3 more mantissa bits for p than bf16."""
+    launch = launch or DECODE_LAUNCH
+    return launch.fp8_f16_dots and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
 
 
 def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaunch) -> int:
@@ -429,7 +448,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
-        EARLY_PREFIX=early_prefix and cascade is not None,
+        EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -512,7 +531,7 @@ def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv,
-        IEEE=q.dtype == torch.float32, num_warps=rule.prefix_warps)
+        IEEE=q.dtype == torch.float32, F16_DOTS=f16_dots(q, k_cache), num_warps=rule.prefix_warps)
     return po, pl
 
 
@@ -557,7 +576,7 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
         BT_REGS=table_regs(block_tables, page, launch.block_n, launch), EARLY_PREFIX=False, PREFIX_MERGE=False,
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 
 

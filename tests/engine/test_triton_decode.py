@@ -92,6 +92,59 @@ def test_fp8_cache_paged_decode_matches_gathered(query_len):
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
 
 
+def test_f16_dots_only_for_an_e4m3_cache_under_a_bf16_query():
+    """The fp16 dots apply where they are exact and cheaper (e4m3 K/V, bf16 q), and can be switched off."""
+    from asyncrl.engine.attention import FP8_KV
+    from asyncrl.engine.triton_decode import f16_dots
+
+    q16, q32 = torch.zeros(1, 2, 16, dtype=torch.bfloat16), torch.zeros(1, 2, 16)
+    fp8, bf16 = torch.zeros(1, 4, 1, 16, dtype=FP8_KV), torch.zeros(1, 4, 1, 16, dtype=torch.bfloat16)
+    assert f16_dots(q16, fp8) and f16_dots(q16, fp8, DecodeLaunch())
+    assert not f16_dots(q16, bf16) and not f16_dots(q32, fp8)
+    assert not f16_dots(q16, fp8, DecodeLaunch(fp8_f16_dots=False))
+
+
+def test_fp8_cache_bf16_query_fp16_dots_are_at_least_as_accurate_as_bf16_dots():
+    """bf16 queries on an e4m3 cache: the fp16 dots (the default) and the bf16 dots both stay within bf16
+    rounding of the float64 attention over the same K/V, plain and cascade decode, and the fp16 path's mean
+    error is no larger (e4m3 K/V and the bf16 query are exact in fp16; p gets 3 more mantissa bits).
+    The bf16 dots run on a GPU only: Triton 3.6's interpreter converts e4m3 to bf16 wrongly (outputs ~1e9)."""
+    import numpy as np
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.attention import FP8_KV
+    from asyncrl.engine.cascade import cascade_attention_reference, plan_cascade, tile_shape
+    from asyncrl.engine.triton_decode import cascade_decode_attention
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    groups, prefix = [3, 1, 2], [2, 3, 1]
+    g = torch.Generator().manual_seed(7)
+    suffix = torch.randint(1, 3 * page, (sum(groups),), generator=g).tolist()
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=7)
+    kc = (3 * torch.randn(nb + 1, page, Hkv, D, generator=g)).to(FP8_KV)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    B = len(tables)
+    q = (2 * torch.randn(B, H, D, generator=g)).to(torch.bfloat16)
+    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
+    packed = torch.from_numpy(plan.packed()).to(DEVICE)
+    ref = cascade_attention_reference(q.double(), kc.double(), vc.double(), tables, ctx, plan, D ** -0.5)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
+    errors = {}
+    for f16 in (True, False) if CUDA else (True,):
+        launch = DecodeLaunch(block_n=16, kv_splits=1, fp8_f16_dots=f16)
+        plain = paged_decode_attention(*dev, D ** -0.5, launch=launch)
+        errors[f16] = (plain.cpu().double() - ref).abs()
+        torch.testing.assert_close(plain.cpu().double(), ref, rtol=0, atol=2e-2)
+    out = cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5,
+                                   launch=DecodeLaunch(block_n=16, kv_splits=1))
+    # the prefix partials are kept in q's dtype (``prefix_partials``): two bf16 roundings, not one
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=2 ** -7, atol=2e-2)
+    if CUDA:
+        assert errors[True].mean() <= errors[False].mean() * 1.05, (errors[True].mean(), errors[False].mean())
+
+
 def test_fp8_cache_cascade_decode_matches_plain_and_reference():
     """Cascade decode (shared-prefix kernel + suffix decode) on an e4m3 cache: equal to plain paged
     decode and to the float64 reference over the same (upcast) K/V."""
