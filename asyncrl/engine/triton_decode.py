@@ -359,6 +359,26 @@ def _variant_from_env(launch: DecodeLaunch, shaped: bool) -> DecodeLaunch:
 
 
 DECODE_LAUNCH = _launch_from_env()
+_LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
+                      or os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip())
+
+# ``default_launch``: the block-table row in registers when at least this many (sequence, kv head)
+# programs per SM fill the grid (H200, bench/paged_decode_variants.py, 2026-12-04: bf16 K/V 1.05x at
+# workload (a)'s 256 x 8 programs, 0.72-0.86x at 8-64 sequences, where its 70 KiB of shared memory
+# leaves fewer programs per SM than the grid could use) and always on an e4m3 cache (1.15-1.17x in both
+# regimes: with half the bytes a tile, keeping 2 tiles in flight is what the loop lacked).
+TABLE_MIN_PROGRAMS_PER_SM = 8
+_TABLE_LAUNCH = dataclasses.replace(DECODE_LAUNCH, table_in_registers=True)
+
+
+def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+    """The launch of a decode call that names none: ``DECODE_LAUNCH``, with ``table_in_registers`` per
+    the rule above (one query token per sequence; the environment's launch, when set, is taken as is).
+    Depends on the batch size, not the contexts: the same launch for every replay of a CUDA graph."""
+    if _LAUNCH_PINNED or qlen != 1 or DECODE_LAUNCH.variant != "base" or DECODE_LAUNCH.table_in_registers:
+        return DECODE_LAUNCH
+    full = batch * hkv >= TABLE_MIN_PROGRAMS_PER_SM * num_sms(k_cache.device)
+    return _TABLE_LAUNCH if (full or k_cache.dtype == torch.float8_e4m3fn) else DECODE_LAUNCH
 
 
 # ``DecodeLaunch.table_in_registers``: a program loads its sequence's block-table row once (at most
@@ -414,7 +434,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
     group = H // hkv
-    launch = launch or DECODE_LAUNCH
+    launch = launch or default_launch(B, hkv, k_cache, qlen)
     assert cascade is None or qlen == 1, "cascade decode takes one query token per sequence"
     if launch.variant == "packed" and qlen == 1:
         from asyncrl.engine.triton_decode_packed import launch_packed
@@ -475,7 +495,12 @@ def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (8 off CUDA: the Triton interpreter's CPU tests)."""
     if device.type != "cuda":
         return 8
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:  # read once: a decode call asks per layer
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _programs(device: torch.device, per_sm: int) -> int:

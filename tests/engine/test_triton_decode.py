@@ -104,6 +104,26 @@ def test_f16_dots_only_for_an_e4m3_cache_under_a_bf16_query():
     assert not f16_dots(q16, fp8, DecodeLaunch(fp8_f16_dots=False))
 
 
+def test_default_launch_reads_the_block_table_once_on_full_grids_and_e4m3_caches(monkeypatch):
+    """The launch a decode call gets when it names none (``default_launch``): the block-table row in
+    registers from ``TABLE_MIN_PROGRAMS_PER_SM`` (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on
+    every e4m3 cache; never for verify steps (several query tokens), nor over a launch set in the environment."""
+    from asyncrl.engine import triton_decode as td
+    from asyncrl.engine.attention import FP8_KV
+
+    bf16 = torch.zeros(1, 4, 2, 16, dtype=torch.bfloat16)
+    fp8 = bf16.to(FP8_KV)
+    full = td.TABLE_MIN_PROGRAMS_PER_SM * td.num_sms(bf16.device) // 2  # sequences that fill it at 2 kv heads
+    monkeypatch.setattr(td, "_LAUNCH_PINNED", False)
+    assert td.default_launch(full, 2, bf16).table_in_registers
+    assert not td.default_launch(full - 1, 2, bf16).table_in_registers
+    assert td.default_launch(1, 2, fp8).table_in_registers
+    assert not td.default_launch(full, 2, bf16, qlen=3).table_in_registers
+    assert dataclasses.replace(td.default_launch(full, 2, bf16), table_in_registers=False) == td.DECODE_LAUNCH
+    monkeypatch.setattr(td, "_LAUNCH_PINNED", True)
+    assert td.default_launch(full, 2, bf16) is td.DECODE_LAUNCH
+
+
 def test_fp8_cache_bf16_query_fp16_dots_are_at_least_as_accurate_as_bf16_dots():
     """bf16 queries on an e4m3 cache: the fp16 dots (the default) and the bf16 dots both stay within bf16
     rounding of the float64 attention over the same K/V, plain and cascade decode, and the fp16 path's mean
