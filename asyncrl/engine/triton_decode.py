@@ -54,7 +54,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
-                         F16_DOTS: tl.constexpr = False):
+                         F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
@@ -115,10 +115,16 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         l = tl.where(own, 1.0, 0.0)
         acc = tl.where(own[:, None], o0, 0.0)
         merged = 1
+    if BT_PREFETCH:  # the first tile's block; each iteration loads the next one's (PAGE % BLOCK_N == 0)
+        nxt = tl.load(BT + b * stride_bt + first // PAGE, mask=first < last, other=0).to(tl.int64)
     for start in range(first, last, BLOCK_N):
         tok = start + n
         kmask = tok < last
-        if BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
+        if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
+            blk = nxt
+            nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
+                          other=0).to(tl.int64)
+        elif BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
             blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
         elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
             blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
@@ -320,6 +326,7 @@ class DecodeLaunch:
     fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
     table_in_registers: bool = False  # base and packed: block-table row read once (``table_regs``)
     fp8_f16_dots: bool = True    # base: an e4m3 cache's dots in fp16 (``f16_dots``)
+    table_prefetch: bool = False  # base: each tile's block id loaded one tile ahead (``bt_prefetch``)
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
@@ -362,20 +369,22 @@ DECODE_LAUNCH = _launch_from_env()
 _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
                       or os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip())
 
-# ``default_launch``: the block-table row in registers when at least this many (sequence, kv head)
-# programs per SM fill the grid (H200, bench/paged_decode_variants.py, 2026-12-04: bf16 K/V 1.05x at
-# workload (a)'s 256 x 8 programs, 0.72-0.86x at 8-64 sequences, where its 70 KiB of shared memory
-# leaves fewer programs per SM than the grid could use) and always on an e4m3 cache (1.15-1.17x in both
-# regimes: with half the bytes a tile, keeping 2 tiles in flight is what the loop lacked).
+# ``default_launch``: the next tile's block id prefetched (``bt_prefetch``) when at least this many
+# (sequence, kv head) programs per SM fill the grid, and always on an e4m3 cache. Measured on an H200
+# (bench/paged_decode_variants.py and the table-width sweep, 2026-12-04) with the block table in
+# registers, which pipelines the same way: bf16 K/V 1.02-1.05x at workload (a)'s 256 x 8 programs but
+# 0.72-0.89x at 8-64 sequences (its 70 KiB of shared memory leaves fewer programs per SM than such a grid
+# could use); e4m3 1.17-1.37x in both regimes (half the bytes a tile: the loop needs tiles in flight).
 TABLE_MIN_PROGRAMS_PER_SM = 8
-_TABLE_LAUNCH = dataclasses.replace(DECODE_LAUNCH, table_in_registers=True)
+_TABLE_LAUNCH = dataclasses.replace(DECODE_LAUNCH, table_prefetch=True)
 
 
 def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
-    """The launch of a decode call that names none: ``DECODE_LAUNCH``, with ``table_in_registers`` per
+    """The launch of a decode call that names none: ``DECODE_LAUNCH``, with ``table_prefetch`` per
     the rule above (one query token per sequence; the environment's launch, when set, is taken as is).
     Depends on the batch size, not the contexts: the same launch for every replay of a CUDA graph."""
-    if _LAUNCH_PINNED or qlen != 1 or DECODE_LAUNCH.variant != "base" or DECODE_LAUNCH.table_in_registers:
+    if _LAUNCH_PINNED or qlen != 1 or DECODE_LAUNCH.variant != "base" or DECODE_LAUNCH.table_in_registers \
+            or DECODE_LAUNCH.table_prefetch:
         return DECODE_LAUNCH
     full = batch * hkv >= TABLE_MIN_PROGRAMS_PER_SM * num_sms(k_cache.device)
     return _TABLE_LAUNCH if (full or k_cache.dtype == torch.float8_e4m3fn) else DECODE_LAUNCH
@@ -396,6 +405,15 @@ def table_regs(block_tables: torch.Tensor, page: int, block_n: int, launch: Deco
     if not launch.table_in_registers or page % block_n or block_tables.shape[1] > MAX_TABLE_REGS:
         return 0
     return max(16, triton.next_power_of_2(block_tables.shape[1]))
+
+
+def bt_prefetch(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
+    """``BT_PREFETCH`` of a launch: each iteration loads the NEXT tile's block id, so no K/V address waits
+    on a load of its own iteration and Triton 3.6 pipelines the K/V copies (sm90: 2 tiles in flight at 3
+    stages, 70 KiB; as the table in registers, but without its per-tile reduction over the table's width,
+    which costs the gain at the engine's 33-64-block tables). Tiles within one block only; off under a
+    table in registers."""
+    return launch.table_prefetch and page % launch.block_n == 0 and bt_regs == 0
 
 
 def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None = None) -> bool:
@@ -459,6 +477,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     else:
         so, sl = po, pl
     block_d = max(16, triton.next_power_of_2(D))
+    bt_regs = table_regs(block_tables, page, launch.block_n, launch)
     _paged_decode_kernel[(B, hkv, splits)](
         q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -467,7 +486,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
-        KV_SPLITS=splits, QLEN=qlen, BT_REGS=table_regs(block_tables, page, launch.block_n, launch),
+        KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
@@ -591,6 +610,7 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert splits & (splits - 1) == 0, "kv_splits must be a power of 2"
     so = torch.empty(splits, B, H, D, dtype=torch.float32, device=q.device)
     sl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
+    bt_regs = table_regs(block_tables, page, launch.block_n, launch)
     # O, NSP, PO and PL are not read (no prefix merge, partial output): so / sl fill their slots
     _paged_decode_kernel[(B, hkv, splits)](
         q, k_cache, v_cache, so, block_tables, context_lens, suffix_start, context_lens, so, sl, so, sl, scale, 1,
@@ -600,7 +620,7 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=H // hkv, BLOCK_G=max(16, triton.next_power_of_2(H // hkv)), D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
-        BT_REGS=table_regs(block_tables, page, launch.block_n, launch), EARLY_PREFIX=False, PREFIX_MERGE=False,
+        BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 

@@ -38,10 +38,12 @@ def _interpreter_index_on_numpy_2(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
 
 
-@pytest.mark.parametrize("query_len,kv_splits", [(1, 1), (3, 1), (4, 2), (5, 4)])
-def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits):
+@pytest.mark.parametrize("query_len,kv_splits,prefetch", [(1, 1, False), (3, 1, False), (4, 2, False), (5, 4, False),
+                                                       (1, 1, True), (3, 1, True), (5, 4, True)])
+def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetch):
     """Contexts shorter than a page, exactly a page, over several scattered pages; split-KV
-    chunks that hold no key a row may see (the -inf running max guard)."""
+    chunks that hold no key a row may see (the -inf running max guard); block ids prefetched a tile
+    ahead (``bt_prefetch``: 4-token tiles, one per page)."""
     H, Hkv, D, page = 4, 2, 16, 4
     g = torch.Generator().manual_seed(query_len)
     lens = [query_len, query_len + 1, page + 1, 3 * page + 2]
@@ -57,8 +59,8 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits):
     bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
     q = torch.randn(len(lens) * query_len, H, D, generator=g)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
-    out = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=kv_splits),
-                                 query_len=query_len)
+    launch = DecodeLaunch(block_n=page if prefetch else 16, kv_splits=kv_splits, table_prefetch=prefetch)
+    out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
     meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
                                    torch.device("cpu"))
     ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
@@ -104,9 +106,9 @@ def test_f16_dots_only_for_an_e4m3_cache_under_a_bf16_query():
     assert not f16_dots(q16, fp8, DecodeLaunch(fp8_f16_dots=False))
 
 
-def test_default_launch_reads_the_block_table_once_on_full_grids_and_e4m3_caches(monkeypatch):
-    """The launch a decode call gets when it names none (``default_launch``): the block-table row in
-    registers from ``TABLE_MIN_PROGRAMS_PER_SM`` (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on
+def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monkeypatch):
+    """The launch a decode call gets when it names none (``default_launch``): each tile's block id loaded a
+    tile ahead from ``TABLE_MIN_PROGRAMS_PER_SM`` (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on
     every e4m3 cache; never for verify steps (several query tokens), nor over a launch set in the environment."""
     from asyncrl.engine import triton_decode as td
     from asyncrl.engine.attention import FP8_KV
@@ -115,11 +117,11 @@ def test_default_launch_reads_the_block_table_once_on_full_grids_and_e4m3_caches
     fp8 = bf16.to(FP8_KV)
     full = td.TABLE_MIN_PROGRAMS_PER_SM * td.num_sms(bf16.device) // 2  # sequences that fill it at 2 kv heads
     monkeypatch.setattr(td, "_LAUNCH_PINNED", False)
-    assert td.default_launch(full, 2, bf16).table_in_registers
-    assert not td.default_launch(full - 1, 2, bf16).table_in_registers
-    assert td.default_launch(1, 2, fp8).table_in_registers
-    assert not td.default_launch(full, 2, bf16, qlen=3).table_in_registers
-    assert dataclasses.replace(td.default_launch(full, 2, bf16), table_in_registers=False) == td.DECODE_LAUNCH
+    assert td.default_launch(full, 2, bf16).table_prefetch
+    assert not td.default_launch(full - 1, 2, bf16).table_prefetch
+    assert td.default_launch(1, 2, fp8).table_prefetch
+    assert not td.default_launch(full, 2, bf16, qlen=3).table_prefetch
+    assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False) == td.DECODE_LAUNCH
     monkeypatch.setattr(td, "_LAUNCH_PINNED", True)
     assert td.default_launch(full, 2, bf16) is td.DECODE_LAUNCH
 
@@ -215,6 +217,8 @@ CASCADE_LAUNCHES = [
     # a header count above the partials' depth is clamped to it (2)
     (8, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2),
      DecodeLaunch(block_n=4, table_in_registers=True)),
+    (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2),
+     DecodeLaunch(block_n=4, table_prefetch=True)),
     (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4),
      DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
 ]
