@@ -43,8 +43,8 @@ def _interpreter_index_on_numpy_2(monkeypatch):
 def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetch):
     """Contexts shorter than a page, exactly a page, over several scattered pages; split-KV
     chunks that hold no key a row may see (the -inf running max guard); block ids prefetched a tile
-    ahead (``bt_prefetch``: 4-token tiles, one per page)."""
-    H, Hkv, D, page = 4, 2, 16, 4
+    ahead (``bt_prefetch``: one tile per page; 16 tokens on a GPU, whose ``tl.dot`` needs K >= 16)."""
+    H, Hkv, D, page = 4, 2, 16, 16 if (prefetch and CUDA) else 4
     g = torch.Generator().manual_seed(query_len)
     lens = [query_len, query_len + 1, page + 1, 3 * page + 2]
     nb = sum(-(-n // page) for n in lens) + 2
