@@ -45,6 +45,7 @@ VARIANTS = {
     "base table s3": DecodeLaunch(64, 4, 3, table_in_registers=True),
     "base table s4": DecodeLaunch(64, 4, 4, table_in_registers=True),
     "base table s3 bf16 dots": DecodeLaunch(64, 4, 3, table_in_registers=True, fp8_f16_dots=False),
+    "base prefetch": DecodeLaunch(table_prefetch=True),  # default_launch's on e4m3 and full bf16 grids
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed table s3 (PACKED_LAUNCH)": _T,

@@ -371,10 +371,10 @@ _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
 
 # ``default_launch``: the next tile's block id prefetched (``bt_prefetch``) when at least this many
 # (sequence, kv head) programs per SM fill the grid, and always on an e4m3 cache. Measured on an H200
-# (bench/paged_decode_variants.py and the table-width sweep, 2026-12-04) with the block table in
-# registers, which pipelines the same way: bf16 K/V 1.02-1.05x at workload (a)'s 256 x 8 programs but
-# 0.72-0.89x at 8-64 sequences (its 70 KiB of shared memory leaves fewer programs per SM than such a grid
-# could use); e4m3 1.17-1.37x in both regimes (half the bytes a tile: the loop needs tiles in flight).
+# (bench/decode_table_width.py, 2026-12-04, the engine's 64-column tables): bf16 K/V 1.04-1.08x at workload
+# (a)'s 256 x 8 programs but 0.75-0.86x at 8-64 sequences (its 70 KiB of shared memory leaves fewer
+# programs per SM than such a grid could use); e4m3 1.02-1.35x at every shape (half the bytes a tile: the
+# loop needs tiles in flight).
 TABLE_MIN_PROGRAMS_PER_SM = 8
 _TABLE_LAUNCH = dataclasses.replace(DECODE_LAUNCH, table_prefetch=True)
 
@@ -421,8 +421,9 @@ def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None
 
     Why: on sm90 two e4m3 values become two fp16 values in one ``cvt.rn.f16x2.e4m3x2``, while bf16 needs
     that and then one ``cvt.bf16.f16`` per element (sm90 has no direct e4m3 -> bf16 conversion, and its
-    conversion unit is 1/4 the FMA rate): the bf16 path spent 3x the conversions of the fp16 one per K/V tile
-    and ran at half the bytes per second of a bf16 cache (``bench/paged_decode_variants.py``). fp16 holds
+    conversion unit is 1/4 the FMA rate): the bf16 path spends 3x the conversions of the fp16 one per K/V
+    tile; with 2 tiles in flight the fp16 dots were 1.10-1.17x the bf16 ones on an H200
+    (``bench/paged_decode_variants.py``, 2026-12-04). fp16 holds
     every e4m3 value exactly, the softmax weights p in [0, 1], and a bf16 query exactly within its range
     (|q| < 65,504; a normalised, rotated query is far inside it), with 3 more mantissa bits for p than bf16."""
     launch = launch or DECODE_LAUNCH
