@@ -58,6 +58,8 @@ VARIANTS = {
 
 def env_for(launch: DecodeLaunch) -> str:
     """The environment that makes the engine (``DECODE_LAUNCH``) run ``launch``."""
+    if launch.table_prefetch:
+        return "(none: default_launch prefetches on e4m3 caches and full bf16 grids)"
     shape = f"ASYNCRL_DECODE_LAUNCH={launch.block_n},{launch.num_warps},{launch.num_stages},{launch.kv_splits}"
     if launch.variant == "base":
         return shape + (" ASYNCRL_DECODE_VARIANT=base,1" if launch.table_in_registers else "")
