@@ -112,14 +112,16 @@ def main(argv=None) -> dict:
     out = {"commits": commits, "steps": args.steps, "mode": "sequential" if args.sequential else
            "pinned" if cores else "concurrent", "runs": runs, "pair_ratios": ratios["head"],
            "mean_ratio": statistics.mean(ratios["head"]),
-           "ratios": ratios, "stage_ratios": _stage_ratios(runs, names),
+           "ratios": ratios, "median_ratios": {n: statistics.median(r) for n, r in ratios.items()},
+           "stage_ratios": _stage_ratios(runs, names),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for r in runs:
         print(json.dumps(r))
     for name in names[1:]:
         stages = ", ".join(f"{k} {v:.3f}" for k, v in out["stage_ratios"][name].items())
         print(f"{name} ({commits[name]}) / base ({commits['base']}) RL seconds per round: "
-              f"{[round(x, 3) for x in ratios[name]]}, mean {statistics.mean(ratios[name]):.3f}; "
+              f"{[round(x, 3) for x in ratios[name]]}, mean {statistics.mean(ratios[name]):.3f}, median "
+              f"{statistics.median(ratios[name]):.3f} (a noisy machine's outlier round moves the mean); "
               f"medians per stage: {stages}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

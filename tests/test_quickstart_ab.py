@@ -23,6 +23,7 @@ def test_pairs_of_the_same_commit(tmp_path):
     assert all(r["rl_seconds"] > 0 and r["actor_update"] > 0 and r["rollout"] > 0 for r in out["runs"])
     assert len(out["pair_ratios"]) == 2 and all(x > 0 for x in out["pair_ratios"])
     assert json.loads((tmp_path / "ab.json").read_text())["mean_ratio"] == out["mean_ratio"]
+    assert min(out["pair_ratios"]) <= out["median_ratios"]["head"] <= max(out["pair_ratios"])
     subprocess.run(["git", "-C", str(BENCH.parents[1]), "worktree", "remove", "--force",
                     str(tmp_path / "trees" / out["commits"]["head"])], capture_output=True)
 
