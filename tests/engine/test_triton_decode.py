@@ -167,6 +167,32 @@ def test_fp8_cache_bf16_query_fp16_dots_are_at_least_as_accurate_as_bf16_dots():
         assert errors[True].mean() <= errors[False].mean() * 1.05, (errors[True].mean(), errors[False].mean())
 
 
+def test_fp8_cache_bf16_query_verify_step_with_fp16_dots_matches_float64():
+    """A speculative verify step (3 query tokens per sequence, causal among them) of bf16 queries on an
+    e4m3 cache, through the default fp16 dots: within bf16 rounding of the float64 gathered attention."""
+    from asyncrl.engine.attention import FP8_KV
+
+    H, Hkv, D, page, qlen = 4, 2, 16, 4, 3
+    g = torch.Generator().manual_seed(11)
+    lens = [qlen + 1, 3 * page + 2]
+    nb = sum(-(-n // page) for n in lens) + 1
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
+    tables, o = [], 0
+    for n in lens:
+        tables.append(list(range(o, o + -(-n // page))))
+        o += len(tables[-1])
+    width = max(map(len, tables))
+    bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
+    q = torch.randn(len(lens) * qlen, H, D, generator=g).to(torch.bfloat16)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
+    out = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1), query_len=qlen)
+    meta = build_gathered_metadata(tables, [n - qlen for n in lens], [qlen] * len(lens), page, nb,
+                                   torch.device("cpu"))
+    ref = gathered_attention(q.double(), kc.double(), vc.double(), meta, D ** -0.5)
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=2 ** -8, atol=1e-2)
+
+
 def test_fp8_cache_cascade_decode_matches_plain_and_reference():
     """Cascade decode (shared-prefix kernel + suffix decode) on an e4m3 cache: equal to plain paged
     decode and to the float64 reference over the same (upcast) K/V."""
