@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paged_decode_variants import D, H, HKV, PAGE, REGIMES  # noqa: E402
+from paged_decode_variants import D, H, HKV, PAGE, REGIMES, timed_row  # noqa: E402
 
 
 def flashinfer_inputs(bt: torch.Tensor, lens: torch.Tensor):
@@ -58,7 +58,6 @@ def flashinfer_runner(flashinfer, q, k, v, bt, lens, tensor_cores: bool):
 
 def measure(flashinfer) -> list[dict]:
     from paged_decode_sweep import case
-    from triton.testing import do_bench_cudagraph
 
     from asyncrl.engine.triton_decode import paged_decode_attention
 
@@ -78,20 +77,7 @@ def measure(flashinfer) -> list[dict]:
                                                                                       True)
                 for name, make in candidates.items():
                     row = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1], kernel=name)
-                    try:
-                        fn = make()
-                        row["max_abs_diff"] = (fn().float() - ref).abs().max().item()
-                        us = do_bench_cudagraph(fn, rep=20) * 1e3
-                    except Exception as exc:  # noqa: BLE001 - a kernel this FlashInfer build lacks: reported
-                        row["error"] = repr(exc)[:300]
-                        rows.append(row)
-                        print(f"{regime} {batch:4d} x {context:5d} {row['kv']:14s} {name:24s} ERROR {row['error']}",
-                              flush=True)
-                        continue
-                    row.update(us=round(us, 2), tb_per_s=round(kv_bytes / (us * 1e-6) / 1e12, 3))
-                    rows.append(row)
-                    print(f"{regime} {batch:4d} x {context:5d} {row['kv']:14s} {name:24s} {us:8.1f} us "
-                          f"{row['tb_per_s']:5.2f} TB/s  diff {row['max_abs_diff']:.1e}", flush=True)
+                    rows.append(timed_row(row, make, ref, kv_bytes, name))
     return rows
 
 

@@ -67,9 +67,27 @@ def env_for(launch: DecodeLaunch) -> str:
             f"{launch.persistent_per_sm},{launch.fp8_block_n},{int(launch.table_in_registers)}")
 
 
+def timed_row(row: dict, make, ref: torch.Tensor, kv_bytes: int, name: str) -> dict:
+    """``row`` with the kernel ``make()`` returns: its max abs difference from ``ref``, its CUDA-graph time (us)
+    and K/V bytes per second; or ``error`` when it fails (e.g. out of shared memory: not a candidate). Prints it."""
+    from triton.testing import do_bench_cudagraph
+
+    where = f"{row['regime']} {row['batch']:4d} x {row['context']:5d} {row['kv']:14s} {name:24s}"
+    try:
+        fn = make()
+        row["max_abs_diff"] = (fn().float() - ref).abs().max().item()
+        us = do_bench_cudagraph(fn, rep=20) * 1e3
+    except Exception as exc:  # noqa: BLE001 - reported in the row, the other kernels still run
+        row["error"] = repr(exc)[:300]
+        print(f"{where} ERROR {row['error']}", flush=True)
+        return row
+    row.update(us=round(us, 2), tb_per_s=round(kv_bytes / (us * 1e-6) / 1e12, 3))
+    print(f"{where} {us:8.1f} us {row['tb_per_s']:5.2f} TB/s  diff {row['max_abs_diff']:.1e}", flush=True)
+    return row
+
+
 def measure(names: list[str]) -> dict:
     from paged_decode_sweep import case
-    from triton.testing import do_bench_cudagraph
 
     from asyncrl.engine.triton_decode import paged_decode_attention
 
@@ -85,19 +103,8 @@ def measure(names: list[str]) -> dict:
                     launch = VARIANTS[name]
                     row = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1],
                                variant=name)
-                    try:
-                        fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch)  # noqa: E731
-                        row["max_abs_diff"] = (fn().float() - ref).abs().max().item()
-                        us = do_bench_cudagraph(fn, rep=20) * 1e3
-                    except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: not a candidate
-                        row["error"] = repr(exc)[:200]
-                        rows.append(row)
-                        print(f"{regime} {batch:4d} x {context:5d} {row['kv']:14s} {name:24s} ERROR {row['error']}")
-                        continue
-                    row.update(us=round(us, 2), tb_per_s=round(kv_bytes / (us * 1e-6) / 1e12, 3))
-                    rows.append(row)
-                    print(f"{regime} {batch:4d} x {context:5d} {row['kv']:14s} {name:24s} {us:8.1f} us "
-                          f"{row['tb_per_s']:5.2f} TB/s  diff {row['max_abs_diff']:.1e}", flush=True)
+                    fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch)  # noqa: E731
+                    rows.append(timed_row(row, lambda: fn, ref, kv_bytes, name))
     return rows
 
 
