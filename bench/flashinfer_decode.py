@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from paged_decode_variants import D, H, HKV, PAGE, REGIMES, timed_row  # noqa: E402
+from paged_decode_variants import D, H, HKV, PAGE, REGIMES, cases, timed_row  # noqa: E402
 
 
 def flashinfer_inputs(bt: torch.Tensor, lens: torch.Tensor):
@@ -57,27 +57,18 @@ def flashinfer_runner(flashinfer, q, k, v, bt, lens, tensor_cores: bool):
 
 
 def measure(flashinfer) -> list[dict]:
-    from paged_decode_sweep import case
-
     from asyncrl.engine.triton_decode import paged_decode_attention
 
     rows = []
-    for regime, shapes in REGIMES.items():
-        for batch, context in shapes:
-            q, kc, vc, bt, lens = case(batch, context)
-            for dtype in (torch.bfloat16, torch.float8_e4m3fn):
-                k, v = kc.to(dtype), vc.to(dtype)
-                kv_bytes = 2 * batch * context * HKV * D * k.element_size()
-                ours = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5)  # noqa: E731
-                ref = ours().float()
-                candidates = {"engine": lambda: ours}
-                if flashinfer is not None:
-                    candidates["flashinfer"] = lambda: flashinfer_runner(flashinfer, q, k, v, bt, lens, False)
-                    candidates["flashinfer tensor cores"] = lambda: flashinfer_runner(flashinfer, q, k, v, bt, lens,
-                                                                                      True)
-                for name, make in candidates.items():
-                    row = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1], kernel=name)
-                    rows.append(timed_row(row, make, ref, kv_bytes, name))
+    for fields, (q, k, v, bt, lens), kv_bytes in cases():
+        ours = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5)  # noqa: E731
+        ref = ours().float()
+        candidates = {"engine": lambda: ours}
+        if flashinfer is not None:
+            candidates["flashinfer"] = lambda: flashinfer_runner(flashinfer, q, k, v, bt, lens, False)
+            candidates["flashinfer tensor cores"] = lambda: flashinfer_runner(flashinfer, q, k, v, bt, lens, True)
+        for name, make in candidates.items():
+            rows.append(timed_row(dict(fields, kernel=name), make, ref, kv_bytes, name))
     return rows
 
 

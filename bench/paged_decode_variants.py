@@ -86,25 +86,29 @@ def timed_row(row: dict, make, ref: torch.Tensor, kv_bytes: int, name: str) -> d
     return row
 
 
-def measure(names: list[str]) -> dict:
+def cases():
+    """Per regime, shape and K/V dtype (bf16, e4m3): (row fields, (q, k, v, block tables, lens), K/V bytes read)."""
     from paged_decode_sweep import case
 
-    from asyncrl.engine.triton_decode import paged_decode_attention
-
-    rows = []
     for regime, shapes in REGIMES.items():
         for batch, context in shapes:
             q, kc, vc, bt, lens = case(batch, context)
             for dtype in (torch.bfloat16, torch.float8_e4m3fn):
                 k, v = kc.to(dtype), vc.to(dtype)
-                kv_bytes = 2 * batch * context * HKV * D * k.element_size()
-                ref = paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=VARIANTS["base"]).float()
-                for name in names:
-                    launch = VARIANTS[name]
-                    row = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1],
-                               variant=name)
-                    fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch)  # noqa: E731
-                    rows.append(timed_row(row, lambda: fn, ref, kv_bytes, name))
+                fields = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1])
+                yield fields, (q, k, v, bt, lens), 2 * batch * context * HKV * D * k.element_size()
+
+
+def measure(names: list[str]) -> dict:
+    from asyncrl.engine.triton_decode import paged_decode_attention
+
+    rows = []
+    for fields, (q, k, v, bt, lens), kv_bytes in cases():
+        ref = paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=VARIANTS["base"]).float()
+        for name in names:
+            launch = VARIANTS[name]
+            fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch)  # noqa: E731
+            rows.append(timed_row(dict(fields, variant=name), lambda: fn, ref, kv_bytes, name))
     return rows
 
 
