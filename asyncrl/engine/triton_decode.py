@@ -376,18 +376,18 @@ _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
 # programs per SM than such a grid could use); e4m3 1.02-1.35x at every shape (half the bytes a tile: the
 # loop needs tiles in flight).
 TABLE_MIN_PROGRAMS_PER_SM = 8
-_TABLE_LAUNCH = dataclasses.replace(DECODE_LAUNCH, table_prefetch=True)
+_PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True)
 
 
 def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
     """The launch of a decode call that names none: ``DECODE_LAUNCH``, with ``table_prefetch`` per
-    the rule above (one query token per sequence; the environment's launch, when set, is taken as is).
-    Depends on the batch size, not the contexts: the same launch for every replay of a CUDA graph."""
-    if _LAUNCH_PINNED or qlen != 1 or DECODE_LAUNCH.variant != "base" or DECODE_LAUNCH.table_in_registers \
-            or DECODE_LAUNCH.table_prefetch:
+    the rule above when it is the default launch and one query token per sequence (a launch from the
+    environment, or one a bench sets in ``DECODE_LAUNCH``, is taken as is). Depends on the batch size,
+    not the contexts: the same launch for every replay of a CUDA graph."""
+    if _LAUNCH_PINNED or qlen != 1 or DECODE_LAUNCH != DecodeLaunch():
         return DECODE_LAUNCH
     full = batch * hkv >= TABLE_MIN_PROGRAMS_PER_SM * num_sms(k_cache.device)
-    return _TABLE_LAUNCH if (full or k_cache.dtype == torch.float8_e4m3fn) else DECODE_LAUNCH
+    return _PREFETCH_LAUNCH if (full or k_cache.dtype == torch.float8_e4m3fn) else DECODE_LAUNCH
 
 
 # ``DecodeLaunch.table_in_registers``: a program loads its sequence's block-table row once (at most
@@ -423,9 +423,9 @@ def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None
     that and then one ``cvt.bf16.f16`` per element (sm90 has no direct e4m3 -> bf16 conversion, and its
     conversion unit is 1/4 the FMA rate): the bf16 path spends 3x the conversions of the fp16 one per K/V
     tile; with 2 tiles in flight the fp16 dots were 1.10-1.17x the bf16 ones on an H200
-    (``bench/paged_decode_variants.py``, 2026-12-04). fp16 holds
-    every e4m3 value exactly, the softmax weights p in [0, 1], and a bf16 query exactly within its range
-    (|q| < 65,504; a normalised, rotated query is far inside it), with 3 more mantissa bits for p than bf16."""
+    (``bench/paged_decode_variants.py``, 2026-12-04). fp16 holds every e4m3 value exactly, the softmax
+    weights p in [0, 1], and a bf16 query exactly within its range (|q| < 65,504; a normalised, rotated
+    query is far inside it), with 3 more mantissa bits for p than bf16."""
     launch = launch or DECODE_LAUNCH
     return launch.fp8_f16_dots and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
 

@@ -114,7 +114,8 @@ def test_f16_dots_only_for_an_e4m3_cache_under_a_bf16_query():
 def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monkeypatch):
     """The launch a decode call gets when it names none (``default_launch``): each tile's block id loaded a
     tile ahead from ``TABLE_MIN_PROGRAMS_PER_SM`` (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on
-    every e4m3 cache; never for verify steps (several query tokens), nor over a launch set in the environment."""
+    every e4m3 cache; never for verify steps (several query tokens), nor over a launch set in the environment
+    or by a bench."""
     from asyncrl.engine import triton_decode as td
     from asyncrl.engine.attention import FP8_KV
 
@@ -127,6 +128,10 @@ def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monke
     assert td.default_launch(1, 2, fp8).table_prefetch
     assert not td.default_launch(full, 2, bf16, qlen=3).table_prefetch
     assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False) == td.DECODE_LAUNCH
+    custom = DecodeLaunch(block_n=32)  # a bench's own launch in DECODE_LAUNCH: kept, not rebuilt from the default
+    monkeypatch.setattr(td, "DECODE_LAUNCH", custom)
+    assert td.default_launch(full, 2, bf16) is custom and td.default_launch(1, 2, fp8) is custom
+    monkeypatch.setattr(td, "DECODE_LAUNCH", DecodeLaunch())
     monkeypatch.setattr(td, "_LAUNCH_PINNED", True)
     assert td.default_launch(full, 2, bf16) is td.DECODE_LAUNCH
 
