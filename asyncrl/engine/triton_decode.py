@@ -242,13 +242,14 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
-                   IEEE: tl.constexpr, F16_DOTS: tl.constexpr = False):
+                   IEEE: tl.constexpr, F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False):
     """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
     (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, max_parts]``: the step's
     chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
     one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
     head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
-    (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf). F16_DOTS: as the
+    (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf). F16_DOTS and
+    BT_PREFETCH (``PAGE % BLOCK_N == 0``: a tile lies in one block, chunks start on a tile): as the
     decode kernel's."""
     cdt: tl.constexpr = tl.float16 if F16_DOTS else Q.dtype.element_ty
     nsp = 1
@@ -277,10 +278,17 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
         m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if BT_PREFETCH:  # the first tile's block; each iteration loads the next one's
+            nxt = tl.load(BT + leader * stride_bt + lo // PAGE, mask=lo < hi, other=0).to(tl.int64)
         for start in range(lo, hi, BLOCK_N):
             tok = start + n
             kmask = tok < hi
-            blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+            if BT_PREFETCH:  # loaded an iteration ago: no load of this iteration on the K/V address chain
+                blk = nxt
+                nxt = tl.load(BT + leader * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < hi,
+                              other=0).to(tl.int64)
+            else:
+                blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
             k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
             if IEEE:
@@ -416,6 +424,13 @@ def bt_prefetch(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
     return launch.table_prefetch and page % launch.block_n == 0 and bt_regs == 0
 
 
+def prefix_prefetch(rule: CascadeLaunchRule, page: int, k_cache: torch.Tensor) -> bool:
+    """``BT_PREFETCH`` of the prefix kernel: ``rule.prefix_prefetch`` 2 = on every cache, 1 = on an
+    e4m3 cache, 0 = off; tiles within one block only (``PAGE % prefix_block_n == 0``)."""
+    wanted = rule.prefix_prefetch >= 2 or (rule.prefix_prefetch == 1 and k_cache.dtype == torch.float8_e4m3fn)
+    return wanted and page % rule.prefix_block_n == 0
+
+
 def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None = None) -> bool:
     """Whether the kernels run an e4m3 cache's dots in fp16 instead of the query's bf16.
 
@@ -530,12 +545,16 @@ def _programs(device: torch.device, per_sm: int) -> int:
 
 
 def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = None,
-                          batch_rows: int | None = None) -> DecodeLaunch:
-    """The suffix decode's launch: ``base`` (default ``DECODE_LAUNCH``) with the rule's non-zero
-    ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages``; where those are 0 and the batch has at
-    most ``rule.small_batch_rows`` rows, the rule's small-batch tile. ``batch_rows`` is the launch's
-    batch size (fixed per CUDA graph bucket, so graph-safe); None = not a small batch."""
-    base = base or DECODE_LAUNCH
+                          batch_rows: int | None = None, k_cache: torch.Tensor | None = None) -> DecodeLaunch:
+    """The suffix decode's launch: ``base`` with the rule's non-zero ``suffix_block_n`` /
+    ``suffix_warps`` / ``suffix_stages``; where those are 0 and the batch has at most
+    ``rule.small_batch_rows`` rows, the rule's small-batch tile. ``batch_rows`` is the launch's batch
+    size (fixed per CUDA graph bucket, so graph-safe); None = not a small batch. ``base`` defaults to
+    the plain decode's launch for that batch and ``k_cache`` (``default_launch``: block ids prefetched
+    on e4m3 caches and full bf16 grids) under ``rule.suffix_prefetch``, else ``DECODE_LAUNCH``."""
+    if base is None:
+        prefetch = rule.suffix_prefetch and batch_rows is not None and k_cache is not None
+        base = default_launch(batch_rows, k_cache.shape[2], k_cache) if prefetch else DECODE_LAUNCH
     small = batch_rows is not None and batch_rows <= rule.small_batch_rows
     return dataclasses.replace(base,
                                block_n=rule.suffix_block_n or (rule.small_suffix_block_n if small else base.block_n),
@@ -576,7 +595,8 @@ def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv,
-        IEEE=q.dtype == torch.float32, F16_DOTS=f16_dots(q, k_cache), num_warps=rule.prefix_warps)
+        IEEE=q.dtype == torch.float32, F16_DOTS=f16_dots(q, k_cache),
+        BT_PREFETCH=prefix_prefetch(rule, page, k_cache), num_warps=rule.prefix_warps)
     return po, pl
 
 
@@ -588,7 +608,7 @@ def launch_suffix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     nsp = tiles.view(-1)[1:2]  # the header's chunk count
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
                           cascade=(suffix_start, nsp, *partials),
-                          launch=launch or cascade_suffix_launch(rule, batch_rows=q.shape[0]),
+                          launch=launch or cascade_suffix_launch(rule, batch_rows=q.shape[0], k_cache=k_cache),
                           cascade_kv_splits=rule.suffix_kv_splits, early_prefix=bool(rule.suffix_early_prefix))
 
 
@@ -602,7 +622,7 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     The base kernel only (the packed variant merges the prefix inside its kernel: refused)."""
     B, H, D = q.shape
     page, hkv = k_cache.shape[1], k_cache.shape[2]
-    launch = launch or cascade_suffix_launch(rule, batch_rows=B)
+    launch = launch or cascade_suffix_launch(rule, batch_rows=B, k_cache=k_cache)
     if launch.variant != "base":
         raise ValueError(f"CascadeLaunchRule.concurrent_prefix takes the base suffix kernel, not the "
                          f"{launch.variant!r} variant (set concurrent_prefix=0 or ASYNCRL_DECODE_VARIANT=base)")
@@ -694,7 +714,7 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     Rows with ``suffix_start == 0`` get plain paged decode.
 
     ``rule``: the launch (default ``cascade.CASCADE_RULE``, read at call time); ``launch``
-    overrides the suffix decode's (default ``cascade_suffix_launch(rule, batch_rows=B)``; the packed variant
+    overrides the suffix decode's (default ``cascade_suffix_launch(rule, batch_rows=B, k_cache=k_cache)``; the packed variant
     takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
     and the batch size only; the tile and chunk counts are read on the device (a header count
     above ``rule.max_splits`` is clamped). ``rule.concurrent_prefix``: ``concurrent_cascade`` (the

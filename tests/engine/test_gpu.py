@@ -129,6 +129,9 @@ CASCADE_RULES = [
     (2, dict(prefix_fill=1, max_prefix_splits=2), dict(table_in_registers=True)),
     (4, dict(prefix_fill=1, max_prefix_splits=4), dict(block_n=16, num_warps=8, variant="packed",
                                                       table_in_registers=True)),
+    # block ids a tile ahead: the prefix kernel on any cache, the suffix's own launch or the rule's
+    (2, dict(prefix_fill=1, max_prefix_splits=2, prefix_prefetch=2), dict(table_prefetch=True)),
+    (4, dict(prefix_fill=1, max_prefix_splits=4, prefix_prefetch=2, suffix_kv_splits=2), dict(table_prefetch=True)),
 ]
 
 

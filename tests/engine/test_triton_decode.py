@@ -231,6 +231,10 @@ CASCADE_LAUNCHES = [
      DecodeLaunch(block_n=4, table_prefetch=True)),
     (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4),
      DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
+    # block ids prefetched a tile ahead in the prefix kernel (any cache), 1 to 4 chunks
+    (1, CascadeLaunchRule(prefix_fill=0, prefix_block_n=4, prefix_prefetch=2), None),
+    (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4, prefix_prefetch=2),
+     DecodeLaunch(block_n=4, table_prefetch=True)),
 ]
 
 
@@ -287,6 +291,29 @@ def test_cascade_suffix_launch_takes_the_small_batch_tile_up_to_its_row_count():
     assert (pinned.block_n, pinned.num_warps) == (32, 2)
     off = cascade_suffix_launch(CascadeLaunchRule(small_batch_rows=0), DECODE_LAUNCH, batch_rows=8)
     assert off == DECODE_LAUNCH
+
+
+def test_cascade_prefetch_follows_the_plain_decode_rule_and_the_cache(monkeypatch):
+    """The suffix launch's base is the plain decode's ``default_launch`` (block ids prefetched on
+    e4m3 caches and full bf16 grids) unless ``suffix_prefetch=0``; the prefix kernel prefetches per
+    ``prefix_prefetch`` and only where a tile lies in one block."""
+    from asyncrl.engine import triton_decode as td
+
+    monkeypatch.setattr(td, "num_sms", lambda device: 4)
+    bf16 = torch.zeros(2, 64, 2, 8, dtype=torch.bfloat16)
+    fp8 = bf16.to(torch.float8_e4m3fn)
+    full = td.TABLE_MIN_PROGRAMS_PER_SM * 4 // 2
+    rule = CascadeLaunchRule()
+    assert td.cascade_suffix_launch(rule, batch_rows=8, k_cache=fp8).table_prefetch
+    assert not td.cascade_suffix_launch(rule, batch_rows=8, k_cache=bf16).table_prefetch
+    wide = td.cascade_suffix_launch(CascadeLaunchRule(small_batch_rows=0), batch_rows=full, k_cache=bf16)
+    assert wide == dataclasses.replace(td.DECODE_LAUNCH, table_prefetch=True)
+    assert not td.cascade_suffix_launch(CascadeLaunchRule(suffix_prefetch=0), batch_rows=8, k_cache=fp8).table_prefetch
+    assert not td.cascade_suffix_launch(rule, batch_rows=8).table_prefetch  # no cache named: DECODE_LAUNCH's
+    assert td.prefix_prefetch(rule, 64, fp8) and not td.prefix_prefetch(rule, 64, bf16)
+    assert td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=2), 64, bf16)
+    assert not td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=0), 64, fp8)
+    assert not td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=2, prefix_block_n=64), 16, bf16)  # spans blocks
 
 
 # (prefix chunks in the plan header, suffix split-KV, cache dtype): the concurrent cascade's kernels
