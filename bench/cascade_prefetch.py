@@ -1,8 +1,7 @@
 """Block ids prefetched a tile ahead in the cascade (shared-prefix) kernels: on vs off, bf16 and e4m3 caches.
 
-``CascadeLaunchRule.suffix_prefetch`` (the suffix decode takes the plain decode's ``default_launch``:
-prefetch on e4m3 caches and on bf16 grids of >= 8 programs per SM) and ``prefix_prefetch`` (the
-prefix kernel: 1 = e4m3 caches, 2 = every cache). GPU only.
+``CascadeLaunchRule.suffix_prefetch`` (the suffix decode) and ``prefix_prefetch`` (the prefix kernel):
+2 = on every cache, 1 = on e4m3 caches, 0 = off. GPU only.
 
 1. Kernels, per shape of ``bench/cascade_decode.py`` (peer: the GRPO rollout of the issue-20 bench,
    16 groups x 8, prefix 256, batch 128; b: workload (b), 32 groups x 16, prefix 1,024, batch 512) at
@@ -10,8 +9,8 @@ prefix kernel: 1 = e4m3 caches, 2 = every cache). GPU only.
    chunks and tiles) with both prefetches off, suffix only, prefix only and both, GPU time per layer
    (one CUDA graph over 4 layers' caches); each output's max abs difference to plain paged decode.
 2. Engine (``--engine``): workload (b) (GRPO 32 x 16, prompt 1,024, response 128) on bf16 and FP8 KV
-   caches, the rule's prefetches off vs the default rule (suffix per ``default_launch``, prefix on e4m3),
-   one engine each, interleaved repeats.
+   caches, the rule's prefetches off vs the default rule (suffix on e4m3, prefix on every cache), one
+   engine each (3,072 KV blocks), interleaved repeats.
 
     python bench/cascade_prefetch.py --json out.json            # kernels, ~1 min
     python bench/cascade_prefetch.py --engine --json out.json   # + engine, ~3 min
@@ -39,11 +38,11 @@ from asyncrl.engine.cascade import CascadeLaunchRule  # noqa: E402
 DEFAULT = CascadeLaunchRule()
 RULES = {  # name -> the rule (the default's chunks and tiles, prefetches as named)
     "off": dataclasses.replace(DEFAULT, suffix_prefetch=0, prefix_prefetch=0),
-    "suffix": dataclasses.replace(DEFAULT, suffix_prefetch=1, prefix_prefetch=0),
+    "suffix": dataclasses.replace(DEFAULT, suffix_prefetch=2, prefix_prefetch=0),
     "prefix": dataclasses.replace(DEFAULT, suffix_prefetch=0, prefix_prefetch=2),
-    "both": dataclasses.replace(DEFAULT, suffix_prefetch=1, prefix_prefetch=2),
+    "both": dataclasses.replace(DEFAULT, suffix_prefetch=2, prefix_prefetch=2),
 }
-ENGINE_RULES = {"off": RULES["off"], "default": DEFAULT}  # default: suffix per default_launch, prefix on e4m3
+ENGINE_RULES = {"off": RULES["off"], "default": DEFAULT}  # default: suffix on e4m3, prefix on every cache
 KV_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 
 
@@ -85,7 +84,7 @@ def engine_rows(repeats: int) -> dict:
 
     hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
     kw = dict(dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
-              max_model_len=4096, gpu_memory_utilization=0.3)
+              max_model_len=4096, num_kv_blocks=3072)  # two engines at once: a fixed pool each
     params = SamplingParams(n=16, temperature=1.0, max_tokens=128, ignore_eos=True)
     seeds = iter(range(300, 400))
     out = {}

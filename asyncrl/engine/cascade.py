@@ -61,9 +61,7 @@ class CascadeLaunchRule:
         ``prefix_block_n``, ``prefix_warps``, ``max_prefix_splits``, and the suffix decode's
         ``suffix_block_n`` / ``suffix_warps`` / ``suffix_stages`` (0 = the plain decode's,
         ``triton_decode.DECODE_LAUNCH``), ``suffix_early_prefix``, ``concurrent_prefix``,
-        ``prefix_prefetch`` (per cache dtype).
-      * per batch bucket and cache dtype: ``suffix_prefetch`` (the plain decode's
-        ``default_launch`` rule).
+        ``prefix_prefetch`` and ``suffix_prefetch`` (per cache dtype).
       * per batch bucket: ``suffix_kv_splits`` (split-KV of each row's own ``[suffix_start,
         ctx)``, a grid dimension; 1 = none, 0 = the plain kernel's per-batch rule
         ``kv_splits_for``). The suffix length is not an input of any graph-fixed choice: a
@@ -101,11 +99,13 @@ class CascadeLaunchRule:
     # partials, then a merge kernel (triton_decode.concurrent_cascade; per process, read when a
     # graph is captured). 0 = serialized: the suffix kernel merges the prefix partials itself.
     concurrent_prefix: int = 0
-    # Block ids loaded a tile ahead (triton_decode.bt_prefetch: the K/V copies pipeline). suffix: 1 = the
-    # plain decode's rule (default_launch: e4m3 caches, bf16 grids of >= 8 programs per SM), 0 = off;
-    # prefix: 2 = every cache, 1 = e4m3 caches, 0 = off.
+    # Block ids loaded a tile ahead (triton_decode.bt_prefetch: the K/V copies pipeline): 2 = on every
+    # cache, 1 = on e4m3 caches, 0 = off. H200, summed over suffix lengths (bench/cascade_prefetch.py,
+    # 2026-12-04): the prefix kernel gains on both dtypes (bf16 1.03x at the GRPO shape, 1.11x at
+    # workload (b); e4m3 1.05x / 1.13x); the suffix gains on e4m3 (1.05x / 1.07x) and loses bf16 at
+    # 512 rows (0.94x).
     suffix_prefetch: int = 1
-    prefix_prefetch: int = 1
+    prefix_prefetch: int = 2
 
     @property
     def max_splits(self) -> int:

@@ -424,11 +424,16 @@ def bt_prefetch(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
     return launch.table_prefetch and page % launch.block_n == 0 and bt_regs == 0
 
 
+def cascade_prefetch(level: int, k_cache: torch.Tensor) -> bool:
+    """A cascade kernel's block-id prefetch at ``level`` (``CascadeLaunchRule.suffix_prefetch`` /
+    ``prefix_prefetch``): 2 = on every cache, 1 = on an e4m3 cache, 0 = off."""
+    return level >= 2 or (level == 1 and k_cache.dtype == torch.float8_e4m3fn)
+
+
 def prefix_prefetch(rule: CascadeLaunchRule, page: int, k_cache: torch.Tensor) -> bool:
-    """``BT_PREFETCH`` of the prefix kernel: ``rule.prefix_prefetch`` 2 = on every cache, 1 = on an
-    e4m3 cache, 0 = off; tiles within one block only (``PAGE % prefix_block_n == 0``)."""
-    wanted = rule.prefix_prefetch >= 2 or (rule.prefix_prefetch == 1 and k_cache.dtype == torch.float8_e4m3fn)
-    return wanted and page % rule.prefix_block_n == 0
+    """``BT_PREFETCH`` of the prefix kernel (``rule.prefix_prefetch``, ``cascade_prefetch``); tiles
+    within one block only (``PAGE % prefix_block_n == 0``)."""
+    return cascade_prefetch(rule.prefix_prefetch, k_cache) and page % rule.prefix_block_n == 0
 
 
 def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None = None) -> bool:
@@ -550,11 +555,15 @@ def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = N
     ``suffix_warps`` / ``suffix_stages``; where those are 0 and the batch has at most
     ``rule.small_batch_rows`` rows, the rule's small-batch tile. ``batch_rows`` is the launch's batch
     size (fixed per CUDA graph bucket, so graph-safe); None = not a small batch. ``base`` defaults to
-    the plain decode's launch for that batch and ``k_cache`` (``default_launch``: block ids prefetched
-    on e4m3 caches and full bf16 grids) under ``rule.suffix_prefetch``, else ``DECODE_LAUNCH``."""
+    ``DECODE_LAUNCH``, with block ids prefetched (``table_prefetch``) where ``rule.suffix_prefetch`` asks
+    for it on ``k_cache``'s dtype (``cascade_prefetch``) and no launch is pinned. Unlike the plain
+    decode's rule, not on full bf16 grids: a suffix is short (the response so far), and there the
+    prefetch cost bf16 2-9% at 512 rows (bench/cascade_prefetch.py, H200)."""
     if base is None:
-        prefetch = rule.suffix_prefetch and batch_rows is not None and k_cache is not None
-        base = default_launch(batch_rows, k_cache.shape[2], k_cache) if prefetch else DECODE_LAUNCH
+        base = DECODE_LAUNCH
+        if (k_cache is not None and cascade_prefetch(rule.suffix_prefetch, k_cache) and not _LAUNCH_PINNED
+                and DECODE_LAUNCH == DecodeLaunch()):
+            base = _PREFETCH_LAUNCH
     small = batch_rows is not None and batch_rows <= rule.small_batch_rows
     return dataclasses.replace(base,
                                block_n=rule.suffix_block_n or (rule.small_suffix_block_n if small else base.block_n),

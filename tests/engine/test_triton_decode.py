@@ -293,10 +293,11 @@ def test_cascade_suffix_launch_takes_the_small_batch_tile_up_to_its_row_count():
     assert off == DECODE_LAUNCH
 
 
-def test_cascade_prefetch_follows_the_plain_decode_rule_and_the_cache(monkeypatch):
-    """The suffix launch's base is the plain decode's ``default_launch`` (block ids prefetched on
-    e4m3 caches and full bf16 grids) unless ``suffix_prefetch=0``; the prefix kernel prefetches per
-    ``prefix_prefetch`` and only where a tile lies in one block."""
+def test_cascade_prefetch_follows_the_rule_and_the_cache_dtype(monkeypatch):
+    """The suffix decode prefetches block ids on e4m3 caches by default (level 1), at every batch
+    size and never on bf16 (not even full grids, unlike the plain decode); level 2 = every cache, 0 =
+    off; a pinned launch is kept. The prefix kernel prefetches on every cache by default, only where a
+    tile lies in one block."""
     from asyncrl.engine import triton_decode as td
 
     monkeypatch.setattr(td, "num_sms", lambda device: 4)
@@ -304,16 +305,21 @@ def test_cascade_prefetch_follows_the_plain_decode_rule_and_the_cache(monkeypatc
     fp8 = bf16.to(torch.float8_e4m3fn)
     full = td.TABLE_MIN_PROGRAMS_PER_SM * 4 // 2
     rule = CascadeLaunchRule()
-    assert td.cascade_suffix_launch(rule, batch_rows=8, k_cache=fp8).table_prefetch
-    assert not td.cascade_suffix_launch(rule, batch_rows=8, k_cache=bf16).table_prefetch
-    wide = td.cascade_suffix_launch(CascadeLaunchRule(small_batch_rows=0), batch_rows=full, k_cache=bf16)
+    for rows in (8, full, None):
+        assert td.cascade_suffix_launch(rule, batch_rows=rows, k_cache=fp8).table_prefetch
+        assert not td.cascade_suffix_launch(rule, batch_rows=rows, k_cache=bf16).table_prefetch
+    wide = td.cascade_suffix_launch(CascadeLaunchRule(small_batch_rows=0, suffix_prefetch=2), batch_rows=full,
+                                    k_cache=bf16)
     assert wide == dataclasses.replace(td.DECODE_LAUNCH, table_prefetch=True)
     assert not td.cascade_suffix_launch(CascadeLaunchRule(suffix_prefetch=0), batch_rows=8, k_cache=fp8).table_prefetch
     assert not td.cascade_suffix_launch(rule, batch_rows=8).table_prefetch  # no cache named: DECODE_LAUNCH's
-    assert td.prefix_prefetch(rule, 64, fp8) and not td.prefix_prefetch(rule, 64, bf16)
-    assert td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=2), 64, bf16)
+    monkeypatch.setattr(td, "_LAUNCH_PINNED", True)
+    assert not td.cascade_suffix_launch(rule, batch_rows=8, k_cache=fp8).table_prefetch
+    assert td.prefix_prefetch(rule, 64, fp8) and td.prefix_prefetch(rule, 64, bf16)
+    assert td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=1), 64, fp8)
+    assert not td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=1), 64, bf16)
     assert not td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=0), 64, fp8)
-    assert not td.prefix_prefetch(CascadeLaunchRule(prefix_prefetch=2, prefix_block_n=64), 16, bf16)  # spans blocks
+    assert not td.prefix_prefetch(CascadeLaunchRule(prefix_block_n=64), 16, bf16)  # a tile spans blocks
 
 
 # (prefix chunks in the plan header, suffix split-KV, cache dtype): the concurrent cascade's kernels
