@@ -162,10 +162,20 @@ def _to_cache(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
     return x.to(cache.dtype)
 
 
+def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` for an integer ``index`` of any shape into dim 0: ``[*index.shape, *x.shape[1:]]``.
+
+    Why not ``x[index]``: advanced indexing runs a strided gather per element, ``index_select`` copies
+    whole rows; on CPU (torch 2.13, one thread) gathering 1,280 rows of a quickstart-sized KV cache
+    takes 48 us by indexing and 10 us by ``index_select``, and the CPU decode gathers K and V in every
+    layer of every step."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
+
+
 def gather_kv(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """K or V at ``slots`` (any shape) as ``[*slots.shape, Hkv, D]`` in ``dtype``."""
     Hkv, D = cache.shape[2], cache.shape[3]
-    return raw(cache).view(-1, Hkv, D)[slots].view(cache.dtype).to(dtype)
+    return take_rows(raw(cache).view(-1, Hkv, D), slots).view(cache.dtype).to(dtype)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -198,7 +208,7 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
     B, Lq = meta.q_index.shape
-    qb = q[meta.q_index].transpose(1, 2)  # [B, H, Lq, D]
+    qb = take_rows(q, meta.q_index).transpose(1, 2)  # [B, H, Lq, D]
     kb = gather_kv(k_cache, meta.kv_slots, q.dtype).transpose(1, 2)  # [B, Hkv, Lk, D]
     vb = gather_kv(v_cache, meta.kv_slots, q.dtype).transpose(1, 2)
     if q.is_cuda and H != Hkv:
@@ -207,7 +217,7 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         kb, vb = kb.repeat_interleave(H // Hkv, 1), vb.repeat_interleave(H // Hkv, 1)
     out = masked_sdpa(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None, scale=scale,
                       enable_gqa=H != kb.shape[1])
-    return out.transpose(1, 2).reshape(B * Lq, H, D)[meta.q_out_index]
+    return take_rows(out.transpose(1, 2).reshape(B * Lq, H, D), meta.q_out_index)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

@@ -102,8 +102,9 @@ def _qkv_prepare(qkv, positions, cos_table, sin_table, q_norm_w, k_norm_w, eps: 
     v = v.reshape(T, num_kv_heads, head_dim)
     if q_norm_w is not None:
         q, k = _rms_norm(q, q_norm_w, eps), _rms_norm(k, k_norm_w, eps)
-    cos = cos_table[positions].unsqueeze(1)
-    sin = sin_table[positions].unsqueeze(1)
+    # index_select, not cos_table[positions]: whole-row copies (attention.take_rows says why)
+    cos = cos_table.index_select(0, positions).unsqueeze(1)
+    sin = sin_table.index_select(0, positions).unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
 
 
