@@ -218,7 +218,8 @@ class ModelRunner:
         (short GRPO prompts fill a fraction of a block)."""
         for attn in self._attention_layers():
             for cache in (raw(attn.k_cache), raw(attn.v_cache)):  # raw: FP8 caches copy as bytes
-                cache[dst, :m] = cache[src, :m]
+                head = cache[:, :m]  # whole-row copies (attention.take_rows); the dst blocks are distinct
+                head.index_copy_(0, dst, head.index_select(0, src))
         if self.routing is not None:
             self.routing.copy_blocks(src, dst, m)
         if self.features is not None:
