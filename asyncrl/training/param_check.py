@@ -7,6 +7,7 @@ every checkpoint written so far healthy (checkpoint.py also refuses to write NaN
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -24,11 +25,15 @@ def check_parameters_finite(model: torch.nn.Module, where: str,
     step costs more than the check on a tiny model). One fused norm per tensor and one device
     sync per call (a NaN or Inf anywhere makes its tensor's norm non-finite); the
     per-parameter scan that names the culprit runs only on failure."""
-    tensors = [p.detach() for p in (model.parameters() if params is None else params)]
+    tensors = list(model.parameters() if params is None else params)  # no_grad: no detach needed
     if not tensors:
         return
     norms = torch._foreach_norm(tensors)
-    if bool(torch.stack([n.float() for n in norms]).isfinite().all()):
+    if len({n.dtype for n in norms}) > 1:
+        norms = [n.float() for n in norms]
+    # one scalar: a NaN or Inf norm makes the sum non-finite (norms are >= 0, so no inf - inf); a norm
+    # or sum that overflows from finite weights only sends the check to the exact per-parameter scan
+    if math.isfinite(torch.stack(norms).sum().item()):
         return
     for name, param in model.named_parameters():
         if not bool(torch.isfinite(param).all()):

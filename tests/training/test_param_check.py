@@ -38,3 +38,18 @@ def test_only_the_given_tensors_are_checked():
     check_parameters_finite(model, "step 2", [model[0].weight, *model[1].parameters()])
     with pytest.raises(NonFiniteError, match=r"parameter 0\.bias"):
         check_parameters_finite(model, "step 2")
+
+
+def test_mixed_dtypes_and_norms_that_overflow():
+    """bf16 and fp32 parameters are checked together; finite weights whose norm overflows fp32 (the
+    squares of 1e20) are not reported (the exact per-parameter scan decides), a NaN among them is."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16))
+    check_parameters_finite(model, "step 3")
+    with torch.no_grad():
+        model[0].weight.fill_(1e20)
+    assert torch.isinf(torch._foreach_norm([model[0].weight])[0])
+    check_parameters_finite(model, "step 3")
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"parameter 1\.bias holds 1 NaN/Inf"):
+        check_parameters_finite(model, "step 3")
