@@ -46,6 +46,9 @@ VARIANTS = {
     "base table s4": DecodeLaunch(64, 4, 4, table_in_registers=True),
     "base table s3 bf16 dots": DecodeLaunch(64, 4, 3, table_in_registers=True, fp8_f16_dots=False),
     "base prefetch": DecodeLaunch(table_prefetch=True),  # default_launch's on e4m3 and full bf16 grids
+    # K/V tiles loaded into registers a tile ahead (kv_regs): no byte-wise shared reads of an e4m3 K tile
+    "base kv regs w8": DecodeLaunch(64, 8, 1, kv_in_registers=True),  # sm90: e4m3 124 regs, 22 KiB
+    "base kv regs tile32": DecodeLaunch(32, 4, 1, kv_in_registers=True),  # sm90: e4m3 128 regs, 13 KiB
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed table s3 (PACKED_LAUNCH)": _T,
@@ -62,7 +65,8 @@ def env_for(launch: DecodeLaunch) -> str:
         return "(none: default_launch prefetches on e4m3 caches and full bf16 grids)"
     shape = f"ASYNCRL_DECODE_LAUNCH={launch.block_n},{launch.num_warps},{launch.num_stages},{launch.kv_splits}"
     if launch.variant == "base":
-        return shape + (" ASYNCRL_DECODE_VARIANT=base,1" if launch.table_in_registers else "")
+        flags = (int(launch.table_in_registers), int(launch.kv_in_registers))
+        return shape + ("" if flags == (0, 0) else f" ASYNCRL_DECODE_VARIANT=base,{flags[0]},{flags[1]}")
     return (f"{shape} ASYNCRL_DECODE_VARIANT={launch.variant},{launch.heads_per_program},"
             f"{launch.persistent_per_sm},{launch.fp8_block_n},{int(launch.table_in_registers)}")
 
@@ -161,7 +165,9 @@ def offline_report() -> int:
                                        BT_REGS=16 if launch.table_in_registers else 0)  # (a): <= 9 blocks
             else:
                 consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=16 if launch.table_in_registers else 0,
-                                       F16_DOTS=kv != "bf16" and launch.fp8_f16_dots)
+                                       F16_DOTS=kv != "bf16" and launch.fp8_f16_dots,
+                                       BT_PREFETCH=launch.table_prefetch and not launch.kv_in_registers,
+                                       KV_REGS=launch.kv_in_registers)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
