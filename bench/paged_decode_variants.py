@@ -141,7 +141,7 @@ def offline_report() -> int:
 
     from sm90_offline import compile_sm90, register_usage
 
-    from asyncrl.engine.triton_decode import _paged_decode_kernel
+    from asyncrl.engine.triton_decode import _paged_decode_kernel, bt_prefetch, kv_regs
     from asyncrl.engine.triton_decode_packed import _packed_decode_kernel, heads_per_program
 
     for name, launch in VARIANTS.items():
@@ -164,10 +164,10 @@ def offline_report() -> int:
                                        PERSISTENT=bool(launch.persistent_per_sm),
                                        BT_REGS=16 if launch.table_in_registers else 0)  # (a): <= 9 blocks
             else:
-                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=16 if launch.table_in_registers else 0,
-                                       F16_DOTS=kv != "bf16" and launch.fp8_f16_dots,
-                                       BT_PREFETCH=launch.table_prefetch and not launch.kv_in_registers,
-                                       KV_REGS=launch.kv_in_registers)
+                bt_regs = 16 if launch.table_in_registers else 0
+                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=bt_regs, F16_DOTS=kv != "bf16" and launch.fp8_f16_dots,
+                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs),
+                                       KV_REGS=kv_regs(PAGE, launch, bt_regs))
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}

@@ -418,12 +418,18 @@ TABLE_MIN_PROGRAMS_PER_SM = 8
 _PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True)
 
 
+def _launch_is_default() -> bool:
+    """No launch pinned by the environment, none set by a bench in ``DECODE_LAUNCH``: the per-call
+    rules (``default_launch``, the cascade suffix's prefetch) may choose."""
+    return not _LAUNCH_PINNED and DECODE_LAUNCH == DecodeLaunch()
+
+
 def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
     """The launch of a decode call that names none: ``DECODE_LAUNCH``, with ``table_prefetch`` per
     the rule above when it is the default launch and one query token per sequence (a launch from the
     environment, or one a bench sets in ``DECODE_LAUNCH``, is taken as is). Depends on the batch size,
     not the contexts: the same launch for every replay of a CUDA graph."""
-    if _LAUNCH_PINNED or qlen != 1 or DECODE_LAUNCH != DecodeLaunch():
+    if qlen != 1 or not _launch_is_default():
         return DECODE_LAUNCH
     full = batch * hkv >= TABLE_MIN_PROGRAMS_PER_SM * num_sms(k_cache.device)
     return _PREFETCH_LAUNCH if (full or k_cache.dtype == torch.float8_e4m3fn) else DECODE_LAUNCH
@@ -451,8 +457,9 @@ def bt_prefetch(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
     on a load of its own iteration and Triton 3.6 pipelines the K/V copies (sm90: 2 tiles in flight at 3
     stages, 70 KiB; as the table in registers, but without its per-tile reduction over the table's width,
     which costs the gain at the engine's 33-64-block tables). Tiles within one block only; off under a
-    table in registers."""
-    return launch.table_prefetch and page % launch.block_n == 0 and bt_regs == 0
+    table in registers or K/V tiles in registers (``kv_regs`` loads its own block ids)."""
+    return (launch.table_prefetch and not launch.kv_in_registers and page % launch.block_n == 0
+            and bt_regs == 0)
 
 
 def kv_regs(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
@@ -460,8 +467,9 @@ def kv_regs(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
     registers). Why: on an e4m3 cache Triton 3.6 reads the K tile, the transposed operand of the QKᵀ
     dot, back from shared memory one byte at a time (64 ``ld.shared.b8`` per thread per 64-token tile,
     sm90 PTX; bf16 uses ``ldmatrix``); loaded into registers it arrives in 16-byte loads, is converted
-    there and staged as fp16 (``ldmatrix``). Offline sm90: tile 64 / 8 warps 116 registers, 36 KiB; tile
-    64 / 4 warps 188 registers. Not timed yet (bench/paged_decode_variants.py "base kv regs")."""
+    there and staged as fp16 (``ldmatrix``). Offline sm90, e4m3: tile 64 / 8 warps 124 registers, 22 KiB;
+    tile 32 / 4 warps 128, 13 KiB; tile 64 / 4 warps 205. Not timed yet (bench/paged_decode_variants.py
+    "base kv regs ...")."""
     return launch.kv_in_registers and page % launch.block_n == 0 and bt_regs == 0
 
 
@@ -549,8 +557,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, KV_REGS=kv_regs(page, launch, bt_regs),
-        BT_PREFETCH=bt_prefetch(page, launch, bt_regs) and not kv_regs(page, launch, bt_regs),
-        EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
+        BT_PREFETCH=bt_prefetch(page, launch, bt_regs), EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -603,8 +610,7 @@ def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = N
     prefetch cost bf16 2-9% at 512 rows (bench/cascade_prefetch.py, H200)."""
     if base is None:
         base = DECODE_LAUNCH
-        if (k_cache is not None and cascade_prefetch(rule.suffix_prefetch, k_cache) and not _LAUNCH_PINNED
-                and DECODE_LAUNCH == DecodeLaunch()):
+        if k_cache is not None and cascade_prefetch(rule.suffix_prefetch, k_cache) and _launch_is_default():
             base = _PREFETCH_LAUNCH
     small = batch_rows is not None and batch_rows <= rule.small_batch_rows
     return dataclasses.replace(base,
@@ -693,8 +699,7 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
         BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, KV_REGS=kv_regs(page, launch, bt_regs),
-        BT_PREFETCH=bt_prefetch(page, launch, bt_regs) and not kv_regs(page, launch, bt_regs),
-        F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        BT_PREFETCH=bt_prefetch(page, launch, bt_regs), F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 
 

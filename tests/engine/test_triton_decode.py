@@ -135,6 +135,8 @@ def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monke
     assert td.default_launch(1, 2, fp8).table_prefetch
     assert not td.default_launch(full, 2, bf16, qlen=3).table_prefetch
     assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False) == td.DECODE_LAUNCH
+    both = DecodeLaunch(table_prefetch=True, kv_in_registers=True)  # K/V in registers load their own block ids
+    assert td.kv_regs(64, both, 0) and not td.bt_prefetch(64, both, 0)
     custom = DecodeLaunch(block_n=32)  # a bench's own launch in DECODE_LAUNCH: kept, not rebuilt from the default
     monkeypatch.setattr(td, "DECODE_LAUNCH", custom)
     assert td.default_launch(full, 2, bf16) is custom and td.default_launch(1, 2, fp8) is custom
