@@ -35,7 +35,8 @@ from asyncrl.engine.triton_decode import PACKED_LAUNCH, DecodeLaunch  # noqa: E4
 H, HKV, D, PAGE = 16, 8, 128, 64
 LAYERS = 28  # Qwen3-0.6B
 REGIMES = {"a": [(256, 260), (256, 384), (256, 512)],
-           "c": [(8, 1500), (8, 2300), (64, 1500), (64, 2300)]}
+           "c": [(8, 1500), (8, 2300), (64, 1500), (64, 2300)],
+           "between": [(32, 1200), (128, 800), (160, 600)]}  # (c)'s middle: 2-10 programs per SM
 _P = DecodeLaunch(16, 8, 2, variant="packed", fp8_block_n=16)  # the packed kernel, table looked up per tile
 _T = PACKED_LAUNCH  # _P + the block table in registers, 3 stages (2 tiles ahead): the env's default
 VARIANTS = {
@@ -46,9 +47,23 @@ VARIANTS = {
     "base table s4": DecodeLaunch(64, 4, 4, table_in_registers=True),
     "base table s3 bf16 dots": DecodeLaunch(64, 4, 3, table_in_registers=True, fp8_f16_dots=False),
     "base prefetch": DecodeLaunch(table_prefetch=True),  # default_launch's on e4m3 and full bf16 grids
-    # K/V tiles loaded into registers a tile ahead (kv_regs): no byte-wise shared reads of an e4m3 K tile
-    "base kv regs w8": DecodeLaunch(64, 8, 1, kv_in_registers=True),  # sm90: e4m3 124 regs, 22 KiB
-    "base kv regs tile32": DecodeLaunch(32, 4, 1, kv_in_registers=True),  # sm90: e4m3 128 regs, 13 KiB
+    # smaller programs (more per SM) with the prefetch: faster here on uniform contexts, not end to end on
+    # (c) (bench/decode_launch_ab.py; bench/RESULTS.md, session 45)
+    "base prefetch s4": DecodeLaunch(64, 4, 4, table_prefetch=True),  # 3 tiles in flight
+    "base prefetch w8": DecodeLaunch(64, 8, 3, table_prefetch=True),
+    "base prefetch w8 s4": DecodeLaunch(64, 8, 4, table_prefetch=True),
+    "base prefetch tile32 s4": DecodeLaunch(32, 4, 4, table_prefetch=True),
+    "base prefetch tile32 w2 s4": DecodeLaunch(32, 2, 4, table_prefetch=True),
+    "base prefetch tile32 w2 s3": DecodeLaunch(32, 2, 3, table_prefetch=True),
+    "base prefetch tile32 w2 s5": DecodeLaunch(32, 2, 5, table_prefetch=True),
+    "base prefetch tile64 w2 s3": DecodeLaunch(64, 2, 3, table_prefetch=True),
+    "base prefetch tile16 w1 s4": DecodeLaunch(16, 1, 4, table_prefetch=True),
+    "base prefetch tile32 w1 s4": DecodeLaunch(32, 1, 4, table_prefetch=True),
+    "base prefetch tile16 w1 s3": DecodeLaunch(16, 1, 3, table_prefetch=True),
+    "base prefetch tile16 w1 s5": DecodeLaunch(16, 1, 5, table_prefetch=True),
+    "base prefetch tile16 w2 s4": DecodeLaunch(16, 2, 4, table_prefetch=True),
+    "base prefetch tile64 w2 s4": DecodeLaunch(64, 2, 4, table_prefetch=True),
+    "base prefetch tile32 w2 s2": DecodeLaunch(32, 2, 2, table_prefetch=True),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed table s3 (PACKED_LAUNCH)": _T,
@@ -62,11 +77,12 @@ VARIANTS = {
 def env_for(launch: DecodeLaunch) -> str:
     """The environment that makes the engine (``DECODE_LAUNCH``) run ``launch``."""
     if launch.table_prefetch:
-        return "(none: default_launch prefetches on e4m3 caches and full bf16 grids)"
+        if dataclasses.replace(launch, table_prefetch=False) == DecodeLaunch():
+            return "(none: default_launch prefetches on e4m3 caches and full bf16 grids)"
+        return "(none: no environment sets table_prefetch on another launch shape)"
     shape = f"ASYNCRL_DECODE_LAUNCH={launch.block_n},{launch.num_warps},{launch.num_stages},{launch.kv_splits}"
     if launch.variant == "base":
-        flags = (int(launch.table_in_registers), int(launch.kv_in_registers))
-        return shape + ("" if flags == (0, 0) else f" ASYNCRL_DECODE_VARIANT=base,{flags[0]},{flags[1]}")
+        return shape + (" ASYNCRL_DECODE_VARIANT=base,1" if launch.table_in_registers else "")
     return (f"{shape} ASYNCRL_DECODE_VARIANT={launch.variant},{launch.heads_per_program},"
             f"{launch.persistent_per_sm},{launch.fp8_block_n},{int(launch.table_in_registers)}")
 
@@ -141,7 +157,7 @@ def offline_report() -> int:
 
     from sm90_offline import compile_sm90, register_usage
 
-    from asyncrl.engine.triton_decode import _paged_decode_kernel, bt_prefetch, kv_regs
+    from asyncrl.engine.triton_decode import _paged_decode_kernel, bt_prefetch
     from asyncrl.engine.triton_decode_packed import _packed_decode_kernel, heads_per_program
 
     for name, launch in VARIANTS.items():
@@ -165,9 +181,9 @@ def offline_report() -> int:
                                        BT_REGS=16 if launch.table_in_registers else 0)  # (a): <= 9 blocks
             else:
                 bt_regs = 16 if launch.table_in_registers else 0
-                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=bt_regs, F16_DOTS=kv != "bf16" and launch.fp8_f16_dots,
-                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs),
-                                       KV_REGS=kv_regs(PAGE, launch, bt_regs))
+                f16 = kv != "bf16" and launch.fp8_f16_dots
+                consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=bt_regs, F16_DOTS=f16,
+                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs))
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}

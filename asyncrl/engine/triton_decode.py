@@ -46,17 +46,6 @@ def _merge_part(m, l, acc, lse_p, o_p):
 
 
 @triton.jit
-def _kv_tile(K, V, BT, bt_row, start, last, n, d, dmask, kvh, stride_kb, stride_ks, stride_kh, PAGE: tl.constexpr):
-    """K and V tiles ``[BLOCK_N, BLOCK_D]`` of tokens ``start + n`` in the cache's dtype, zeros from
-    ``last`` on (a tile lies in one block: one table lookup)."""
-    blk = tl.load(BT + bt_row + start // PAGE, mask=start < last, other=0).to(tl.int64)
-    tok = start + n
-    off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-    mask = (tok < last)[:, None] & dmask[None, :]
-    return tl.load(K + off, mask=mask, other=0.0), tl.load(V + off, mask=mask, other=0.0)
-
-
-@triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
@@ -65,8 +54,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
-                         F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
-                         KV_REGS: tl.constexpr = False):
+                         F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
@@ -78,11 +66,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     CASCADE without PREFIX_MERGE (``CascadeLaunchRule.concurrent_prefix``): the prefix partials are
     not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
     only, written as partial (out, lse) to SO / SL like split-KV chunks, for
-    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16.
-    KV_REGS (``kv_regs``, ``PAGE % BLOCK_N == 0``): each tile's K and V are loaded into registers
-    while the tile before is computed, converted there and staged for the dots by Triton (no
-    ``cp.async`` pipeline: an e4m3 tile then arrives in 16-byte loads instead of being read back
-    from shared memory one byte at a time as the transposed dot operand)."""
+    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
@@ -133,30 +117,21 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         merged = 1
     if BT_PREFETCH:  # the first tile's block; each iteration loads the next one's (PAGE % BLOCK_N == 0)
         nxt = tl.load(BT + b * stride_bt + first // PAGE, mask=first < last, other=0).to(tl.int64)
-    if KV_REGS:  # the first tile's K/V into registers (one block per tile)
-        k_next, v_next = _kv_tile(K, V, BT, b * stride_bt, first, last, n, d, dmask, kvh, stride_kb, stride_ks,
-                                  stride_kh, PAGE)
     for start in range(first, last, BLOCK_N):
         tok = start + n
         kmask = tok < last
-        if KV_REGS:  # this tile arrived while the last one computed; the next one's loads go out now
-            k = k_next.to(cdt)
-            v_tile = v_next
-            k_next, v_next = _kv_tile(K, V, BT, b * stride_bt, start + BLOCK_N, last, n, d, dmask, kvh, stride_kb,
-                                      stride_ks, stride_kh, PAGE)
-        else:
-            if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
-                blk = nxt
-                nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
-                              other=0).to(tl.int64)
-            elif BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
-                blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
-            elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
-                blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
-            else:  # per-token block lookup: a tile may span several small blocks
-                blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
-            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-            k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
+        if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
+            blk = nxt
+            nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
+                          other=0).to(tl.int64)
+        elif BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
+            blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+        elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
+            blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
+        else:  # per-token block lookup: a tile may span several small blocks
+            blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
         if IEEE:  # fp32 caches (tests): no tf32 rounding
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         else:
@@ -172,10 +147,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
-        if KV_REGS:
-            v = v_tile.to(cdt)
-        else:
-            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
+        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -363,7 +335,6 @@ class DecodeLaunch:
     table_in_registers: bool = False  # base and packed: block-table row read once (``table_regs``)
     fp8_f16_dots: bool = True    # base: an e4m3 cache's dots in fp16 (``f16_dots``)
     table_prefetch: bool = False  # base: each tile's block id loaded one tile ahead (``bt_prefetch``)
-    kv_in_registers: bool = False  # base, opt-in: each tile's K/V loaded into registers a tile ahead (``kv_regs``)
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
@@ -386,21 +357,19 @@ def _launch_from_env() -> DecodeLaunch:
 def _variant_from_env(launch: DecodeLaunch, shaped: bool) -> DecodeLaunch:
     """``ASYNCRL_DECODE_VARIANT="packed[,heads_per_program[,persistent_per_sm[,fp8_block_n[,table_in_registers]]]]"``
     switches on the packed kernel (``PACKED_LAUNCH``'s shape unless ``ASYNCRL_DECODE_LAUNCH`` set one);
-    ``"base,1"`` keeps the base kernel with its block table in registers (``table_regs``), ``"base,0,1"``
-    with each K/V tile loaded into registers a tile ahead (``kv_regs``)."""
+    ``"base,1"`` keeps the base kernel with its block table in registers (``table_regs``)."""
     raw = os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip()
     if not raw:
         return launch
     name, *nums = raw.split(",")
-    names = {"base": ("table_in_registers", "kv_in_registers"),
+    names = {"base": ("table_in_registers",),
              "packed": ("heads_per_program", "persistent_per_sm", "fp8_block_n", "table_in_registers")}
     if name not in names:
         raise ValueError(f"ASYNCRL_DECODE_VARIANT={raw!r}: the variants are 'base' and 'packed'")
     base = launch if (shaped or name == "base") else PACKED_LAUNCH
     fields = dict(zip(names[name], map(int, nums)))
-    for flag in ("table_in_registers", "kv_in_registers"):
-        if flag in fields:
-            fields[flag] = bool(fields[flag])
+    if "table_in_registers" in fields:
+        fields["table_in_registers"] = bool(fields["table_in_registers"])
     return dataclasses.replace(base, variant=name, **fields)
 
 
@@ -414,6 +383,10 @@ _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
 # (a)'s 256 x 8 programs but 0.75-0.86x at 8-64 sequences (its 70 KiB of shared memory leaves fewer
 # programs per SM than such a grid could use); e4m3 1.02-1.35x at every shape (half the bytes a tile: the
 # loop needs tiles in flight).
+# Smaller programs were measured and not taken (2026-12-04, bench/RESULTS.md session 45): 16-token tiles on one
+# warp with the prefetch read e4m3 at (a)'s shapes 1.24-1.48x faster in the kernel bench (uniform contexts),
+# and end to end (bench/decode_launch_ab.py) made workload (a) 1.13x faster on an e4m3 cache but (c), whose
+# contexts range 100-2,048, 0.96x: a grid of small programs waits on its longest sequence's program.
 TABLE_MIN_PROGRAMS_PER_SM = 8
 _PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True)
 
@@ -457,20 +430,8 @@ def bt_prefetch(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
     on a load of its own iteration and Triton 3.6 pipelines the K/V copies (sm90: 2 tiles in flight at 3
     stages, 70 KiB; as the table in registers, but without its per-tile reduction over the table's width,
     which costs the gain at the engine's 33-64-block tables). Tiles within one block only; off under a
-    table in registers or K/V tiles in registers (``kv_regs`` loads its own block ids)."""
-    return (launch.table_prefetch and not launch.kv_in_registers and page % launch.block_n == 0
-            and bt_regs == 0)
-
-
-def kv_regs(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
-    """``KV_REGS`` of a launch (opt-in ``kv_in_registers``; tiles within one block, no table in
-    registers). Why: on an e4m3 cache Triton 3.6 reads the K tile, the transposed operand of the QKᵀ
-    dot, back from shared memory one byte at a time (64 ``ld.shared.b8`` per thread per 64-token tile,
-    sm90 PTX; bf16 uses ``ldmatrix``); loaded into registers it arrives in 16-byte loads, is converted
-    there and staged as fp16 (``ldmatrix``). Offline sm90, e4m3: tile 64 / 8 warps 124 registers, 22 KiB;
-    tile 32 / 4 warps 128, 13 KiB; tile 64 / 4 warps 205. Not timed yet (bench/paged_decode_variants.py
-    "base kv regs ...")."""
-    return launch.kv_in_registers and page % launch.block_n == 0 and bt_regs == 0
+    table in registers."""
+    return launch.table_prefetch and page % launch.block_n == 0 and bt_regs == 0
 
 
 def cascade_prefetch(level: int, k_cache: torch.Tensor) -> bool:
@@ -556,8 +517,8 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
-        KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, KV_REGS=kv_regs(page, launch, bt_regs),
-        BT_PREFETCH=bt_prefetch(page, launch, bt_regs), EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
+        KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
+        EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -698,8 +659,8 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=H // hkv, BLOCK_G=max(16, triton.next_power_of_2(H // hkv)), D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
-        BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, KV_REGS=kv_regs(page, launch, bt_regs),
-        BT_PREFETCH=bt_prefetch(page, launch, bt_regs), F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
+        F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 
 

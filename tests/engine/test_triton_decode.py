@@ -38,15 +38,12 @@ def _interpreter_index_on_numpy_2(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
 
 
-@pytest.mark.parametrize("query_len,kv_splits,fetch", [(1, 1, ""), (3, 1, ""), (4, 2, ""), (5, 4, ""),
-                                                    (1, 1, "table"), (3, 1, "table"), (5, 4, "table"),
-                                                    (1, 1, "regs"), (3, 1, "regs"), (5, 4, "regs")])
-def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, fetch):
+@pytest.mark.parametrize("query_len,kv_splits,prefetch", [(1, 1, False), (3, 1, False), (4, 2, False), (5, 4, False),
+                                                       (1, 1, True), (3, 1, True), (5, 4, True)])
+def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetch):
     """Contexts shorter than a page, exactly a page, over several scattered pages; split-KV
     chunks that hold no key a row may see (the -inf running max guard); block ids prefetched a tile
-    ahead (``bt_prefetch``) or whole K/V tiles loaded into registers a tile ahead (``kv_regs``): one
-    tile per page (16 tokens on a GPU, whose ``tl.dot`` needs K >= 16)."""
-    prefetch = bool(fetch)
+    ahead (``bt_prefetch``: one tile per page; 16 tokens on a GPU, whose ``tl.dot`` needs K >= 16)."""
     H, Hkv, D, page = 4, 2, 16, 16 if (prefetch and CUDA) else 4
     g = torch.Generator().manual_seed(query_len)
     lens = [query_len, query_len + 1, page + 1, 3 * page + 2]
@@ -62,8 +59,7 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, fetch):
     bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
     q = torch.randn(len(lens) * query_len, H, D, generator=g)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
-    launch = DecodeLaunch(block_n=page if prefetch else 16, kv_splits=kv_splits, table_prefetch=fetch == "table",
-                          kv_in_registers=fetch == "regs")
+    launch = DecodeLaunch(block_n=page if prefetch else 16, kv_splits=kv_splits, table_prefetch=prefetch)
     out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
     meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
                                    torch.device("cpu"))
@@ -71,16 +67,14 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, fetch):
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("query_len,bf16,kv_in_registers", [(1, False, False), (3, False, False), (3, True, False),
-                                                             (1, False, True), (3, True, True)])
-def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16, kv_in_registers):
+@pytest.mark.parametrize("query_len,bf16", [(1, False), (3, False), (3, True)])
+def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16):
     """An e4m3 KV cache (``kv_cache_dtype="fp8"``): the kernel upcasts each K/V tile to the query's
     dtype as it loads it, the gathered path upcasts the gathered keys: same attention. bf16 queries (a
-    verify step of 3 tokens) take the fp16 dots (``f16_dots``): within bf16 rounding of float64. Also
-    with the tiles loaded into registers a tile ahead (``kv_regs``, one tile per page)."""
+    verify step of 3 tokens) take the fp16 dots (``f16_dots``): within bf16 rounding of float64."""
     from asyncrl.engine.attention import FP8_KV
 
-    H, Hkv, D, page = 4, 2, 16, 16 if (kv_in_registers and CUDA) else 4
+    H, Hkv, D, page = 4, 2, 16, 4
     g = torch.Generator().manual_seed(10 + query_len)
     lens = [query_len + 1, 3 * page + 2]
     nb = sum(-(-n // page) for n in lens) + 1
@@ -94,8 +88,7 @@ def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16, kv_in_register
     bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
     q = torch.randn(len(lens) * query_len, H, D, generator=g).to(torch.bfloat16 if bf16 else torch.float32)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
-    launch = DecodeLaunch(block_n=page if kv_in_registers else 16, kv_splits=1, kv_in_registers=kv_in_registers)
-    out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
+    out = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1), query_len=query_len)
     meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
                                    torch.device("cpu"))
     if bf16:
@@ -135,8 +128,6 @@ def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monke
     assert td.default_launch(1, 2, fp8).table_prefetch
     assert not td.default_launch(full, 2, bf16, qlen=3).table_prefetch
     assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False) == td.DECODE_LAUNCH
-    both = DecodeLaunch(table_prefetch=True, kv_in_registers=True)  # K/V in registers load their own block ids
-    assert td.kv_regs(64, both, 0) and not td.bt_prefetch(64, both, 0)
     custom = DecodeLaunch(block_n=32)  # a bench's own launch in DECODE_LAUNCH: kept, not rebuilt from the default
     monkeypatch.setattr(td, "DECODE_LAUNCH", custom)
     assert td.default_launch(full, 2, bf16) is custom and td.default_launch(1, 2, fp8) is custom
@@ -238,8 +229,6 @@ CASCADE_LAUNCHES = [
      DecodeLaunch(block_n=4, table_in_registers=True)),
     (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2),
      DecodeLaunch(block_n=4, table_prefetch=True)),
-    (2, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=2, prefix_block_n=4, suffix_kv_splits=2),
-     DecodeLaunch(block_n=4, kv_in_registers=True)),
     (4, CascadeLaunchRule(prefix_fill=1, max_prefix_splits=4, prefix_block_n=4),
      DecodeLaunch(block_n=4, variant="packed", persistent_per_sm=1)),
     # block ids prefetched a tile ahead in the prefix kernel (any cache), 1 to 4 chunks
