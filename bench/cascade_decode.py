@@ -330,7 +330,7 @@ def offline_report() -> int:
     from asyncrl.engine.triton_decode import DECODE_LAUNCH, _paged_decode_kernel, _prefix_kernel, cascade_suffix_launch
 
     def build(kernel, consts, warps, stages):
-        ptrs = {a: "*i32" for a in ("BT", "CL", "START", "NSP", "TILES")} | {a: "*bf16" for a in "QKVO"}
+        ptrs = {a: "*i32" for a in ("BT", "CL", "START", "NSP", "TILES", "ORDER")} | {a: "*bf16" for a in "QKVO"}
         ptrs |= {"PO": "*bf16", "PL": "*fp32", "SO": "*fp32", "SL": "*fp32"}
         sig = {a: ptrs.get(a, "fp32" if a == "scale" else ("i32" if a.startswith("stride") or a == "max_parts"
                                                             else "constexpr"))

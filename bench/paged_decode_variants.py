@@ -2,7 +2,9 @@
 
 One attention layer of a Qwen3-0.6B-shaped model (16 q heads, 8 kv heads: GQA 2, D 128, block 64),
 K/V blocks scattered over the pool (``paged_decode_sweep.case``). Shapes: workload (a)'s decode
-(batch 256 x context 260 / 384 / 512) and workload (c)'s tail (batch 8 / 64 x 1,500 / 2,300).
+(batch 256 x context 260 / 384 / 512), workload (c)'s tail (batch 8 / 64 x 1,500 / 2,300), batches
+between, and (c)'s mix (batch 256 / 64, each context drawn from 100-2,048: a grid that waits on its
+longest program; the ``lpt`` variants dispatch the longest sequences first).
 Variants (``VARIANTS``): the engine's launch (``base``), the base kernel with a 128-token tile or
 with its block-table row in registers (3 / 4 stages), and the packed-heads kernel (``engine/triton_decode_packed.py``) with 8 / 4 / 1 kv heads per
 program (8: all heads of a sequence, 16 filled ``tl.dot`` rows; 1: the base kernel's work split but
@@ -26,6 +28,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +39,9 @@ H, HKV, D, PAGE = 16, 8, 128, 64
 LAYERS = 28  # Qwen3-0.6B
 REGIMES = {"a": [(256, 260), (256, 384), (256, 512)],
            "c": [(8, 1500), (8, 2300), (64, 1500), (64, 2300)],
-           "between": [(32, 1200), (128, 800), (160, 600)]}  # (c)'s middle: 2-10 programs per SM
+           "between": [(32, 1200), (128, 800), (160, 600)],  # (c)'s middle: 2-10 programs per SM
+           # (c)'s contexts: each sequence's drawn from [100, 2,048] (a grid waits on its longest program)
+           "mixed": [(256, (100, 2048)), (64, (100, 2048))]}
 _P = DecodeLaunch(16, 8, 2, variant="packed", fp8_block_n=16)  # the packed kernel, table looked up per tile
 _T = PACKED_LAUNCH  # _P + the block table in registers, 3 stages (2 tiles ahead): the env's default
 VARIANTS = {
@@ -64,6 +69,10 @@ VARIANTS = {
     "base prefetch tile16 w2 s4": DecodeLaunch(16, 2, 4, table_prefetch=True),
     "base prefetch tile64 w2 s4": DecodeLaunch(64, 2, 4, table_prefetch=True),
     "base prefetch tile32 w2 s2": DecodeLaunch(32, 2, 2, table_prefetch=True),
+    # programs dispatched longest sequence first (the order made once, outside the timed call, as a step does)
+    "base lpt": DecodeLaunch(longest_first=True),
+    "base prefetch lpt": DecodeLaunch(table_prefetch=True, longest_first=True),
+    "base prefetch tile16 w1 s3 lpt": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed table s3 (PACKED_LAUNCH)": _T,
@@ -92,7 +101,7 @@ def timed_row(row: dict, make, ref: torch.Tensor, kv_bytes: int, name: str) -> d
     and K/V bytes per second; or ``error`` when it fails (e.g. out of shared memory: not a candidate). Prints it."""
     from triton.testing import do_bench_cudagraph
 
-    where = f"{row['regime']} {row['batch']:4d} x {row['context']:5d} {row['kv']:14s} {name:24s}"
+    where = f"{row['regime']} {row['batch']:4d} x {str(row['context']):>11s} {row['kv']:14s} {name:24s}"
     try:
         fn = make()
         row["max_abs_diff"] = (fn().float() - ref).abs().max().item()
@@ -112,22 +121,29 @@ def cases():
 
     for regime, shapes in REGIMES.items():
         for batch, context in shapes:
-            q, kc, vc, bt, lens = case(batch, context)
+            lo, hi = context if isinstance(context, tuple) else (context, context)
+            q, kc, vc, bt, lens = case(batch, hi)
+            if lo < hi:  # mixed contexts: a fixed draw per shape
+                draw = np.random.default_rng(batch).integers(lo, hi + 1, batch)
+                lens = torch.from_numpy(draw.astype(np.int32)).to(lens.device)
+            tokens = int(lens.sum())
             for dtype in (torch.bfloat16, torch.float8_e4m3fn):
                 k, v = kc.to(dtype), vc.to(dtype)
-                fields = dict(regime=regime, batch=batch, context=context, kv=str(dtype).split(".")[-1])
-                yield fields, (q, k, v, bt, lens), 2 * batch * context * HKV * D * k.element_size()
+                fields = dict(regime=regime, batch=batch, context=f"{lo}-{hi}" if lo < hi else hi,
+                              kv=str(dtype).split(".")[-1])
+                yield fields, (q, k, v, bt, lens), 2 * tokens * HKV * D * k.element_size()
 
 
 def measure(names: list[str]) -> dict:
-    from asyncrl.engine.triton_decode import paged_decode_attention
+    from asyncrl.engine.triton_decode import longest_first_order, paged_decode_attention
 
     rows = []
     for fields, (q, k, v, bt, lens), kv_bytes in cases():
         ref = paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=VARIANTS["base"]).float()
+        order = longest_first_order(lens)
         for name in names:
             launch = VARIANTS[name]
-            fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch)  # noqa: E731
+            fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch, order=order)  # noqa: E731
             rows.append(timed_row(dict(fields, variant=name), lambda: fn, ref, kv_bytes, name))
     return rows
 
@@ -166,7 +182,8 @@ def offline_report() -> int:
         for kv in ("bf16", "fp8e4nv"):
             kernel = _packed_decode_kernel if launch.variant == "packed" else _paged_decode_kernel
             ptrs = {"Q": "*bf16", "K": f"*{kv}", "V": f"*{kv}", "O": "*bf16", "BT": "*i32", "CL": "*i32",
-                    "START": "*i32", "NSP": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16"}
+                    "START": "*i32", "NSP": "*i32", "PO": "*bf16", "PL": "*bf16", "SO": "*bf16", "SL": "*bf16",
+                    "ORDER": "*i32"}
             sig = {a: ptrs.get(a, "i32") for a in kernel.arg_names if a.isupper() or a.startswith("stride")}
             sig = {a: t for a, t in sig.items() if a in ptrs or a.startswith("stride")}
             sig |= {"scale": "fp32", "max_parts": "i32"}
@@ -183,7 +200,7 @@ def offline_report() -> int:
                 bt_regs = 16 if launch.table_in_registers else 0
                 f16 = kv != "bf16" and launch.fp8_f16_dots
                 consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=bt_regs, F16_DOTS=f16,
-                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs))
+                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs), ORDERED=launch.longest_first)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}

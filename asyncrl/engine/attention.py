@@ -15,7 +15,7 @@ Two ways to attend:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -63,6 +63,16 @@ class AttentionMetadata:
     state_cu_seqlens: Optional[torch.Tensor] = None
     state_chunk_indices: Optional[torch.Tensor] = None
     query_len: int = 1  # paged decode: query tokens per sequence (> 1: a speculative verify step)
+    _decode_order: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
+
+    def decode_order(self) -> torch.Tensor:
+        """Paged decode: the sequences longest first ``[B]`` int32 (``longest_first_order``), made
+        by the first layer whose decode launch orders its programs and shared by the rest."""
+        if self._decode_order is None:
+            from asyncrl.engine.triton_decode import longest_first_order
+
+            self._decode_order = longest_first_order(self.context_lens)
+        return self._decode_order
 
 
 @dataclass
@@ -238,5 +248,5 @@ def attend_cached(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             return cascade_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
                                             meta.suffix_start, meta.cascade_tiles, scale)
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
-                                      query_len=meta.query_len)
+                                      query_len=meta.query_len, order=meta.decode_order)
     return gathered_attention(q, k_cache, v_cache, meta, scale)

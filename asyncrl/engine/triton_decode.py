@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import os
 from dataclasses import dataclass
+from typing import Callable, Union
 
 import torch
 import triton
@@ -33,6 +34,9 @@ import triton.language as tl
 
 from asyncrl.engine import cascade as cascade_module
 from asyncrl.engine.cascade import CascadeLaunchRule
+
+# ``paged_decode_attention``'s ``order``: sequences longest first ``[B]`` int32, a callable giving them, or None
+DecodeOrder = Union[torch.Tensor, Callable[[], torch.Tensor], None]
 
 
 @triton.jit
@@ -46,7 +50,7 @@ def _merge_part(m, l, acc, lse_p, o_p):
 
 
 @triton.jit
-def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, max_parts,
+def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
@@ -54,8 +58,11 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
-                         F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False):
-    """Program (sequence b, kv head, KV chunk). Its rows are the ``QLEN`` query tokens x the
+                         F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
+                         ORDERED: tl.constexpr = False):
+    """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
+    (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
+    sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
     ``GROUP`` q heads of this kv head (row r: token ``b * QLEN + r // GROUP``, head
     ``kvh * GROUP + r % GROUP``); query i of a sequence sees keys ``[0, ctx - QLEN + i]``
     (QLEN > 1: a speculative verify step, the last token and its drafts).
@@ -67,8 +74,12 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, scale, 
     not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
     only, written as partial (out, lse) to SO / SL like split-KV chunks, for
     ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16."""
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+    if ORDERED:
+        b = tl.load(ORDER + tl.program_id(1))
+        kvh = tl.program_id(0)
+    else:
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
     ctx = tl.load(CL + b)
     sfx = 0
     if CASCADE:
@@ -335,6 +346,7 @@ class DecodeLaunch:
     table_in_registers: bool = False  # base and packed: block-table row read once (``table_regs``)
     fp8_f16_dots: bool = True    # base: an e4m3 cache's dots in fp16 (``f16_dots``)
     table_prefetch: bool = False  # base: each tile's block id loaded one tile ahead (``bt_prefetch``)
+    longest_first: bool = False  # base, plain decode: programs dispatched longest sequence first (``ORDERED``)
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
@@ -474,11 +486,11 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
                    launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1,
-                   early_prefix: bool = False):
+                   early_prefix: bool = False, order: DecodeOrder = None):
     """``cascade``: (suffix_start ``[B]``, prefix split count ``[1]``, prefix partials PO
     ``[S, B, H, D]``, PL ``[S, B, H]``) or None. ``cascade_kv_splits``: split-KV of the suffix
     under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only); ``early_prefix``:
-    the base kernel's EARLY_PREFIX."""
+    the base kernel's EARLY_PREFIX. ``order``: see ``paged_decode_attention``."""
     T, H, D = q.shape
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -509,8 +521,13 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         so, sl = po, pl
     block_d = max(16, triton.next_power_of_2(D))
     bt_regs = table_regs(block_tables, page, launch.block_n, launch)
-    _paged_decode_kernel[(B, hkv, splits)](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, scale, po.shape[0],
+    ordered = launch.longest_first and cascade is None
+    if ordered:
+        order = order() if callable(order) else (order if order is not None else longest_first_order(context_lens))
+    grid = (hkv, B, splits) if ordered else (B, hkv, splits)
+    _paged_decode_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl,
+        order if ordered else context_lens, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
@@ -519,7 +536,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        ORDERED=ordered, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits > 1:
         _merge_splits_kernel[(T, H)](
             so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
@@ -529,15 +546,24 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           launch: DecodeLaunch | None = None, query_len: int = 1) -> torch.Tensor:
+                           launch: DecodeLaunch | None = None, query_len: int = 1,
+                           order: DecodeOrder = None) -> torch.Tensor:
     """q ``[B * query_len, H, D]`` (each sequence's ``query_len`` tokens packed, in order);
     caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32; context_lens ``[B]``
     int32 (>= query_len: the keys up to and including the sequence's last query token) ->
     out like q. Query i of a sequence attends keys ``[0, context_len - query_len + i]``.
-    ``launch``: default ``DECODE_LAUNCH``."""
+    ``launch``: default ``default_launch``'s. ``order``: under ``launch.longest_first``, the
+    sequences longest first (``longest_first_order``), or a callable giving them (called only
+    then: a step's layers share one); None = computed here."""
     assert k_cache.stride(3) == 1 and q.stride(2) == 1
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
-                          launch=launch, qlen=query_len)
+                          launch=launch, qlen=query_len, order=order)
+
+
+def longest_first_order(context_lens: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int32: the sequences by context length, longest first (ties in batch order). One
+    device sort, no host sync: graph-safe."""
+    return torch.argsort(context_lens, descending=True, stable=True).to(torch.int32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -652,7 +678,8 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     bt_regs = table_regs(block_tables, page, launch.block_n, launch)
     # O, NSP, PO and PL are not read (no prefix merge, partial output): so / sl fill their slots
     _paged_decode_kernel[(B, hkv, splits)](
-        q, k_cache, v_cache, so, block_tables, context_lens, suffix_start, context_lens, so, sl, so, sl, scale, 1,
+        q, k_cache, v_cache, so, block_tables, context_lens, suffix_start, context_lens, so, sl, so, sl, context_lens,
+        scale, 1,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), so.stride(1), so.stride(2),
         so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),

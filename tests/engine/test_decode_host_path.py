@@ -71,6 +71,30 @@ def _graphed(llm, monkeypatch, sampler: bool, graph_sampler: bool = False):
     return llm
 
 
+def test_longest_first_programs_give_the_gathered_paths_tokens(tiny_dirs, monkeypatch):
+    """A decode launch that dispatches the longest sequences first (``DecodeLaunch.longest_first``): the
+    engine's steps make the order once per step (``AttentionMetadata.decode_order``), every layer's kernel
+    reads it, and the tokens and log-probs equal the gathered path's."""
+    import dataclasses
+
+    from asyncrl.engine import triton_decode as td
+
+    rule = td.default_launch
+    monkeypatch.setattr(td, "default_launch", lambda *a, **k: dataclasses.replace(rule(*a, **k), longest_first=True))
+    orders = []
+    made = td.longest_first_order
+    monkeypatch.setattr(td, "longest_first_order", lambda lens: orders.append(lens.shape[0]) or made(lens))
+    prompts = prompts_for(5, [9, 13, 6])
+    params = SamplingParams(temperature=1.0, max_tokens=8, seed=3, logprobs=True, ignore_eos=True)
+    want = make_llm(tiny_dirs["qwen3"], async_scheduling=True).generate(prompts, params)
+    got = _on_the_gpu_host_path(make_llm(tiny_dirs["qwen3"], async_scheduling=True)).generate(prompts, params)
+    for a, b in zip((c for o in want for c in o.completions), (c for o in got for c in o.completions)):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    # one order per decode step (7 after the prefill), not one per layer
+    assert orders == [3] * 7
+
+
 def test_graphed_host_path_equals_gathered_path(tiny_dirs, monkeypatch):
     """Decode steps padded to graph buckets (3 and 12 rows in buckets of 4 and 16) through the graph
     buffers: greedy tokens equal the gathered path's; with the sampler inside the decode graph

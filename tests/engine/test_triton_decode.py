@@ -38,12 +38,14 @@ def _interpreter_index_on_numpy_2(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
 
 
-@pytest.mark.parametrize("query_len,kv_splits,prefetch", [(1, 1, False), (3, 1, False), (4, 2, False), (5, 4, False),
-                                                       (1, 1, True), (3, 1, True), (5, 4, True)])
-def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetch):
+@pytest.mark.parametrize("query_len,kv_splits,prefetch,ordered", [
+    (1, 1, False, False), (3, 1, False, False), (4, 2, False, False), (5, 4, False, False),
+    (1, 1, True, False), (3, 1, True, False), (5, 4, True, False), (1, 1, False, True), (4, 2, True, True)])
+def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetch, ordered):
     """Contexts shorter than a page, exactly a page, over several scattered pages; split-KV
     chunks that hold no key a row may see (the -inf running max guard); block ids prefetched a tile
-    ahead (``bt_prefetch``: one tile per page; 16 tokens on a GPU, whose ``tl.dot`` needs K >= 16)."""
+    ahead (``bt_prefetch``: one tile per page; 16 tokens on a GPU, whose ``tl.dot`` needs K >= 16);
+    programs dispatched longest sequence first (``longest_first``, the order computed by the call)."""
     H, Hkv, D, page = 4, 2, 16, 16 if (prefetch and CUDA) else 4
     g = torch.Generator().manual_seed(query_len)
     lens = [query_len, query_len + 1, page + 1, 3 * page + 2]
@@ -59,7 +61,8 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetc
     bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
     q = torch.randn(len(lens) * query_len, H, D, generator=g)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
-    launch = DecodeLaunch(block_n=page if prefetch else 16, kv_splits=kv_splits, table_prefetch=prefetch)
+    launch = DecodeLaunch(block_n=page if prefetch else 16, kv_splits=kv_splits, table_prefetch=prefetch,
+                          longest_first=ordered)
     out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
     meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
                                    torch.device("cpu"))
@@ -109,6 +112,50 @@ def test_f16_dots_only_for_an_e4m3_cache_under_a_bf16_query():
     assert f16_dots(q16, fp8) and f16_dots(q16, fp8, DecodeLaunch())
     assert not f16_dots(q16, bf16) and not f16_dots(q32, fp8)
     assert not f16_dots(q16, fp8, DecodeLaunch(fp8_f16_dots=False))
+
+
+def test_any_program_order_gives_the_same_attention_and_the_order_is_made_once_per_step():
+    """``longest_first``: program (kv head, rank) takes sequence ``order[rank]``; every sequence's output
+    is its own, so any permutation gives the unordered result. The order comes from a callable only when
+    the launch orders (``AttentionMetadata.decode_order``: made once, shared by a step's layers), longest
+    first with ties in batch order."""
+    from asyncrl.engine.attention import AttentionMetadata
+    from asyncrl.engine.triton_decode import longest_first_order
+
+    H, Hkv, D, page = 4, 2, 16, 16
+    g = torch.Generator().manual_seed(7)
+    lens = [5, 40, 17, 40, 1]
+    nb = sum(-(-n // page) for n in lens)
+    kc, vc = torch.randn(nb + 1, page, Hkv, D, generator=g), torch.randn(nb + 1, page, Hkv, D, generator=g)
+    tables, o = [], 0
+    for n in lens:
+        tables.append(list(range(o, o + -(-n // page))))
+        o += len(tables[-1])
+    bt = torch.tensor([t + [nb] * (3 - len(t)) for t in tables], dtype=torch.int32)
+    q = torch.randn(len(lens), H, D, generator=g)
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, bt, ctx)]
+    plain = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1))
+    ordered = DecodeLaunch(block_n=16, kv_splits=1, longest_first=True)
+    for order in ([1, 3, 2, 0, 4], [4, 0, 2, 1, 3]):  # longest first; and an arbitrary permutation
+        out = paged_decode_attention(*dev, D ** -0.5, launch=ordered,
+                                     order=torch.tensor(order, dtype=torch.int32, device=DEVICE))
+        torch.testing.assert_close(out, plain, rtol=0, atol=1e-5)
+    assert longest_first_order(ctx).tolist() == [1, 3, 2, 0, 4]
+    calls = []
+
+    def order_fn():
+        calls.append(1)
+        return longest_first_order(dev[4])
+
+    paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1), order=order_fn)
+    assert not calls  # an unordered launch never asks
+    torch.testing.assert_close(paged_decode_attention(*dev, D ** -0.5, launch=ordered, order=order_fn), plain,
+                               rtol=0, atol=1e-5)
+    assert calls == [1]
+    meta = AttentionMetadata(slot_mapping=ctx, block_tables=bt, context_lens=ctx, paged_decode=True)
+    first = meta.decode_order()
+    assert meta.decode_order() is first and first.tolist() == [1, 3, 2, 0, 4]
 
 
 def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monkeypatch):
