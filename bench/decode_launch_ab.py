@@ -1,0 +1,152 @@
+"""Decode launch rules end to end: workloads (a) and (c), the engine's rule vs alternatives.
+
+``triton_decode.default_launch`` picks the paged-decode launch per batch size (so per CUDA-graph
+bucket). Kernel sweeps (bench/paged_decode_variants.py) time uniform contexts and one kernel alone;
+a rollout has other kernels between the layers and, in (c), contexts of 100-2,048 tokens in one
+batch, where a grid waits on its longest sequence's program. So this times the engine: one engine
+per rule and cache dtype (fixed KV pools, so all fit at once), the rule patched in while the engine
+captures its graphs and runs, interleaved repeats of ``asyncrl bench rollout``'s workloads (a) and
+(c) after one untimed run of each. The first rule named is the baseline. GPU only.
+
+    python bench/decode_launch_ab.py --rules default,small_tiles --json out.json   # ~3 min on an H200
+    python bench/decode_launch_ab.py --rules default,default_lpt,small_tiles_fp8_full_lpt --blocks 4500
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+from datetime import datetime, timezone
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine import triton_decode as td  # noqa: E402
+from asyncrl.engine.triton_decode import DecodeLaunch  # noqa: E402
+
+ENGINE_RULE = td.default_launch
+SMALL = DecodeLaunch(16, 1, 3, table_prefetch=True)  # 16-token tiles, one warp: ~12 programs per SM
+MID = DecodeLaunch(32, 2, 3, table_prefetch=True)
+WIDE_FP8 = DecodeLaunch(64, 2, 3, table_prefetch=True)  # small e4m3 grids in the kernel sweep
+
+
+def _rule(bf16_full: DecodeLaunch, bf16_small: DecodeLaunch | None, fp8_full: DecodeLaunch, fp8_small: DecodeLaunch,
+          min_per_sm: int = 6):
+    """A rule of the engine's form: a launch per (cache dtype, grid of >= ``min_per_sm`` (sequence, kv
+    head) programs per SM or not); None = ``DECODE_LAUNCH``. Verify steps and pinned launches as the engine."""
+    def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+        if qlen != 1 or not td._launch_is_default():
+            return td.DECODE_LAUNCH
+        full = batch * hkv >= min_per_sm * td.num_sms(k_cache.device)
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        launch = (fp8_full if full else fp8_small) if fp8 else (bf16_full if full else bf16_small)
+        return launch or td.DECODE_LAUNCH
+    return rule
+
+
+ALL_RULES = {
+    "default": ENGINE_RULE,
+    # the kernel sweep's picks: 16-token tiles everywhere but small e4m3 grids
+    "small_tiles": _rule(SMALL, SMALL, SMALL, WIDE_FP8),
+    "mid": _rule(MID, MID, MID, WIDE_FP8),
+}
+
+
+def small_tiles_fp8_full(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+    """The engine's rule with 16-token tiles on e4m3 grids of >= 6 programs per SM only."""
+    full = batch * hkv >= 6 * td.num_sms(k_cache.device)
+    if qlen == 1 and td._launch_is_default() and k_cache.dtype == torch.float8_e4m3fn and full:
+        return SMALL
+    return ENGINE_RULE(batch, hkv, k_cache, qlen)
+
+
+def longest_first(rule):
+    """``rule`` with its plain decodes' programs dispatched longest sequence first (``DecodeLaunch.longest_first``):
+    a grid of mixed contexts then ends with short programs instead of waiting on a long one started last."""
+    def ordered(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+        launch = rule(batch, hkv, k_cache, qlen)
+        return dataclasses.replace(launch, longest_first=True) if qlen == 1 else launch
+    return ordered
+
+
+ALL_RULES["small_tiles_fp8_full"] = small_tiles_fp8_full
+ALL_RULES["default_lpt"] = longest_first(ENGINE_RULE)
+ALL_RULES["small_tiles_lpt"] = longest_first(ALL_RULES["small_tiles"])
+ALL_RULES["small_tiles_fp8_full_lpt"] = longest_first(small_tiles_fp8_full)
+RULES = dict(ALL_RULES)
+
+
+def workloads(vocab: int):
+    from asyncrl.engine.bench import _rand_prompts, nano_workload
+    from asyncrl.types import SamplingParams
+
+    a = (_rand_prompts(256, 256, vocab, 1), SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True))
+    prompts, outs = nano_workload(256, 1024, 1024)
+    c = ([[t % vocab for t in p] for p in prompts],
+         [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs])
+    return {"a": a, "c": c}
+
+
+def run(repeats: int, kv_dtypes: list[str], blocks: int) -> dict:
+    from asyncrl.engine import LLM
+    from asyncrl.engine.bench import _free, build_random_hf, run_engine
+
+    hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
+    kw = dict(dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
+              max_model_len=4096, num_kv_blocks=blocks)
+    loads = workloads(hf.config.vocab_size)
+    out = {}
+    for kv in kv_dtypes:
+        engines = {}
+        for name, rule in RULES.items():
+            td.default_launch = rule  # read when the engine captures its graphs and at every eager decode
+            llm = LLM(hf, **kw, **({"kv_cache_dtype": "fp8"} if kv == "fp8" else {}))
+            for prompts, params in loads.values():  # untimed: plans, compiles
+                llm.generate(prompts, params)
+            engines[name] = llm
+        runs = {w: {name: [] for name in engines} for w in loads}
+        for _ in range(repeats):
+            for w, (prompts, params) in loads.items():
+                for name, llm in engines.items():
+                    td.default_launch = RULES[name]
+                    r = run_engine(llm, prompts, params, "cuda")
+                    runs[w][name].append(r["tokens_per_s"])
+                    print(kv, w, name, r["tokens_per_s"], "preemptions", r["preemptions"], flush=True)
+        for llm in engines.values():
+            _free(llm)
+        out[kv] = {}
+        base = next(iter(RULES))
+        for w, by_rule in runs.items():
+            med = {name: statistics.median(v) for name, v in by_rule.items()}
+            out[kv][w] = dict(tokens_per_s=by_rule, median=med,
+                              over_baseline={n: round(m / med[base], 3) for n, m in med.items() if n != base})
+            print(kv, w, json.dumps(out[kv][w]), flush=True)
+    td.default_launch = ENGINE_RULE
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kv", default="bf16,fp8")
+    ap.add_argument("--rules", default="default,small_tiles", help=f"of {sorted(ALL_RULES)}; the first is the baseline")
+    ap.add_argument("--blocks", type=int, default=6000, help="KV blocks per engine (two engines at once)")
+    args = ap.parse_args()
+    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
+               torch=torch.__version__, command="python bench/decode_launch_ab.py " + " ".join(sys.argv[1:]))
+    RULES.clear()
+    RULES.update({name: ALL_RULES[name] for name in args.rules.split(",")})
+    out["engine"] = run(args.repeats, args.kv.split(","), args.blocks)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""Where a rollout's decode steps leave the GPU idle: a device timeline of windows of steps.
+
+Runs one of ``asyncrl bench rollout``'s workloads (a: 256 x 256+256; c: nano-vllm's 256
+random-length requests) step by step through ``LLM.step`` and, in windows of ``--window``
+steps, records the GPU's kernels and copies with torch.profiler (CUDA activity only, so the
+host side is not slowed by op recording). Per window: the host's wall time per step, the
+GPU's busy time per step (the union of its kernel/copy intervals), the idle time between
+them, and the largest idle gaps by the pair of kernels around them. Wall minus busy is what
+overlapping the host with the device has not hidden yet; busy is what faster kernels can win.
+
+    python bench/decode_timeline.py --workload a --json bench/results/decode_timeline_a.json
+    python bench/decode_timeline.py --workload c --windows 100,400,700,900
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine import LLM  # noqa: E402
+from asyncrl.engine.bench import _rand_prompts, build_random_hf, nano_workload  # noqa: E402
+from asyncrl.types import SamplingParams  # noqa: E402
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+def device_intervals(trace_path: str) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every GPU kernel / copy / memset in a chrome trace, by start."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    out = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+           if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    return sorted(out)
+
+
+def busy_and_gaps(intervals: list[tuple[float, float, str]], min_gap_us: float = 2.0):
+    """Union busy time (us) over the intervals, total span, and the idle gaps >= ``min_gap_us``
+    as (gap us, name before, name after)."""
+    busy, gaps = 0.0, []
+    cur_start, cur_end, cur_name = intervals[0]
+    for start, end, name in intervals[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            if start - cur_end >= min_gap_us:
+                gaps.append((start - cur_end, cur_name, name))
+            cur_start, cur_end, cur_name = start, end, name
+        elif end > cur_end:
+            cur_end, cur_name = end, name
+    busy += cur_end - cur_start
+    return busy, intervals[-1][1] - intervals[0][0], gaps
+
+
+def short(name: str) -> str:
+    return name.split("(")[0].replace("void ", "")[:48]
+
+
+def summarize(trace_path: str, steps: int, wall_s: float, batch_sizes: list[int], top: int) -> dict:
+    busy, span, gaps = busy_and_gaps(device_intervals(trace_path))
+    by_pair = collections.defaultdict(lambda: [0, 0.0])
+    for gap, before, after in gaps:
+        entry = by_pair[(short(before), short(after))]
+        entry[0] += 1
+        entry[1] += gap
+    worst = sorted(by_pair.items(), key=lambda kv: -kv[1][1])[:top]
+    per_step = lambda us: round(us / 1e3 / steps, 4)  # noqa: E731
+    return dict(steps=steps, mean_batch=round(sum(batch_sizes) / max(len(batch_sizes), 1), 1),
+                wall_ms_per_step=round(wall_s * 1e3 / steps, 3), gpu_busy_ms_per_step=per_step(busy),
+                gpu_span_ms_per_step=per_step(span), idle_ms_per_step=per_step(span - busy),
+                gaps=[dict(before=b, after=a, count=c, ms_per_step=per_step(t)) for (b, a), (c, t) in worst])
+
+
+def run(args) -> dict:
+    hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
+    llm = LLM(hf, dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
+              max_model_len=4096, gpu_memory_utilization=0.6, kv_cache_dtype=args.kv_cache_dtype)
+    llm.generate([[1] * 16] * 4, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
+    vocab = hf.config.vocab_size
+    if args.workload == "a":
+        prompts = _rand_prompts(256, 256, vocab, 1)
+        params = [SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True)] * len(prompts)
+    else:
+        prompts, outs = nano_workload(256, 1024, 1024)
+        prompts = [[t % vocab for t in p] for p in prompts]
+        params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs]
+    if args.warmup:
+        llm.generate(prompts, params)
+        llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits in the timed run
+    starts = sorted(int(s) for s in args.windows.split(","))
+    sizes: list[int] = []
+    launch_s: list[float] = []
+    launch = llm.runner.launch
+
+    def counting_launch(batch):
+        sizes.append(0 if batch.is_prefill else len(batch.seqs))
+        t = time.perf_counter()
+        handle = launch(batch)
+        launch_s.append(time.perf_counter() - t)
+        return handle
+
+    llm.runner.launch = counting_launch
+    for p, sp in zip(prompts, params):
+        llm.add_request(p, sp)
+    windows, step, t_all = [], 0, time.perf_counter()
+    tmp = tempfile.mkdtemp()
+    while llm.has_unfinished():
+        if starts and step == starts[0]:
+            starts.pop(0)
+            torch.cuda.synchronize()
+            first = len(sizes)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                n = 0
+                while n < args.window and llm.has_unfinished():
+                    llm.step()
+                    n += 1
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+            path = os.path.join(tmp, f"w{step}.json")
+            prof.export_chrome_trace(path)
+            window = summarize(path, n, wall, [s for s in sizes[first:] if s], args.top)
+            window["first_step"] = step
+            window["prefill_steps"] = sum(1 for s in sizes[first:] if s == 0)
+            window["host_launch_ms_per_step"] = round(sum(launch_s[first:]) * 1e3 / max(n, 1), 3)
+            print(json.dumps(window), flush=True)
+            windows.append(window)
+            step += n
+            continue
+        llm.step()
+        step += 1
+    total = time.perf_counter() - t_all
+    return dict(workload=args.workload, kv_cache_dtype=args.kv_cache_dtype, steps=step,
+                seconds_with_profiled_windows=round(total, 3), windows=windows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="a", choices=("a", "c"))
+    ap.add_argument("--windows", default="40,150,240", help="first engine step of each profiled window")
+    ap.add_argument("--window", type=int, default=12, help="steps per window")
+    ap.add_argument("--top", type=int, default=8, help="gap pairs listed per window")
+    ap.add_argument("--kv-cache-dtype", default=None, choices=("fp8",))
+    ap.add_argument("--warmup", action="store_true", help="run the workload once untimed first (plans, compiles)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    out = run(args)
+    out |= dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name(),
+                torch=torch.__version__, command="python bench/decode_timeline.py " + " ".join(sys.argv[1:]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

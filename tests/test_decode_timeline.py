@@ -1,0 +1,32 @@
+"""bench/decode_timeline.py's accounting of a device trace: busy time is the union of the GPU
+intervals (overlaps counted once), idle gaps are named by the kernels around them, host events
+are not device time."""
+import importlib.util
+import json
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "decode_timeline", Path(__file__).resolve().parents[1] / "bench" / "decode_timeline.py")
+timeline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timeline)
+
+
+def test_overlapping_intervals_count_once_and_gaps_name_their_neighbours():
+    intervals = [(0, 10, "a"), (5, 12, "b"), (20, 30, "c"), (30.5, 40, "d"), (50, 51, "e")]
+    busy, span, gaps = timeline.busy_and_gaps(intervals)
+    assert (busy, span) == (12 + 10 + 9.5 + 1, 51)
+    assert gaps == [(8, "b", "c"), (10, "d", "e")]  # the 0.5 us gap is under min_gap_us
+
+
+def test_a_trace_summary_per_step(tmp_path):
+    events = [dict(ph="X", cat="kernel", ts=0, dur=10, name="void gemm(int)"),
+              dict(ph="X", cat="gpu_memcpy", ts=14, dur=2, name="Memcpy HtoD"),
+              dict(ph="X", cat="kernel", ts=30, dur=10, name="attention"),
+              dict(ph="X", cat="cpu_op", ts=0, dur=1000, name="aten::mm")]  # host: not device time
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    s = timeline.summarize(str(path), steps=2, wall_s=0.0001, batch_sizes=[4, 6], top=5)
+    assert s["gpu_busy_ms_per_step"] == 0.011 and s["gpu_span_ms_per_step"] == 0.02
+    assert s["idle_ms_per_step"] == 0.009 and s["wall_ms_per_step"] == 0.05 and s["mean_batch"] == 5.0
+    assert [(g["before"], g["after"], g["count"]) for g in s["gaps"]] == [("Memcpy HtoD", "attention", 1),
+                                                                          ("gemm", "Memcpy HtoD", 1)]
