@@ -1,0 +1,86 @@
+"""Does replaying a CUDA graph wait on the host while the same graph is still running? (GPU only)
+
+torch.profiler showed ~455 us of host time per ``cudaGraphLaunch`` in workload (a)'s decode steps
+(bench/RESULTS.md, session 45), where a launch is normally tens of us, and the device idles ~50 us
+before each decode graph's first kernel. If a replay of a graph blocks the host until the previous
+replay of the same executable graph is done, a step's host work after the replay (LM head, sampler,
+the token copy) starts late, and two captures of the same decode, replayed alternately, would avoid
+it. This times the host side of ``CUDAGraph.replay`` for one graph of ``--kernels`` small kernels
+plus ``--matmuls`` GEMMs (about a decode step's GPU time), replayed back to back: always the same
+graph, vs two captures alternated. Prints the median host us per replay call and the GPU ms per replay.
+
+    python bench/graph_launch_block.py --json out.json   # ~20 s
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import datetime, timezone
+
+import torch
+
+
+def capture(work) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        work()  # warm-up outside the graph (allocator, cuBLAS handles)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        work()
+    torch.cuda.synchronize()
+    return graph
+
+
+def host_us_per_replay(graphs: list[torch.cuda.CUDAGraph], replays: int) -> tuple[float, float]:
+    """(median host us of one ``replay`` call, GPU ms per replay) over ``replays`` back-to-back replays,
+    cycling through ``graphs``."""
+    torch.cuda.synchronize()
+    host = []
+    t0 = time.perf_counter()
+    for i in range(replays):
+        t = time.perf_counter()
+        graphs[i % len(graphs)].replay()
+        host.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return statistics.median(host) * 1e6, wall / replays * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=300, help="small elementwise kernels in the graph")
+    ap.add_argument("--matmuls", type=int, default=20, help="4096^2 bf16 GEMMs in the graph (~0.15 ms each)")
+    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    small = torch.zeros(4096, device="cuda")
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(a)
+
+    def work():
+        for i in range(args.kernels):
+            small.add_(1.0)
+            if args.matmuls and i % max(1, args.kernels // args.matmuls) == 0:
+                torch.matmul(a, a, out=out)
+
+    one, two = capture(work), capture(work)
+    rows = {}
+    for name, graphs in (("same graph", [one]), ("two graphs alternated", [one, two]), ("same graph again", [one])):
+        host_us, gpu_ms = host_us_per_replay(graphs, args.replays)
+        rows[name] = dict(host_us_per_replay=round(host_us, 1), ms_per_replay=round(gpu_ms, 3))
+        print(f"{name:24s} host {host_us:8.1f} us per replay call, {gpu_ms:.3f} ms per replay", flush=True)
+    result = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
+                  torch=torch.__version__, kernels=args.kernels, matmuls=args.matmuls, replays=args.replays, rows=rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
