@@ -135,7 +135,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kv", default="bf16,fp8")
     ap.add_argument("--rules", default="default,small_tiles", help=f"of {sorted(ALL_RULES)}; the first is the baseline")
-    ap.add_argument("--blocks", type=int, default=6000, help="KV blocks per engine (two engines at once)")
+    ap.add_argument("--blocks", type=int, default=6000,
+                    help="KV blocks per engine; every rule's engine is held at once (3 rules: 4500)")
     args = ap.parse_args()
     out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
                torch=torch.__version__, command="python bench/decode_launch_ab.py " + " ".join(sys.argv[1:]))
