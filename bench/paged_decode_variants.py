@@ -143,7 +143,8 @@ def measure(names: list[str]) -> dict:
         order = longest_first_order(lens)
         for name in names:
             launch = VARIANTS[name]
-            fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch, order=order)  # noqa: E731
+            fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch,  # noqa: E731
+                                                order=lambda: order)
             rows.append(timed_row(dict(fields, variant=name), lambda: fn, ref, kv_bytes, name))
     return rows
 

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import os
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable
 
 import torch
 import triton
@@ -34,9 +34,6 @@ import triton.language as tl
 
 from asyncrl.engine import cascade as cascade_module
 from asyncrl.engine.cascade import CascadeLaunchRule
-
-# ``paged_decode_attention``'s ``order``: sequences longest first ``[B]`` int32, a callable giving them, or None
-DecodeOrder = Union[torch.Tensor, Callable[[], torch.Tensor], None]
 
 
 @triton.jit
@@ -486,7 +483,7 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
                    launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1,
-                   early_prefix: bool = False, order: DecodeOrder = None):
+                   early_prefix: bool = False, order: Callable[[], torch.Tensor] | None = None):
     """``cascade``: (suffix_start ``[B]``, prefix split count ``[1]``, prefix partials PO
     ``[S, B, H, D]``, PL ``[S, B, H]``) or None. ``cascade_kv_splits``: split-KV of the suffix
     under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only); ``early_prefix``:
@@ -523,7 +520,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     bt_regs = table_regs(block_tables, page, launch.block_n, launch)
     ordered = launch.longest_first and cascade is None
     if ordered:
-        order = order() if callable(order) else (order if order is not None else longest_first_order(context_lens))
+        order = order() if order is not None else longest_first_order(context_lens)
     grid = (hkv, B, splits) if ordered else (B, hkv, splits)
     _paged_decode_kernel[grid](
         q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl,
@@ -547,14 +544,14 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            launch: DecodeLaunch | None = None, query_len: int = 1,
-                           order: DecodeOrder = None) -> torch.Tensor:
+                           order: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """q ``[B * query_len, H, D]`` (each sequence's ``query_len`` tokens packed, in order);
     caches ``[N, block_size, Hkv, D]``; block_tables ``[B, M]`` int32; context_lens ``[B]``
     int32 (>= query_len: the keys up to and including the sequence's last query token) ->
     out like q. Query i of a sequence attends keys ``[0, context_len - query_len + i]``.
-    ``launch``: default ``default_launch``'s. ``order``: under ``launch.longest_first``, the
-    sequences longest first (``longest_first_order``), or a callable giving them (called only
-    then: a step's layers share one); None = computed here."""
+    ``launch``: default ``default_launch``'s. ``order``: under ``launch.longest_first``, a callable
+    giving the sequences longest first (``longest_first_order``; called only then, so a step's layers
+    share one); None = computed here."""
     assert k_cache.stride(3) == 1 and q.stride(2) == 1
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
                           launch=launch, qlen=query_len, order=order)

@@ -138,8 +138,8 @@ def test_any_program_order_gives_the_same_attention_and_the_order_is_made_once_p
     plain = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1))
     ordered = DecodeLaunch(block_n=16, kv_splits=1, longest_first=True)
     for order in ([1, 3, 2, 0, 4], [4, 0, 2, 1, 3]):  # longest first; and an arbitrary permutation
-        out = paged_decode_attention(*dev, D ** -0.5, launch=ordered,
-                                     order=torch.tensor(order, dtype=torch.int32, device=DEVICE))
+        given = torch.tensor(order, dtype=torch.int32, device=DEVICE)
+        out = paged_decode_attention(*dev, D ** -0.5, launch=ordered, order=lambda: given)
         torch.testing.assert_close(out, plain, rtol=0, atol=1e-5)
     assert longest_first_order(ctx).tolist() == [1, 3, 2, 0, 4]
     calls = []

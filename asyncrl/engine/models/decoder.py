@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asyncrl.engine.attention import AttentionMetadata, attend_cached, paged_attention
+from asyncrl.engine.attention import AttentionMetadata, attend_cached, paged_attention, take_rows
 from asyncrl.engine.models.config import ModelConfig
 from asyncrl.engine.parallel.layers import (MergedColumnParallelLinear, ParallelLMHead, QKVParallelLinear,
                                             RowParallelLinear, VocabParallelEmbedding, load_replicated)
@@ -102,9 +102,8 @@ def _qkv_prepare(qkv, positions, cos_table, sin_table, q_norm_w, k_norm_w, eps: 
     v = v.reshape(T, num_kv_heads, head_dim)
     if q_norm_w is not None:
         q, k = _rms_norm(q, q_norm_w, eps), _rms_norm(k, k_norm_w, eps)
-    # index_select, not cos_table[positions]: whole-row copies (attention.take_rows says why)
-    cos = cos_table.index_select(0, positions).unsqueeze(1)
-    sin = sin_table.index_select(0, positions).unsqueeze(1)
+    cos = take_rows(cos_table, positions).unsqueeze(1)
+    sin = take_rows(sin_table, positions).unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
 
 
