@@ -56,12 +56,21 @@ ALL_RULES = {
 }
 
 
-def small_tiles_fp8_full(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
-    """The engine's rule with 16-token tiles on e4m3 grids of >= 6 programs per SM only."""
-    full = batch * hkv >= 6 * td.num_sms(k_cache.device)
-    if qlen == 1 and td._launch_is_default() and k_cache.dtype == torch.float8_e4m3fn and full:
-        return SMALL
-    return ENGINE_RULE(batch, hkv, k_cache, qlen)
+def small_tiles_fp8(min_per_sm: int):
+    """The engine's rule with 16-token tiles (unordered) on e4m3 grids of >= ``min_per_sm`` programs per SM only."""
+    def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+        full = batch * hkv >= min_per_sm * td.num_sms(k_cache.device)
+        if qlen == 1 and td._launch_is_default() and k_cache.dtype == torch.float8_e4m3fn and full:
+            return SMALL
+        return ENGINE_RULE(batch, hkv, k_cache, qlen)
+    return rule
+
+
+def unordered(rule):
+    """``rule`` without ``longest_first``: the engine's rule before 2026-12-04 (session 46)."""
+    def plain(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+        return dataclasses.replace(rule(batch, hkv, k_cache, qlen), longest_first=False)
+    return plain
 
 
 def longest_first(rule):
@@ -73,10 +82,14 @@ def longest_first(rule):
     return ordered
 
 
-ALL_RULES["small_tiles_fp8_full"] = small_tiles_fp8_full
+# The engine's rule orders plain decodes longest first since session 46: "default_lpt" = "default" now, and
+# "unordered" is the rule the session-45 rows were measured against.
+ALL_RULES["unordered"] = unordered(ENGINE_RULE)
+ALL_RULES["small_tiles_fp8_full"] = small_tiles_fp8(6)
 ALL_RULES["default_lpt"] = longest_first(ENGINE_RULE)
 ALL_RULES["small_tiles_lpt"] = longest_first(ALL_RULES["small_tiles"])
-ALL_RULES["small_tiles_fp8_full_lpt"] = longest_first(small_tiles_fp8_full)
+ALL_RULES["small_tiles_fp8_full_lpt"] = longest_first(small_tiles_fp8(6))
+ALL_RULES["small_tiles_fp8_dense_lpt"] = longest_first(small_tiles_fp8(12))  # >= ~200 sequences at 8 kv heads
 RULES = dict(ALL_RULES)
 
 

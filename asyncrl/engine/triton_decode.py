@@ -392,12 +392,23 @@ _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
 # (a)'s 256 x 8 programs but 0.75-0.86x at 8-64 sequences (its 70 KiB of shared memory leaves fewer
 # programs per SM than such a grid could use); e4m3 1.02-1.35x at every shape (half the bytes a tile: the
 # loop needs tiles in flight).
-# Smaller programs were measured and not taken (2026-12-04, bench/RESULTS.md session 45): 16-token tiles on one
-# warp with the prefetch read e4m3 at (a)'s shapes 1.24-1.48x faster in the kernel bench (uniform contexts),
-# and end to end (bench/decode_launch_ab.py) made workload (a) 1.13x faster on an e4m3 cache but (c), whose
-# contexts range 100-2,048, 0.96x: a grid of small programs waits on its longest sequence's program.
+# Every plain decode dispatches its programs longest sequence first (``longest_first``): a grid of mixed
+# contexts then ends on short programs instead of waiting on a long one started in the last wave. End to
+# end on an H200 (bench/decode_launch_ab.py, 2026-12-04 session 46, medians of 3): workload (c) (contexts
+# 100-2,048) 1.032x bf16 and 1.097x e4m3, (a) (uniform contexts) 1.001x bf16 and 1.037x e4m3.
+# On an e4m3 cache, grids of at least ``FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM`` programs per SM (~200 sequences at
+# 8 kv heads on 132 SMs) take 16-token tiles on one warp (``_FP8_DENSE_LAUNCH``): half a bf16 tile's bytes a
+# tile, so the default 64-token tile's program is too big to keep enough loads in flight per SM. Kernel bench
+# (bench/paged_decode_variants.py, session 45-46): e4m3 at (a)'s shapes 1.24-1.53x. End to end (decode_launch_ab,
+# e4m3 cache, session 46, vs this rule's ordered 64-token default): at >= 12 per SM (a) 1.043x, (c) 1.005x; at
+# >= 6 per SM (a) 1.036-1.065x but (c) 0.967-0.970x (batches of ~100-200 mixed contexts lose). bf16 tiles stay
+# 64 tokens (the kernel bench's 1.5-6% for small bf16 tiles did not hold end to end: (c) 0.97x, session 45).
 TABLE_MIN_PROGRAMS_PER_SM = 8
-_PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True)
+FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM = 12
+_ORDERED_LAUNCH = DecodeLaunch(longest_first=True)
+_PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True, longest_first=True)
+_FP8_DENSE_LAUNCH = DecodeLaunch(block_n=16, num_warps=1, num_stages=3, table_prefetch=True, longest_first=True)
+_SUFFIX_PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True)  # the cascade's suffix kernel has no ORDERED grid
 
 
 def _launch_is_default() -> bool:
@@ -407,14 +418,17 @@ def _launch_is_default() -> bool:
 
 
 def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
-    """The launch of a decode call that names none: ``DECODE_LAUNCH``, with ``table_prefetch`` per
-    the rule above when it is the default launch and one query token per sequence (a launch from the
-    environment, or one a bench sets in ``DECODE_LAUNCH``, is taken as is). Depends on the batch size,
-    not the contexts: the same launch for every replay of a CUDA graph."""
+    """The launch of a decode call that names none: ``DECODE_LAUNCH``, and when that is the default launch
+    and one query token per sequence, its programs longest sequence first with ``table_prefetch`` and the
+    e4m3 tile per the rules above (a launch from the environment, or one a bench sets in ``DECODE_LAUNCH``,
+    is taken as is). Depends on the batch size, not the contexts: the same launch for every replay of a CUDA graph (the
+    order itself is computed on the device each step, ``AttentionMetadata.decode_order``)."""
     if qlen != 1 or not _launch_is_default():
         return DECODE_LAUNCH
-    full = batch * hkv >= TABLE_MIN_PROGRAMS_PER_SM * num_sms(k_cache.device)
-    return _PREFETCH_LAUNCH if (full or k_cache.dtype == torch.float8_e4m3fn) else DECODE_LAUNCH
+    per_sm = batch * hkv / num_sms(k_cache.device)
+    if k_cache.dtype == torch.float8_e4m3fn:
+        return _FP8_DENSE_LAUNCH if per_sm >= FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM else _PREFETCH_LAUNCH
+    return _PREFETCH_LAUNCH if per_sm >= TABLE_MIN_PROGRAMS_PER_SM else _ORDERED_LAUNCH
 
 
 # ``DecodeLaunch.table_in_registers``: a program loads its sequence's block-table row once (at most
@@ -595,7 +609,7 @@ def cascade_suffix_launch(rule: CascadeLaunchRule, base: DecodeLaunch | None = N
     if base is None:
         base = DECODE_LAUNCH
         if k_cache is not None and cascade_prefetch(rule.suffix_prefetch, k_cache) and _launch_is_default():
-            base = _PREFETCH_LAUNCH
+            base = _SUFFIX_PREFETCH_LAUNCH
     small = batch_rows is not None and batch_rows <= rule.small_batch_rows
     return dataclasses.replace(base,
                                block_n=rule.suffix_block_n or (rule.small_suffix_block_n if small else base.block_n),

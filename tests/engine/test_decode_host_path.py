@@ -72,15 +72,13 @@ def _graphed(llm, monkeypatch, sampler: bool, graph_sampler: bool = False):
 
 
 def test_longest_first_programs_give_the_gathered_paths_tokens(tiny_dirs, monkeypatch):
-    """A decode launch that dispatches the longest sequences first (``DecodeLaunch.longest_first``): the
-    engine's steps make the order once per step (``AttentionMetadata.decode_order``), every layer's kernel
-    reads it, and the tokens and log-probs equal the gathered path's."""
-    import dataclasses
-
+    """The engine's decode launch dispatches the longest sequences first (``DecodeLaunch.longest_first``, on
+    by default): the engine's steps make the order once per step (``AttentionMetadata.decode_order``), every
+    layer's kernel reads it, and the tokens and log-probs equal the gathered path's."""
     from asyncrl.engine import triton_decode as td
 
-    rule = td.default_launch
-    monkeypatch.setattr(td, "default_launch", lambda *a, **k: dataclasses.replace(rule(*a, **k), longest_first=True))
+    monkeypatch.setattr(td, "_LAUNCH_PINNED", False)  # the default rule even where the environment pins one
+    monkeypatch.setattr(td, "DECODE_LAUNCH", td.DecodeLaunch())
     orders = []
     made = td.longest_first_order
     monkeypatch.setattr(td, "longest_first_order", lambda lens: orders.append(lens.shape[0]) or made(lens))

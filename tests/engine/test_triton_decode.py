@@ -158,11 +158,11 @@ def test_any_program_order_gives_the_same_attention_and_the_order_is_made_once_p
     assert meta.decode_order() is first and first.tolist() == [1, 3, 2, 0, 4]
 
 
-def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monkeypatch):
-    """The launch a decode call gets when it names none (``default_launch``): each tile's block id loaded a
-    tile ahead from ``TABLE_MIN_PROGRAMS_PER_SM`` (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on
-    every e4m3 cache; never for verify steps (several query tokens), nor over a launch set in the environment
-    or by a bench."""
+def test_default_launch_orders_plain_decodes_and_prefetches_on_full_grids_and_e4m3_caches(monkeypatch):
+    """The launch a decode call gets when it names none (``default_launch``): programs longest sequence first
+    on every plain decode; each tile's block id loaded a tile ahead from ``TABLE_MIN_PROGRAMS_PER_SM``
+    (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on every e4m3 cache; neither for verify steps
+    (several query tokens), nor over a launch set in the environment or by a bench."""
     from asyncrl.engine import triton_decode as td
     from asyncrl.engine.attention import FP8_KV
 
@@ -172,15 +172,56 @@ def test_default_launch_prefetches_block_ids_on_full_grids_and_e4m3_caches(monke
     monkeypatch.setattr(td, "_LAUNCH_PINNED", False)
     assert td.default_launch(full, 2, bf16).table_prefetch
     assert not td.default_launch(full - 1, 2, bf16).table_prefetch
-    assert td.default_launch(1, 2, fp8).table_prefetch
-    assert not td.default_launch(full, 2, bf16, qlen=3).table_prefetch
-    assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False) == td.DECODE_LAUNCH
+    assert td.default_launch(1, 2, fp8).table_prefetch and td.default_launch(full, 2, fp8).block_n == 64
+    dense = -(-td.FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM * td.num_sms(bf16.device) // 2)
+    assert td.default_launch(dense, 2, fp8) == DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True)
+    assert td.default_launch(dense - 1, 2, fp8).block_n == 64 and td.default_launch(dense, 2, bf16).block_n == 64
+    assert all(td.default_launch(b, 2, c).longest_first for b in (1, full) for c in (bf16, fp8))
+    assert td.default_launch(full, 2, bf16, qlen=3) is td.DECODE_LAUNCH
+    assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False,
+                               longest_first=False) == td.DECODE_LAUNCH
     custom = DecodeLaunch(block_n=32)  # a bench's own launch in DECODE_LAUNCH: kept, not rebuilt from the default
     monkeypatch.setattr(td, "DECODE_LAUNCH", custom)
     assert td.default_launch(full, 2, bf16) is custom and td.default_launch(1, 2, fp8) is custom
     monkeypatch.setattr(td, "DECODE_LAUNCH", DecodeLaunch())
     monkeypatch.setattr(td, "_LAUNCH_PINNED", True)
     assert td.default_launch(full, 2, bf16) is td.DECODE_LAUNCH
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_every_launch_the_default_rule_picks_matches_gathered(fp8, monkeypatch):
+    """The launches ``default_launch`` gives a plain decode as the batch grows (one SM: ordered; ordered with
+    the block-id prefetch from 8 programs per SM; on an e4m3 cache the prefetch at any size and 16-token tiles
+    on one warp from 12), over contexts of one token to several pages: the gathered path's attention."""
+    from asyncrl.engine import triton_decode as td
+    from asyncrl.engine.attention import FP8_KV
+
+    monkeypatch.setattr(td, "num_sms", lambda device: 1)
+    monkeypatch.setattr(td, "_LAUNCH_PINNED", False)
+    monkeypatch.setattr(td, "DECODE_LAUNCH", DecodeLaunch())
+    H, Hkv, D, page = 4, 2, 16, 16
+    g = torch.Generator().manual_seed(7)
+    picked = set()
+    for batch in (3, 4, 6):
+        lens = [1 + (37 * i) % (4 * page) for i in range(batch)]
+        nb = sum(-(-n // page) for n in lens) + 1
+        kc, vc = (torch.randn(nb + 1, page, Hkv, D, generator=g) for _ in range(2))
+        if fp8:
+            kc, vc = kc.to(FP8_KV), vc.to(FP8_KV)
+        perm = torch.randperm(nb, generator=g).tolist()
+        tables, o = [], 0
+        for n in lens:
+            tables.append(perm[o:o + -(-n // page)])
+            o += len(tables[-1])
+        width = max(map(len, tables))
+        bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
+        q = torch.randn(batch, H, D, generator=g)
+        dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
+        picked.add(td.default_launch(batch, Hkv, dev[1]))
+        out = paged_decode_attention(*dev, D ** -0.5)
+        meta = build_gathered_metadata(tables, [n - 1 for n in lens], [1] * batch, page, nb, torch.device("cpu"))
+        torch.testing.assert_close(out.cpu(), gathered_attention(q, kc, vc, meta, D ** -0.5), rtol=0, atol=1e-4)
+    assert len(picked) == 2 and all(launch.longest_first for launch in picked)
 
 
 def test_fp8_cache_bf16_query_fp16_dots_are_at_least_as_accurate_as_bf16_dots():
