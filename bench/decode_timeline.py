@@ -10,6 +10,9 @@ overlapping the host with the device has not hidden yet; busy is what faster ker
 
     python bench/decode_timeline.py --workload a --json bench/results/decode_timeline_a.json
     python bench/decode_timeline.py --workload c --windows 100,400,700,900
+
+It also prints the step mix of the whole run (``StepMix``): host wall time and tokens by prefill and by
+decode batch size, over the steps outside the profiled windows.
 """
 from __future__ import annotations
 
@@ -77,6 +80,42 @@ def summarize(trace_path: str, steps: int, wall_s: float, batch_sizes: list[int]
                 gaps=[dict(before=b, after=a, count=c, ms_per_step=per_step(t)) for (b, a), (c, t) in worst])
 
 
+DECODE_BUCKETS = (32, 64, 128, 256)
+
+
+def step_kind(batch) -> str:
+    """``prefill``, or ``decode <=N``: the smallest of ``DECODE_BUCKETS`` that holds the decode's rows."""
+    if batch.is_prefill:
+        return "prefill"
+    rows = len(batch.seqs)
+    return next((f"decode <={b}" for b in DECODE_BUCKETS if rows <= b), f"decode >{DECODE_BUCKETS[-1]}")
+
+
+class StepMix:
+    """Host wall time of every engine step by the kind of batch it launched (``step_kind``), with the tokens
+    those batches computed: where a whole run's time goes (prefill vs decode by batch size). Under async
+    scheduling a step's wall is mostly the wait on the previous batch, so a kind's time is off by about one step
+    at each change of kind: fine over hundreds of steps."""
+
+    def __init__(self):
+        self.kinds: dict[str, dict] = collections.defaultdict(lambda: dict(steps=0, seconds=0.0, tokens=0))
+        self.last: str | None = None
+
+    def launched(self, batch) -> None:
+        self.last = step_kind(batch)
+        self.kinds[self.last]["tokens"] += sum(s.num_scheduled_tokens for s in batch.seqs)
+
+    def stepped(self, seconds: float) -> None:
+        if self.last is not None:
+            self.kinds[self.last]["steps"] += 1
+            self.kinds[self.last]["seconds"] += seconds
+
+    def summary(self) -> dict:
+        total = sum(k["seconds"] for k in self.kinds.values()) or 1.0
+        return {name: dict(steps=k["steps"], tokens=k["tokens"], seconds=round(k["seconds"], 3),
+                           share=round(k["seconds"] / total, 3)) for name, k in sorted(self.kinds.items())}
+
+
 def run(args) -> dict:
     hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
     llm = LLM(hf, dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
@@ -97,9 +136,11 @@ def run(args) -> dict:
     sizes: list[int] = []
     launch_s: list[float] = []
     launch = llm.runner.launch
+    mix = StepMix()
 
     def counting_launch(batch):
         sizes.append(0 if batch.is_prefill else len(batch.seqs))
+        mix.launched(batch)
         t = time.perf_counter()
         handle = launch(batch)
         launch_s.append(time.perf_counter() - t)
@@ -133,11 +174,14 @@ def run(args) -> dict:
             windows.append(window)
             step += n
             continue
+        t = time.perf_counter()
         llm.step()
+        mix.stepped(time.perf_counter() - t)
         step += 1
     total = time.perf_counter() - t_all
+    print("step mix (unprofiled steps):", json.dumps(mix.summary()), flush=True)
     return dict(workload=args.workload, kv_cache_dtype=args.kv_cache_dtype, steps=step,
-                seconds_with_profiled_windows=round(total, 3), windows=windows)
+                seconds_with_profiled_windows=round(total, 3), windows=windows, step_mix=mix.summary())
 
 
 def main() -> int:

@@ -30,3 +30,20 @@ def test_a_trace_summary_per_step(tmp_path):
     assert s["idle_ms_per_step"] == 0.009 and s["wall_ms_per_step"] == 0.05 and s["mean_batch"] == 5.0
     assert [(g["before"], g["after"], g["count"]) for g in s["gaps"]] == [("Memcpy HtoD", "attention", 1),
                                                                           ("gemm", "Memcpy HtoD", 1)]
+
+
+def test_step_mix_buckets_steps_by_kind_with_their_tokens():
+    from types import SimpleNamespace as NS
+
+    def batch(prefill, *scheduled):
+        return NS(is_prefill=prefill, seqs=[NS(num_scheduled_tokens=n) for n in scheduled])
+
+    mix = timeline.StepMix()
+    mix.stepped(5.0)  # before any launch: not counted
+    for b, seconds in ((batch(True, 100, 50), 0.3), (batch(False, *[1] * 40), 0.1), (batch(False, *[1] * 300), 0.6)):
+        mix.launched(b)
+        mix.stepped(seconds)
+    got = mix.summary()
+    assert got["prefill"] == dict(steps=1, tokens=150, seconds=0.3, share=0.3)
+    assert got["decode <=64"]["tokens"] == 40 and got["decode >256"]["share"] == 0.6
+    assert timeline.step_kind(batch(False, 1)) == "decode <=32"

@@ -38,6 +38,18 @@ def _interpreter_index_on_numpy_2(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
 
 
+def scattered_tables(lens: list[int], page: int, nb: int, g: torch.Generator):
+    """Block tables of sequences of ``lens`` tokens over a random permutation of blocks ``0..nb-1``: (the
+    tables as lists, the ``[B, width]`` int32 tensor padded with block ``nb``, a spare)."""
+    perm = torch.randperm(nb, generator=g).tolist()
+    tables, o = [], 0
+    for n in lens:
+        tables.append(perm[o:o + -(-n // page)])
+        o += len(tables[-1])
+    width = max(map(len, tables))
+    return tables, torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
+
+
 @pytest.mark.parametrize("query_len,kv_splits,prefetch,ordered", [
     (1, 1, False, False), (3, 1, False, False), (4, 2, False, False), (5, 4, False, False),
     (1, 1, True, False), (3, 1, True, False), (5, 4, True, False), (1, 1, False, True), (4, 2, True, True)])
@@ -52,13 +64,7 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetc
     nb = sum(-(-n // page) for n in lens) + 2
     kc = torch.randn(nb + 1, page, Hkv, D, generator=g)
     vc = torch.randn(nb + 1, page, Hkv, D, generator=g)
-    perm = torch.randperm(nb, generator=g).tolist()
-    tables, o = [], 0
-    for n in lens:
-        tables.append(perm[o:o + -(-n // page)])
-        o += len(tables[-1])
-    width = max(map(len, tables))
-    bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
+    tables, bt = scattered_tables(lens, page, nb, g)
     q = torch.randn(len(lens) * query_len, H, D, generator=g)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
     launch = DecodeLaunch(block_n=page if prefetch else 16, kv_splits=kv_splits, table_prefetch=prefetch,
@@ -208,13 +214,7 @@ def test_every_launch_the_default_rule_picks_matches_gathered(fp8, monkeypatch):
         kc, vc = (torch.randn(nb + 1, page, Hkv, D, generator=g) for _ in range(2))
         if fp8:
             kc, vc = kc.to(FP8_KV), vc.to(FP8_KV)
-        perm = torch.randperm(nb, generator=g).tolist()
-        tables, o = [], 0
-        for n in lens:
-            tables.append(perm[o:o + -(-n // page)])
-            o += len(tables[-1])
-        width = max(map(len, tables))
-        bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
+        tables, bt = scattered_tables(lens, page, nb, g)
         q = torch.randn(batch, H, D, generator=g)
         dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
         picked.add(td.default_launch(batch, Hkv, dev[1]))
