@@ -5,9 +5,12 @@ A token's *slot* is ``block_id * block_size + offset``. The last block is a scra
 block: padded rows of a batch write their K/V there, so no kernel needs a "skip" branch.
 
 Two ways to attend:
-  * gathered (CPU, and GPU prefill): each sequence's keys are gathered into a padded
-    ``[B, Lk, Hkv, D]`` tensor and one SDPA call with a boolean mask covers the batch.
-    Prefill is compute-bound, so the gather is cheap next to the matmuls.
+  * gathered (prefill, and every step on CPU): on CUDA in fp16/bf16, each sequence's keys are
+    gathered into one packed ``[sum ctx, Hkv, D]`` tensor and FlashAttention-2's varlen kernel
+    attends (causal, bottom-right aligned: a chunk starting at position s sees keys < s + i + 1),
+    no padding and no mask (``varlen_attention``); elsewhere into a padded ``[B, Lk, Hkv, D]``
+    tensor with one SDPA call under a boolean mask. Prefill is compute-bound, so the gather is
+    cheap next to the matmuls.
   * paged decode (GPU): a Triton kernel reads K/V in place through the block table
     (``triton_decode.py``); gathering there would cost 11x (ENGINE.md §3.1). When rows
     share prefix blocks (GRPO groups), cascade decode reads each shared prefix once per
@@ -34,7 +37,10 @@ class AttentionMetadata:
       q_index      [B, Lq]    row b: indices into the T tokens (padded with 0)
       q_out_index  [T]        position of each real token in the flattened [B*Lq]
       kv_slots     [B, Lk]    slot of key j of sequence b (padded -> scratch slot)
-      mask         [B, 1, Lq, Lk]  True where query may attend key (causal, in range)
+      q_pos        [B, Lq]    position of each query (0 on padding); key_lens [B] keys of each sequence
+      (``gathered_mask()`` builds [B, 1, Lq, Lk]: True where query may attend key; None when ``causal``)
+      cu_seqlens_q / cu_seqlens_k [B + 1] int32, kv_packed_slots [sum key_lens] int64, max_q, max_k:
+      the same step packed for the varlen kernel (queries in step order; keys [0, key_lens[b]) of each b)
       -- paged decode path (one query token per sequence) --
       block_tables [B, max_blocks] int32, context_lens [B] int32; query_len tokens per sequence
       (T = B * query_len, packed; 1 for decode, K + 1 for a speculative verify step)
@@ -51,7 +57,14 @@ class AttentionMetadata:
     q_index: Optional[torch.Tensor] = None
     q_out_index: Optional[torch.Tensor] = None
     kv_slots: Optional[torch.Tensor] = None
-    mask: Optional[torch.Tensor] = None  # None on the gathered path: plain causal (see below)
+    q_pos: Optional[torch.Tensor] = None
+    key_lens: Optional[torch.Tensor] = None
+    causal: bool = False  # gathered: a fresh batch of equal prompts, the mask is plain causal
+    cu_seqlens_q: Optional[torch.Tensor] = None
+    cu_seqlens_k: Optional[torch.Tensor] = None
+    kv_packed_slots: Optional[torch.Tensor] = None
+    max_q: int = 0
+    max_k: int = 0
     block_tables: Optional[torch.Tensor] = None
     context_lens: Optional[torch.Tensor] = None
     paged_decode: bool = False
@@ -64,6 +77,16 @@ class AttentionMetadata:
     state_chunk_indices: Optional[torch.Tensor] = None
     query_len: int = 1  # paged decode: query tokens per sequence (> 1: a speculative verify step)
     _decode_order: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
+    _mask: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
+
+    def gathered_mask(self) -> Optional[torch.Tensor]:
+        """The padded path's ``[B, 1, Lq, Lk]`` mask (causal, in range), built on the device by the first
+        layer that asks (the varlen path never does); None for a plain causal batch (``causal``)."""
+        if self._mask is None and not self.causal:
+            j = torch.arange(self.kv_slots.shape[1], device=self.kv_slots.device)
+            self._mask = ((j[None, None, :] <= self.q_pos[:, :, None])
+                          & (j[None, None, :] < self.key_lens[:, None, None])).unsqueeze(1)
+        return self._mask
 
     def decode_order(self) -> torch.Tensor:
         """Paged decode: the sequences longest first ``[B]`` int32 (``longest_first_order``), made
@@ -75,11 +98,22 @@ class AttentionMetadata:
         return self._decode_order
 
 
+@dataclass(frozen=True)
+class GatheredShape:
+    """The host scalars of a gathered step: ``causal`` (a fresh batch of equal-length prompts: the mask
+    is plain causal), the longest query run and key range (the varlen kernel's ``max_q`` / ``max_k``)."""
+
+    causal: bool
+    max_q: int
+    max_k: int
+
+
 @dataclass
 class GatheredHost:
-    """Host (numpy int64) arrays of a gathered step; see ``AttentionMetadata`` for shapes.
-    ``q_pos [B, Lq]`` (position of each query, 0 on padding) and ``ctx [B]`` let the
-    device build the [B, 1, Lq, Lk] mask itself: it never crosses the bus."""
+    """Host (numpy) arrays of a gathered step; see ``AttentionMetadata`` for shapes. ``q_pos
+    [B, Lq]`` (position of each query, 0 on padding) and ``ctx [B]`` let the device build the
+    [B, 1, Lq, Lk] mask itself: it never crosses the bus. ``cu_q`` / ``cu_k`` (int32) and
+    ``kv_packed`` are the varlen kernel's view of the same step."""
 
     slot_mapping: np.ndarray
     q_index: np.ndarray
@@ -87,10 +121,19 @@ class GatheredHost:
     kv_slots: np.ndarray
     q_pos: np.ndarray
     ctx: np.ndarray
-    uniform: bool  # a fresh batch of equal-length prompts: the mask is exactly causal
+    cu_q: np.ndarray
+    cu_k: np.ndarray
+    kv_packed: np.ndarray
+    shape: GatheredShape
 
     def arrays(self) -> list[np.ndarray]:
-        return [self.slot_mapping, self.q_index, self.q_out_index, self.kv_slots, self.q_pos, self.ctx]
+        return [self.slot_mapping, self.q_index, self.q_out_index, self.kv_slots, self.q_pos, self.ctx,
+                self.cu_q, self.cu_k, self.kv_packed]
+
+
+def _cumulative(lengths: np.ndarray) -> np.ndarray:
+    """``[0, l0, l0 + l1, ...]`` int32: FlashAttention's ``cu_seqlens``."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
 
 
 def gathered_host_arrays(block_tables: list[list[int]], start_positions: list[int], num_new_tokens: list[int],
@@ -114,8 +157,9 @@ def gathered_host_arrays(block_tables: list[list[int]], start_positions: list[in
         bt[b, :m] = table[:m]
     j = np.arange(lk)
     kv_slots = bt[:, j // block_size] * block_size + j % block_size  # [B, Lk]
-    kv_slots = np.where(j[None, :] < ctx[:, None], kv_slots, scratch_block * block_size)
-    new_key = (j[None, :] >= starts[:, None]) & (j[None, :] < ctx[:, None])  # this step's keys, row-major
+    in_range = j[None, :] < ctx[:, None]
+    kv_slots = np.where(in_range, kv_slots, scratch_block * block_size)
+    new_key = (j[None, :] >= starts[:, None]) & in_range  # this step's keys, row-major
     slot_mapping = kv_slots[new_key]
     i = np.arange(lq)
     q_valid = i[None, :] < nnew[:, None]  # [B, Lq]
@@ -123,26 +167,25 @@ def gathered_host_arrays(block_tables: list[list[int]], start_positions: list[in
     q_index = np.where(q_valid, offsets[:, None] + i[None, :], 0)
     q_pos = np.where(q_valid, starts[:, None] + i[None, :], 0)  # padded rows see key 0 only
     q_out_index = np.flatnonzero(q_valid.reshape(-1))
-    uniform = bool((starts == 0).all()) and bool((nnew == nnew[0]).all())
-    return GatheredHost(slot_mapping, q_index, q_out_index, kv_slots, q_pos, ctx, uniform)
+    causal = bool((starts == 0).all()) and bool((nnew == nnew[0]).all())
+    return GatheredHost(slot_mapping, q_index, q_out_index, kv_slots, q_pos, ctx, _cumulative(nnew),
+                        _cumulative(ctx), kv_slots[in_range], GatheredShape(causal, lq, lk))
 
 
 def gathered_metadata(slot_mapping: torch.Tensor, q_index: torch.Tensor, q_out_index: torch.Tensor,
-                      kv_slots: torch.Tensor, q_pos: torch.Tensor, ctx: torch.Tensor, uniform: bool) -> AttentionMetadata:
-    """``AttentionMetadata`` from ``GatheredHost.arrays()`` on the device (the mask built there)."""
-    mask = None
-    if not uniform:  # equal fresh prompts: SDPA's causal flash kernel instead of a masked one
-        j = torch.arange(kv_slots.shape[1], device=kv_slots.device)
-        mask = ((j[None, None, :] <= q_pos[:, :, None]) & (j[None, None, :] < ctx[:, None, None])).unsqueeze(1)
+                      kv_slots: torch.Tensor, q_pos: torch.Tensor, ctx: torch.Tensor, cu_q: torch.Tensor,
+                      cu_k: torch.Tensor, kv_packed: torch.Tensor, shape: GatheredShape) -> AttentionMetadata:
+    """``AttentionMetadata`` from ``GatheredHost.arrays()`` on the device and its ``shape``."""
     return AttentionMetadata(slot_mapping=slot_mapping, q_index=q_index, q_out_index=q_out_index,
-                             kv_slots=kv_slots, mask=mask)
+                             kv_slots=kv_slots, q_pos=q_pos, key_lens=ctx, causal=shape.causal, cu_seqlens_q=cu_q,
+                             cu_seqlens_k=cu_k, kv_packed_slots=kv_packed, max_q=shape.max_q, max_k=shape.max_k)
 
 
 def build_gathered_metadata(block_tables: list[list[int]], start_positions: list[int], num_new_tokens: list[int],
                             block_size: int, scratch_block: int, device: torch.device) -> AttentionMetadata:
     """``gathered_host_arrays`` sent to ``device`` (plain copies: for tests and one-off calls)."""
     host = gathered_host_arrays(block_tables, start_positions, num_new_tokens, block_size, scratch_block)
-    return gathered_metadata(*(torch.from_numpy(a).to(device) for a in host.arrays()), host.uniform)
+    return gathered_metadata(*(torch.from_numpy(a).to(device) for a in host.arrays()), host.shape)
 
 
 FP8_KV = torch.float8_e4m3fn
@@ -212,9 +255,48 @@ def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> 
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
+# The varlen path (``varlen_attention``): FlashAttention-2 as PyTorch ships it. On H200 (session 46) the padded
+# path ran workload (c)'s prefill (28 prompts of 100-1,024 tokens a step) at 163k tok/s against 455k for (a)'s
+# equal prompts: it pads every sequence to the longest, repeats K/V per query head and computes the full
+# masked square. Off (``VARLEN_PREFILL = False``) for A/B benches.
+VARLEN_PREFILL = True
+
+
+def takes_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
+    """Whether ``gathered_attention`` runs ``varlen_attention``: CUDA, fp16/bf16 queries, a head dim
+    FlashAttention-2 takes (<= 256, a multiple of 8), and the packed metadata present."""
+    D = q.shape[-1]
+    return (VARLEN_PREFILL and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D <= 256 and D % 8 == 0
+            and meta.cu_seqlens_q is not None)
+
+
+def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                     scale: float) -> torch.Tensor:
+    """q ``[T, H, D]`` (each sequence's queries contiguous, in step order) -> out ``[T, H, D]``: keys
+    ``[0, key_lens[b])`` of each sequence gathered packed, then FlashAttention-2's varlen kernel, causal
+    from the bottom right (query i of a run of n sees keys < key_lens[b] - n + i + 1: its position + 1);
+    GQA native (no K/V repeat). ``aten._flash_attention_forward`` rather than
+    ``torch.nn.attention.varlen.varlen_attn``: the public wrapper's signature changed between torch 2.10
+    and 2.13 (``is_causal`` -> ``window_size``, ``enable_gqa``), the op's first ten arguments did not."""
+    k = gather_kv(k_cache, meta.kv_packed_slots, q.dtype)  # [sum key_lens, Hkv, D]
+    v = gather_kv(v_cache, meta.kv_packed_slots, q.dtype)
+    return flash_varlen_causal(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.max_q, meta.max_k, scale)
+
+
+def flash_varlen_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                        max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """FlashAttention-2 varlen forward, causal from the bottom right: q ``[Tq, H, D]``, k/v ``[Tk, Hkv, D]``
+    packed by ``cu_q`` / ``cu_k`` ``[B + 1]`` int32 -> ``[Tq, H, D]``."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                   scale=scale)[0]
+
+
 def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q ``[T, H, D]`` -> out ``[T, H, D]`` attending through ``meta.kv_slots``."""
+    """q ``[T, H, D]`` -> out ``[T, H, D]`` attending through ``meta.kv_slots`` (or packed:
+    ``varlen_attention``, where ``takes_varlen``)."""
+    if takes_varlen(q, meta):
+        return varlen_attention(q, k_cache, v_cache, meta, scale)
     T, H, D = q.shape
     Hkv = k_cache.shape[2]
     B, Lq = meta.q_index.shape
@@ -225,8 +307,8 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         # the fused (mem-efficient) CUDA kernel takes a mask but not enable_gqa: expand
         # K/V heads rather than fall back to the math kernel's [B, H, Lq, Lk] scores
         kb, vb = kb.repeat_interleave(H // Hkv, 1), vb.repeat_interleave(H // Hkv, 1)
-    out = masked_sdpa(qb, kb, vb, attn_mask=meta.mask, is_causal=meta.mask is None, scale=scale,
-                      enable_gqa=H != kb.shape[1])
+    mask = meta.gathered_mask()
+    out = masked_sdpa(qb, kb, vb, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=H != kb.shape[1])
     return take_rows(out.transpose(1, 2).reshape(B * Lq, H, D), meta.q_out_index)
 
 

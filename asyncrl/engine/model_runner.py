@@ -30,7 +30,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from asyncrl.engine.attention import AttentionMetadata, gathered_host_arrays, gathered_metadata, kv_cache_dtype, raw
+from asyncrl.engine.attention import (AttentionMetadata, GatheredShape, gathered_host_arrays, gathered_metadata,
+                                      kv_cache_dtype, raw)
 from asyncrl.engine.cascade import CascadeBuffers
 from asyncrl.engine.config import EngineConfig
 from asyncrl.engine.cuda_graphs import capture_graphs, current_capture_stream
@@ -66,7 +67,7 @@ class StepInputs:
     copy_tokens: int = 0      # slots to copy per forked partial block (0: no copies)
     max_src: int = -1         # largest pending-token row (-1: every input id is on the host)
     pending_all: bool = False  # decode: every real row's input id is pending (padding rows read row 0)
-    uniform: bool = False     # gathered: equal fresh prompts (plain causal mask)
+    gathered: Optional[GatheredShape] = None  # gathered: the step's host scalars (causal, max_q, max_k)
     paged_rows: int = 0       # paged decode: rows computed (a graph bucket, or the real rows); 0: gathered
     real_rows: int = 0        # paged decode: real sequences among them
     graphed: bool = False     # paged decode: replay the bucket's CUDA graph
@@ -257,12 +258,12 @@ class ModelRunner:
         src = batch.input_src if not batch.is_prefill else [-1] * len(ids)
         return [np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64), np.array(src, dtype=np.int64)]
 
-    def _gathered_inputs(self, batch: ScheduledBatch) -> tuple[list[np.ndarray], bool]:
-        """(inputs, uniform) of a gathered step (prefill, or any step on CPU): ids, positions,
+    def _gathered_inputs(self, batch: ScheduledBatch) -> tuple[list[np.ndarray], GatheredShape]:
+        """(inputs, shape) of a gathered step (prefill, or any step on CPU): ids, positions,
         src, the ``GatheredHost`` arrays and the logit ends."""
         host = gathered_host_arrays([s.block_table for s in batch.seqs], batch.starts,
                                     [s.num_scheduled_tokens for s in batch.seqs], self.block_size, self.scratch_block)
-        return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.uniform
+        return self._gathered_host(batch) + host.arrays() + [self._logit_ends(batch)], host.shape
 
     def _resolve_ids(self, ids: torch.Tensor, src: torch.Tensor, max_src: int,
                      pending_all: bool = False) -> torch.Tensor:
@@ -450,10 +451,10 @@ class ModelRunner:
                       state_copies=bool(state_copies))
         copies = copies + state_copies
         if batch.is_prefill or not self.is_cuda:
-            inputs, uniform = self._gathered_inputs(batch)
+            inputs, shape = self._gathered_inputs(batch)
             state = self._state_arrays(batch, 0)
             inputs = inputs[:-1] + state + inputs[-1:]  # the logit ends stay last
-            return StepInputs(inputs + sampling + copies, len(inputs), uniform=uniform, num_state=len(state), **common)
+            return StepInputs(inputs + sampling + copies, len(inputs), gathered=shape, num_state=len(state), **common)
         n = len(batch.seqs)
         bs = min((b for b in self.graphs if b >= n), default=None)
         rows = n if bs is None else bs
@@ -478,7 +479,7 @@ class ModelRunner:
         if not step.paged_rows:
             ids, pos, src, *meta_arrays, ends = inputs
             k = len(meta_arrays) - step.num_state
-            meta = gathered_metadata(*meta_arrays[:k], step.uniform)
+            meta = gathered_metadata(*meta_arrays[:k], step.gathered)
             attach_state(meta, meta_arrays[k:])
             return self.model(self._resolve_ids(ids, src, step.max_src, step.pending_all), pos, meta)[ends]
         ids, pos, slots, src, bt, ctx, *rest = inputs

@@ -184,8 +184,9 @@ class VerifyStep:
                                      r.block_size, r.scratch_block)
             ids_d, pos_d, *rest = r.h2d.put([ids, pos] + g.arrays() + sampling + [counts])
             ids_d = self._device_drafts(ids_d, drafts, rows)
-            meta = gathered_metadata(*rest[:6], g.uniform)
-            floats, ints, keys, counts_d = rest[6:]
+            n = len(g.arrays())
+            meta = gathered_metadata(*rest[:n], g.shape)
+            floats, ints, keys, counts_d = rest[n:]
             hidden = r.model(ids_d, pos_d, meta)
         logits = r.model.lm_head(hidden).view(B, Q, -1)
         res = self._tail(logits, ids_d.view(rows, Q)[:B, 1:], counts_d, floats, ints, keys, drafts.probs, use_filter)
