@@ -18,6 +18,7 @@ Two ways to attend:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -262,12 +263,18 @@ def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> 
 VARLEN_PREFILL = True
 
 
+@functools.lru_cache(maxsize=None)
+def _flash_capable(device_index: int) -> bool:
+    """FlashAttention-2 runs on NVIDIA sm80 and later (A100, H100/H200, ...), not on older cards or ROCm."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (8, 0)
+
+
 def takes_varlen(q: torch.Tensor, meta: AttentionMetadata) -> bool:
-    """Whether ``gathered_attention`` runs ``varlen_attention``: CUDA, fp16/bf16 queries, a head dim
+    """Whether ``gathered_attention`` runs ``varlen_attention``: CUDA on sm80+, fp16/bf16 queries, a head dim
     FlashAttention-2 takes (<= 256, a multiple of 8), and the packed metadata present."""
     D = q.shape[-1]
     return (VARLEN_PREFILL and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and D <= 256 and D % 8 == 0
-            and meta.cu_seqlens_q is not None)
+            and meta.cu_seqlens_q is not None and _flash_capable(q.device.index or 0))
 
 
 def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

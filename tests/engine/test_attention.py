@@ -67,9 +67,14 @@ def test_varlen_packing_equals_the_padded_path(H, Hkv, D, page, starts, news, mo
     torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
 
 
-def test_varlen_only_on_cuda_in_half_precision():
+def test_varlen_only_on_cuda_in_half_precision_on_sm80_and_later(monkeypatch):
     q, kc, vc, meta = _step(4, 2, 16, 4, [0], [3], torch.float32, torch.device("cpu"))
     assert not attention.takes_varlen(q, meta) and not attention.takes_varlen(q.bfloat16(), meta)
+    for capability, capable in (((7, 5), False), ((8, 0), True), ((9, 0), True)):  # T4; A100; H100/H200
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        attention._flash_capable.cache_clear()
+        assert attention._flash_capable(0) is capable
+    attention._flash_capable.cache_clear()
 
 
 @pytest.mark.gpu
