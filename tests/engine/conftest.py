@@ -97,3 +97,16 @@ def skip_unless_triton_runs() -> bool:
         pytest.skip("no CUDA: run with TRITON_INTERPRET=1 to use the Triton interpreter", allow_module_level=True)
     pytest.importorskip("triton")
     return cuda
+
+
+def scattered_tables(lens: list[int], page: int, nb: int, g: torch.Generator | None = None):
+    """Block tables of sequences of ``lens`` tokens over a random permutation of blocks ``0..nb-1``
+    (``g``, or torch's global generator): (the tables as lists, the ``[B, width]`` int32 tensor padded
+    with block ``nb``, a spare)."""
+    perm = torch.randperm(nb, generator=g).tolist()
+    tables, o = [], 0
+    for n in lens:
+        tables.append(perm[o:o + -(-n // page)])
+        o += len(tables[-1])
+    width = max(map(len, tables))
+    return tables, torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)

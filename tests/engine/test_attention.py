@@ -3,6 +3,7 @@ packing checked through a float64 stand-in for FlashAttention-2's varlen kernel;
 kernel (causal from the bottom right) against the padded, masked SDPA path."""
 import pytest
 import torch
+from conftest import scattered_tables
 
 from asyncrl.engine import attention
 from asyncrl.engine.attention import FP8_KV, build_gathered_metadata, gathered_attention, gathered_host_arrays
@@ -41,11 +42,7 @@ def _step(H, Hkv, D, page, starts, news, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     ctx = [s + n for s, n in zip(starts, news)]
     nb = sum(-(-c // page) for c in ctx) + 1
-    perm = torch.randperm(nb, generator=g).tolist()
-    tables, o = [], 0
-    for c in ctx:
-        tables.append(perm[o:o + -(-c // page)])
-        o += len(tables[-1])
+    tables, _ = scattered_tables(ctx, page, nb, g)
     kc, vc = (torch.randn(nb + 1, page, Hkv, D, generator=g).to(dtype) for _ in range(2))
     q = torch.randn(sum(news), H, D, generator=g).to(dtype)
     meta = build_gathered_metadata(tables, starts, news, page, nb, device)

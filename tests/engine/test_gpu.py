@@ -3,7 +3,7 @@ Skipped without CUDA."""
 import numpy as np
 import pytest
 import torch
-from conftest import hf_greedy_loop, prompts_for
+from conftest import hf_greedy_loop, prompts_for, scattered_tables
 
 from asyncrl.types import SamplingParams
 
@@ -31,15 +31,9 @@ def test_triton_paged_decode_matches_gathered(dtype, H, Hkv, D, page, launch):
     nb = sum((n + page - 1) // page for n in lens) + 4
     kc = torch.randn(nb + 1, page, Hkv, D, device=dev, dtype=dtype)
     vc = torch.randn(nb + 1, page, Hkv, D, device=dev, dtype=dtype)
-    perm = torch.randperm(nb).tolist()  # scattered physical blocks
-    tables, o = [], 0
-    for n in lens:
-        k = (n + page - 1) // page
-        tables.append(perm[o:o + k])
-        o += k
+    tables, bt = scattered_tables(lens, page, nb)  # scattered physical blocks
     q = torch.randn(len(lens), H, D, device=dev, dtype=dtype)
-    width = max(len(t) for t in tables)
-    bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+    bt = bt.to(dev)
     ctx = torch.tensor(lens, dtype=torch.int32, device=dev)
     out = paged_decode_attention(q, kc, vc, bt, ctx, D ** -0.5, launch=launch)
     meta = build_gathered_metadata(tables, [n - 1 for n in lens], [1] * len(lens), page, nb, dev)

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import skip_unless_triton_runs
+from conftest import scattered_tables, skip_unless_triton_runs
 
 CUDA = skip_unless_triton_runs()
 
@@ -36,18 +36,6 @@ def _interpreter_index_on_numpy_2(monkeypatch):
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch)
-
-
-def scattered_tables(lens: list[int], page: int, nb: int, g: torch.Generator):
-    """Block tables of sequences of ``lens`` tokens over a random permutation of blocks ``0..nb-1``: (the
-    tables as lists, the ``[B, width]`` int32 tensor padded with block ``nb``, a spare)."""
-    perm = torch.randperm(nb, generator=g).tolist()
-    tables, o = [], 0
-    for n in lens:
-        tables.append(perm[o:o + -(-n // page)])
-        o += len(tables[-1])
-    width = max(map(len, tables))
-    return tables, torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
 
 
 @pytest.mark.parametrize("query_len,kv_splits,prefetch,ordered", [

@@ -12,7 +12,7 @@ installed); the ``gpu`` test runs bf16 queries natively.
 import numpy as np
 import pytest
 import torch
-from conftest import skip_unless_triton_runs
+from conftest import scattered_tables, skip_unless_triton_runs
 
 CUDA = skip_unless_triton_runs()
 
@@ -45,17 +45,11 @@ def _case(group: int, kv_dtype: torch.dtype, seed: int):
     hkv = 4
     g = torch.Generator().manual_seed(seed)
     lens = [1, PAGE - 1, PAGE, PAGE + 1, 5 * PAGE + 3]
-    per = [-(-n // PAGE) for n in lens]
-    nb = sum(per)
-    perm = torch.randperm(nb, generator=g).tolist()
-    tables, o = [], 0
-    for k in per:
-        tables.append(perm[o:o + k])
-        o += k
+    nb = sum(-(-n // PAGE) for n in lens)
+    tables, bt = scattered_tables(lens, PAGE, nb, g)
     kc = torch.randn(nb + 1, PAGE, hkv, D, generator=g).to(kv_dtype)
     vc = torch.randn(nb + 1, PAGE, hkv, D, generator=g).to(kv_dtype)
     q = torch.randn(len(lens), hkv * group, D, generator=g)
-    bt = torch.tensor([t + [nb] * (max(per) - len(t)) for t in tables], dtype=torch.int32)
     return q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32), tables
 
 
