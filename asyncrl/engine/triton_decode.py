@@ -421,8 +421,8 @@ def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -
     """The launch of a decode call that names none: ``DECODE_LAUNCH``, and when that is the default launch
     and one query token per sequence, its programs longest sequence first with ``table_prefetch`` and the
     e4m3 tile per the rules above (a launch from the environment, or one a bench sets in ``DECODE_LAUNCH``,
-    is taken as is). Depends on the batch size, not the contexts: the same launch for every replay of a CUDA graph (the
-    order itself is computed on the device each step, ``AttentionMetadata.decode_order``)."""
+    is taken as is). Depends on the batch size, not the contexts: the same launch for every replay of a
+    CUDA graph (the order itself is computed on the device each step, ``AttentionMetadata.decode_order``)."""
     if qlen != 1 or not _launch_is_default():
         return DECODE_LAUNCH
     per_sm = batch * hkv / num_sms(k_cache.device)
@@ -533,12 +533,12 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     block_d = max(16, triton.next_power_of_2(D))
     bt_regs = table_regs(block_tables, page, launch.block_n, launch)
     ordered = launch.longest_first and cascade is None
+    ranks = context_lens  # ORDER: read only when ordered
     if ordered:
-        order = order() if order is not None else longest_first_order(context_lens)
+        ranks = order() if order is not None else longest_first_order(context_lens)
     grid = (hkv, B, splits) if ordered else (B, hkv, splits)
     _paged_decode_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl,
-        order if ordered else context_lens, scale, po.shape[0],
+        q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, ranks, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
@@ -770,8 +770,8 @@ def cascade_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     Rows with ``suffix_start == 0`` get plain paged decode.
 
     ``rule``: the launch (default ``cascade.CASCADE_RULE``, read at call time); ``launch``
-    overrides the suffix decode's (default ``cascade_suffix_launch(rule, batch_rows=B, k_cache=k_cache)``; the packed variant
-    takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
+    overrides the suffix decode's (default ``cascade_suffix_launch(rule, batch_rows=B, k_cache=k_cache)``; the
+    packed variant takes no suffix split-KV). Graph-safe: kernels and grids depend on ``tiles.shape``, the rule
     and the batch size only; the tile and chunk counts are read on the device (a header count
     above ``rule.max_splits`` is clamped). ``rule.concurrent_prefix``: ``concurrent_cascade`` (the
     prefix and suffix kernels on two streams, then a merge kernel; the base suffix kernel only)."""
