@@ -94,14 +94,9 @@ RULES = dict(ALL_RULES)
 
 
 def workloads(vocab: int):
-    from asyncrl.engine.bench import _rand_prompts, nano_workload
-    from asyncrl.types import SamplingParams
+    from asyncrl.engine.bench import workload_a, workload_c
 
-    a = (_rand_prompts(256, 256, vocab, 1), SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True))
-    prompts, outs = nano_workload(256, 1024, 1024)
-    c = ([[t % vocab for t in p] for p in prompts],
-         [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs])
-    return {"a": a, "c": c}
+    return {"a": workload_a(vocab), "c": workload_c(vocab)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int) -> dict:

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.engine import LLM  # noqa: E402
-from asyncrl.engine.bench import _rand_prompts, build_random_hf, nano_workload  # noqa: E402
+from asyncrl.engine.bench import build_random_hf, workload_a, workload_c  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -123,12 +123,10 @@ def run(args) -> dict:
     llm.generate([[1] * 16] * 4, SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True))
     vocab = hf.config.vocab_size
     if args.workload == "a":
-        prompts = _rand_prompts(256, 256, vocab, 1)
-        params = [SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True)] * len(prompts)
+        prompts, one = workload_a(vocab)
+        params = [one] * len(prompts)
     else:
-        prompts, outs = nano_workload(256, 1024, 1024)
-        prompts = [[t % vocab for t in p] for p in prompts]
-        params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs]
+        prompts, params = workload_c(vocab)
     if args.warmup:
         llm.generate(prompts, params)
         llm.block_manager.set_namespace(llm.block_manager.namespace)  # no prefix-cache hits in the timed run

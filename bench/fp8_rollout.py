@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 import torch
 
 from asyncrl.engine import LLM
-from asyncrl.engine.bench import SHAPES, build_random_hf, nano_workload
+from asyncrl.engine.bench import SHAPES, build_random_hf, workload_c
 from asyncrl.types import SamplingParams
 
 
@@ -181,9 +181,7 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(1)
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=g).tolist()
     a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, logprobs=True, seed=0)
-    c_prompts, c_outs = nano_workload(args.c_seqs, args.c_max, args.c_max)
-    c_prompts = [[t % vocab for t in p] for p in c_prompts]
-    c_params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in c_outs]
+    c_prompts, c_params = workload_c(vocab, args.c_seqs, args.c_max, args.c_max)
     results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    device=torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu", torch=torch.__version__,
                    model=args.model or f"random {args.shape} ({dtype})", rows={})

@@ -26,15 +26,12 @@ from asyncrl.engine import attention  # noqa: E402
 
 
 def workloads(vocab: int) -> dict:
-    from asyncrl.engine.bench import _rand_prompts, nano_workload
+    from asyncrl.engine.bench import workload_a, workload_c
     from asyncrl.types import SamplingParams
 
-    a = (_rand_prompts(256, 256, vocab, 1), SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True))
-    prompts, outs = nano_workload(256, 1024, 1024)
-    prompts = [[t % vocab for t in p] for p in prompts]
-    c = (prompts, [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs])
-    c_prefill = (prompts, SamplingParams(temperature=0.6, max_tokens=1, ignore_eos=True))
-    return {"a": a, "c": c, "c_prefill": c_prefill}
+    c = workload_c(vocab)
+    c_prefill = (c[0], SamplingParams(temperature=0.6, max_tokens=1, ignore_eos=True))
+    return {"a": workload_a(vocab), "c": c, "c_prefill": c_prefill}
 
 
 def run(repeats: int, kv: str | None) -> dict:

@@ -127,6 +127,21 @@ def _rand_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[int
     return torch.randint(1, vocab, (num, length), generator=g).tolist()
 
 
+def workload_a(vocab: int, batch: int = 256, prompt: int = 256, response: int = 256):
+    """Workload a: ``batch`` random prompts of ``prompt`` tokens, ``response`` tokens each at T = 1:
+    (prompts, SamplingParams)."""
+    return (_rand_prompts(batch, prompt, vocab, 1),
+            SamplingParams(temperature=1.0, max_tokens=response, ignore_eos=True))
+
+
+def workload_c(vocab: int, seqs: int = 256, max_in: int = 1024, max_out: int = 1024):
+    """Workload c: nano-vllm's requests (``nano_workload``, ids folded into ``vocab``) at T = 0.6, each
+    with its own output length: (prompts, [SamplingParams])."""
+    prompts, outs = nano_workload(seqs, max_in, max_out)
+    return ([[t % vocab for t in p] for p in prompts],
+            [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs])
+
+
 def _free(llm) -> None:
     llm.close()
     gc.collect()
@@ -323,8 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "a" in wl:
         print("workload a: running...", flush=True)
-        prompts = _rand_prompts(args.a_batch, args.a_prompt, vocab, 1)
-        params = SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True)
+        prompts, params = workload_a(vocab, args.a_batch, args.a_prompt, args.a_response)
         r = dict(engine=run_engine(llm, prompts, params, dev), **_no_overlap(llm, prompts, params, dev, args))
         if not args.no_hf:
             k = min(args.hf_max_seqs, len(prompts))
@@ -355,9 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         print("workload c: running...", flush=True)
         if llm is None:
             llm, _ = make_llm()
-        prompts, outs = nano_workload(args.c_seqs, args.c_max_in, args.c_max_out)
-        prompts = [[t % vocab for t in p] for p in prompts]
-        params = [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs]
+        prompts, params = workload_c(vocab, args.c_seqs, args.c_max_in, args.c_max_out)
+        outs = [p.max_tokens for p in params]
         r = dict(engine=run_engine(llm, prompts, params, dev), **_no_overlap(llm, prompts, params, dev, args))
         if not args.no_hf:
             k = min(args.hf_c_seqs, len(prompts))
@@ -385,8 +398,7 @@ def _profiled(args, vocab: int) -> tuple[list[list[int]], SamplingParams]:
     if args.profile_workload == "b":
         return (_rand_prompts(args.b_prompts, args.b_prompt, vocab, 2),
                 SamplingParams(n=args.b_samples, temperature=1.0, max_tokens=args.b_response, ignore_eos=True))
-    return (_rand_prompts(args.a_batch, args.a_prompt, vocab, 1),
-            SamplingParams(temperature=1.0, max_tokens=args.a_response, ignore_eos=True))
+    return workload_a(vocab, args.a_batch, args.a_prompt, args.a_response)
 
 
 def _no_overlap(llm, prompts, params, dev, args) -> dict:
