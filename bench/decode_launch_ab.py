@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
-import statistics
 import sys
 from datetime import datetime, timezone
 
@@ -90,6 +90,21 @@ ALL_RULES["default_lpt"] = longest_first(ENGINE_RULE)
 ALL_RULES["small_tiles_lpt"] = longest_first(ALL_RULES["small_tiles"])
 ALL_RULES["small_tiles_fp8_full_lpt"] = longest_first(small_tiles_fp8(6))
 ALL_RULES["small_tiles_fp8_dense_lpt"] = longest_first(small_tiles_fp8(12))  # >= ~200 sequences at 8 kv heads
+
+
+def bf16_prefetch_from(min_per_sm: float):
+    """The engine's rule with the block-id prefetch on bf16 grids of >= ``min_per_sm`` programs per SM (the
+    engine: ``TABLE_MIN_PROGRAMS_PER_SM``). Kernel bench, ordered, bf16 (session 47): prefetch 1.07x at 64 mixed
+    sequences (3.9 per SM), equal at 128, 0.94x at 32."""
+    def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+        launch = ENGINE_RULE(batch, hkv, k_cache, qlen)
+        if qlen == 1 and td._launch_is_default() and batch * hkv >= min_per_sm * td.num_sms(k_cache.device):
+            return dataclasses.replace(launch, table_prefetch=True)
+        return launch
+    return rule
+
+
+ALL_RULES["bf16_prefetch_from3"] = bf16_prefetch_from(3)
 RULES = dict(ALL_RULES)
 
 
@@ -101,39 +116,22 @@ def workloads(vocab: int):
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int) -> dict:
     from asyncrl.engine import LLM
-    from asyncrl.engine.bench import _free, build_random_hf, run_engine
+    from asyncrl.engine.bench import build_random_hf, interleaved_ab
 
     hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
     kw = dict(dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
               max_model_len=4096, num_kv_blocks=blocks)
     loads = workloads(hf.config.vocab_size)
+    variants = {name: functools.partial(setattr, td, "default_launch", rule) for name, rule in RULES.items()}
     out = {}
-    for kv in kv_dtypes:
-        engines = {}
-        for name, rule in RULES.items():
-            td.default_launch = rule  # read when the engine captures its graphs and at every eager decode
-            llm = LLM(hf, **kw, **({"kv_cache_dtype": "fp8"} if kv == "fp8" else {}))
-            for prompts, params in loads.values():  # untimed: plans, compiles
-                llm.generate(prompts, params)
-            engines[name] = llm
-        runs = {w: {name: [] for name in engines} for w in loads}
-        for _ in range(repeats):
-            for w, (prompts, params) in loads.items():
-                for name, llm in engines.items():
-                    td.default_launch = RULES[name]
-                    r = run_engine(llm, prompts, params, "cuda")
-                    runs[w][name].append(r["tokens_per_s"])
-                    print(kv, w, name, r["tokens_per_s"], "preemptions", r["preemptions"], flush=True)
-        for llm in engines.values():
-            _free(llm)
-        out[kv] = {}
-        base = next(iter(RULES))
-        for w, by_rule in runs.items():
-            med = {name: statistics.median(v) for name, v in by_rule.items()}
-            out[kv][w] = dict(tokens_per_s=by_rule, median=med,
-                              over_baseline={n: round(m / med[base], 3) for n, m in med.items() if n != base})
-            print(kv, w, json.dumps(out[kv][w]), flush=True)
-    td.default_launch = ENGINE_RULE
+    try:
+        for kv in kv_dtypes:
+            print("kv", kv, flush=True)
+            fp8 = {"kv_cache_dtype": "fp8"} if kv == "fp8" else {}
+            # default_launch is read when the engine captures its graphs and at every eager decode
+            out[kv] = interleaved_ab(lambda: LLM(hf, **kw, **fp8), variants, loads, repeats)
+    finally:
+        td.default_launch = ENGINE_RULE
     return out
 
 

@@ -35,25 +35,35 @@ from asyncrl.types import SamplingParams  # noqa: E402
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
-def device_intervals(trace_path: str) -> list[tuple[float, float, str]]:
-    """(start us, end us, name) of every GPU kernel / copy / memset in a chrome trace, by start."""
+def load_events(trace_path: str) -> list[dict]:
     with open(trace_path) as f:
-        events = json.load(f)["traceEvents"]
-    out = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-           if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+        return json.load(f)["traceEvents"]
+
+
+def device_intervals(events: list[dict]) -> list[tuple[float, float, str, int]]:
+    """(start us, end us, name, correlation id) of every GPU kernel / copy / memset in a chrome trace, by
+    start. A kernel of a CUDA graph carries its ``cudaGraphLaunch``'s correlation id."""
+    out = [(e["ts"], e["ts"] + e.get("dur", 0), e["name"], e.get("args", {}).get("correlation", -1))
+           for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
     return sorted(out)
 
 
-def busy_and_gaps(intervals: list[tuple[float, float, str]], min_gap_us: float = 2.0):
+def host_issue_times(events: list[dict]) -> dict[int, float]:
+    """Correlation id -> start (us, the trace's clock) of the CUDA runtime / driver call that issued it."""
+    return {e["args"]["correlation"]: e["ts"] for e in events
+            if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+
+
+def busy_and_gaps(intervals: list[tuple], min_gap_us: float = 2.0):
     """Union busy time (us) over the intervals, total span, and the idle gaps >= ``min_gap_us``
-    as (gap us, name before, name after)."""
+    as (gap us, name before, name after, idle-from us, correlation id after)."""
     busy, gaps = 0.0, []
-    cur_start, cur_end, cur_name = intervals[0]
-    for start, end, name in intervals[1:]:
+    cur_start, cur_end, cur_name = intervals[0][:3]
+    for start, end, name, corr in intervals[1:]:
         if start > cur_end:
             busy += cur_end - cur_start
             if start - cur_end >= min_gap_us:
-                gaps.append((start - cur_end, cur_name, name))
+                gaps.append((start - cur_end, cur_name, name, cur_end, corr))
             cur_start, cur_end, cur_name = start, end, name
         elif end > cur_end:
             cur_end, cur_name = end, name
@@ -66,18 +76,39 @@ def short(name: str) -> str:
 
 
 def summarize(trace_path: str, steps: int, wall_s: float, batch_sizes: list[int], top: int) -> dict:
-    busy, span, gaps = busy_and_gaps(device_intervals(trace_path))
-    by_pair = collections.defaultdict(lambda: [0, 0.0])
-    for gap, before, after in gaps:
+    """Per step: wall, GPU busy / span / idle, and the largest gaps (>= 2 us) by (op before, op after) from the
+    window's second step on (``steady_*``: per step after the first). A gap is ``host_late`` where the call that
+    issued the op after it started after the device went idle (the device waited for the host), else the
+    device's own latency between queued work."""
+    events = load_events(trace_path)
+    intervals = device_intervals(events)
+    busy, span, gaps = busy_and_gaps(intervals)
+    issued = host_issue_times(events)
+    by_pair = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    late_total = 0.0
+    # the window opens on a synchronized device: its first step's inputs reach an idle GPU whatever the
+    # steady state (the host fills the pipeline again). Gaps are counted from the second step's input copy
+    copies = [start for start, _, name, _ in intervals if name.startswith("Memcpy HtoD")]
+    steady_from = copies[1] if len(copies) > 1 else float("inf")
+    gaps = [g for g in gaps if g[3] >= steady_from]
+    steps_counted = max(steps - 1, 1)
+    for gap, before, after, idle_from, corr in gaps:
         entry = by_pair[(short(before), short(after))]
+        late = corr in issued and issued[corr] >= idle_from
         entry[0] += 1
         entry[1] += gap
+        entry[2] += gap if late else 0.0
+        late_total += gap if late else 0.0
     worst = sorted(by_pair.items(), key=lambda kv: -kv[1][1])[:top]
     per_step = lambda us: round(us / 1e3 / steps, 4)  # noqa: E731
+    per_steady_step = lambda us: round(us / 1e3 / steps_counted, 4)  # noqa: E731
     return dict(steps=steps, mean_batch=round(sum(batch_sizes) / max(len(batch_sizes), 1), 1),
                 wall_ms_per_step=round(wall_s * 1e3 / steps, 3), gpu_busy_ms_per_step=per_step(busy),
                 gpu_span_ms_per_step=per_step(span), idle_ms_per_step=per_step(span - busy),
-                gaps=[dict(before=b, after=a, count=c, ms_per_step=per_step(t)) for (b, a), (c, t) in worst])
+                steady_gap_ms_per_step=per_steady_step(sum(g[0] for g in gaps)),
+                steady_host_late_ms_per_step=per_steady_step(late_total), runtime_calls_seen=len(issued),
+                gaps=[dict(before=b, after=a, count=c, ms_per_step=per_steady_step(t),
+                           host_late_ms_per_step=per_steady_step(h)) for (b, a), (c, t, h) in worst])
 
 
 DECODE_BUCKETS = (32, 64, 128, 256)
@@ -148,13 +179,14 @@ def run(args) -> dict:
     for p, sp in zip(prompts, params):
         llm.add_request(p, sp)
     windows, step, t_all = [], 0, time.perf_counter()
-    tmp = tempfile.mkdtemp()
+    tmp = args.keep_traces or tempfile.mkdtemp()
+    os.makedirs(tmp, exist_ok=True)
     while llm.has_unfinished():
         if starts and step == starts[0]:
             starts.pop(0)
             torch.cuda.synchronize()
             first = len(sizes)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # + runtime calls
                 t0 = time.perf_counter()
                 n = 0
                 while n < args.window and llm.has_unfinished():
@@ -191,6 +223,7 @@ def main() -> int:
     ap.add_argument("--kv-cache-dtype", default=None, choices=("fp8",))
     ap.add_argument("--warmup", action="store_true", help="run the workload once untimed first (plans, compiles)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--keep-traces", default=None, help="write each window's chrome trace here (w<step>.json)")
     args = ap.parse_args()
     out = run(args)
     out |= dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name(),

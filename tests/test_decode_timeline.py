@@ -12,17 +12,20 @@ _spec.loader.exec_module(timeline)
 
 
 def test_overlapping_intervals_count_once_and_gaps_name_their_neighbours():
-    intervals = [(0, 10, "a"), (5, 12, "b"), (20, 30, "c"), (30.5, 40, "d"), (50, 51, "e")]
+    intervals = [(0, 10, "a", 1), (5, 12, "b", 2), (20, 30, "c", 3), (30.5, 40, "d", 4), (50, 51, "e", 5)]
     busy, span, gaps = timeline.busy_and_gaps(intervals)
     assert (busy, span) == (12 + 10 + 9.5 + 1, 51)
-    assert gaps == [(8, "b", "c"), (10, "d", "e")]  # the 0.5 us gap is under min_gap_us
+    assert gaps == [(8, "b", "c", 12, 3), (10, "d", "e", 40, 5)]  # the 0.5 us gap is under min_gap_us
 
 
 def test_a_trace_summary_per_step(tmp_path):
-    events = [dict(ph="X", cat="kernel", ts=0, dur=10, name="void gemm(int)"),
-              dict(ph="X", cat="gpu_memcpy", ts=14, dur=2, name="Memcpy HtoD"),
-              dict(ph="X", cat="kernel", ts=30, dur=10, name="attention"),
-              dict(ph="X", cat="cpu_op", ts=0, dur=1000, name="aten::mm")]  # host: not device time
+    events = [dict(ph="X", cat="kernel", ts=0, dur=10, name="void gemm(int)", args=dict(correlation=1)),
+              dict(ph="X", cat="gpu_memcpy", ts=14, dur=2, name="Memcpy HtoD", args=dict(correlation=2)),
+              dict(ph="X", cat="kernel", ts=30, dur=10, name="attention", args=dict(correlation=3)),
+              dict(ph="X", cat="cpu_op", ts=0, dur=1000, name="aten::mm"),  # host: not device time
+              # the copy was issued before the device went idle (device latency), the attention kernel after
+              dict(ph="X", cat="cuda_runtime", ts=3, dur=1, name="cudaMemcpyAsync", args=dict(correlation=2)),
+              dict(ph="X", cat="cuda_runtime", ts=21, dur=2, name="cudaLaunchKernel", args=dict(correlation=3))]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     s = timeline.summarize(str(path), steps=2, wall_s=0.0001, batch_sizes=[4, 6], top=5)
@@ -30,6 +33,8 @@ def test_a_trace_summary_per_step(tmp_path):
     assert s["idle_ms_per_step"] == 0.009 and s["wall_ms_per_step"] == 0.05 and s["mean_batch"] == 5.0
     assert [(g["before"], g["after"], g["count"]) for g in s["gaps"]] == [("Memcpy HtoD", "attention", 1),
                                                                           ("gemm", "Memcpy HtoD", 1)]
+    assert [g["host_late_ms_per_step"] for g in s["gaps"]] == [0.007, 0.0]  # 14 us / 2 steps; 4 us not late
+    assert s["idle_host_late_ms_per_step"] == 0.007
 
 
 def test_step_mix_buckets_steps_by_kind_with_their_tokens():

@@ -21,6 +21,7 @@ import gc
 import json
 import platform
 import random
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -140,6 +141,46 @@ def workload_c(vocab: int, seqs: int = 256, max_in: int = 1024, max_out: int = 1
     prompts, outs = nano_workload(seqs, max_in, max_out)
     return ([[t % vocab for t in p] for p in prompts],
             [SamplingParams(temperature=0.6, max_tokens=m, ignore_eos=True) for m in outs])
+
+
+def interleaved_ab(build, variants: dict, loads: dict, repeats: int, device: str = "cuda") -> dict:
+    """Engine A/B: one engine per variant, all held at once, timed in interleaved repeats.
+
+    ``variants``: name -> ``apply()``, a no-argument callable that switches the engine code to that
+    variant (a module flag or rule) and is called before the variant's engine is built (so its CUDA
+    graphs capture the variant) and before each of its timed runs (eager paths read it then too).
+    ``build()`` -> an ``LLM``: a fresh one per variant, or the same one where the variants only
+    switch code that runs outside the graphs; ``loads``: workload name -> (prompts, params). Each engine runs
+    every workload once untimed first (plans, compiles), then each repeat times every (workload,
+    variant) in turn. The first variant is the baseline. Returns {workload: {tokens_per_s: {name:
+    [runs]}, median: {name: tok/s}, over_baseline: {name: ratio}}}."""
+    engines = {}
+    for name, apply in variants.items():
+        apply()
+        llm = build()
+        for prompts, params in loads.values():
+            llm.generate(prompts, params)
+        engines[name] = llm
+    runs = {w: {name: [] for name in engines} for w in loads}
+    try:
+        for _ in range(repeats):
+            for w, (prompts, params) in loads.items():
+                for name, llm in engines.items():
+                    variants[name]()
+                    r = run_engine(llm, prompts, params, device)
+                    runs[w][name].append(r["tokens_per_s"])
+                    print(w, name, r["tokens_per_s"], "preemptions", r["preemptions"], flush=True)
+    finally:
+        for llm in {id(e): e for e in engines.values()}.values():
+            _free(llm)
+    base = next(iter(variants))
+    out = {}
+    for w, by in runs.items():
+        med = {name: statistics.median(v) for name, v in by.items()}
+        out[w] = dict(tokens_per_s=by, median=med,
+                      over_baseline={n: round(m / med[base], 3) for n, m in med.items() if n != base})
+        print(w, json.dumps(out[w]), flush=True)
+    return out
 
 
 def _free(llm) -> None:

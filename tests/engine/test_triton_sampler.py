@@ -94,6 +94,24 @@ def test_peaked_logits_skip_tiles_exactly(dtype):
         assert len(set(tok.tolist())) > 1
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_tile_noise_bounds_skip_exactly(temperature):
+    """Random-model-like rows (logits N(0, 0.5): every tile passes the noise-bound test), one
+    program per row walking many small tiles: tiles whose largest ``x/T`` plus the noise of their
+    largest uniform falls short of the best race value skip the logs; tokens still equal
+    ``sample``'s on every row (a tile skipped wrongly loses a race to a far lower value: a margin
+    of -0.5 instead of +1e-3 in ``_may_reach`` fails here)."""
+    B, V = (512, 151936) if CUDA else (192, 2048)
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(B, V, generator=g) * 0.5).to(DEV)
+    temp = torch.full((B,), temperature, device=DEV)
+    seeds = torch.arange(B, dtype=torch.int64)
+    keys = row_keys(seeds, seeds + 5, seeds * 3).to(DEV)
+    launches = [dict(programs_per_sm=0, block=64)] + ([dict(programs_per_sm=4)] if CUDA else [])
+    for launch in launches:
+        _check_against_sample(x, temp, keys, 1e-4, **launch)
+
+
 @pytest.mark.parametrize("B,V,block,warps", [(7, 1000, 2048, 8), (24, 3000, 1024, 8)])
 def test_wave_launch_matches_torch_sample(B, V, block, warps):
     """``waves=True`` (splits in whole waves of the programs that fit per SM): the same law."""
