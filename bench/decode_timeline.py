@@ -5,8 +5,12 @@ random-length requests) step by step through ``LLM.step`` and, in windows of ``-
 steps, records the GPU's kernels and copies with torch.profiler (CUDA activity only, so the
 host side is not slowed by op recording). Per window: the host's wall time per step, the
 GPU's busy time per step (the union of its kernel/copy intervals), the idle time between
-them, and the largest idle gaps by the pair of kernels around them. Wall minus busy is what
-overlapping the host with the device has not hidden yet; busy is what faster kernels can win.
+them, and the largest idle gaps by the pair of kernels around them, each split into the time the
+device waited for the host (the call that issued the next op started after the device went idle)
+and the device's own latency, from the window's second step on (its first step refills the
+pipeline after the window's synchronize). Wall minus busy is what overlapping the host with the
+device has not hidden yet; busy is what faster kernels can win. ``--keep-traces DIR`` keeps each
+window's chrome trace.
 
     python bench/decode_timeline.py --workload a --json bench/results/decode_timeline_a.json
     python bench/decode_timeline.py --workload c --windows 100,400,700,900

@@ -6,18 +6,16 @@ temperatures incl. greedy; tokens identical, log-probs within 1e-4) and the kern
 against ``gumbel_noise`` bit for bit; (2) times, with triton's ``do_bench`` (median, L2
 flushed between calls), the compiled torch sampler (``Sampler(compile=True)``, as the
 engine warms it up) and the kernel at T = 1 (the RL default), T = 0.7 (the division
-path) and on peaked (LM-like) logits at T = 1 (tiles that cannot win skip their noise),
+path) and on peaked (LM-like) logits at T = 1 (no tile skips its noise since 2026-12-04),
 each also replayed from a CUDA graph (device time without launch overhead).
 Part 3 times a few launch shapes (tile, warps, programs per SM) at batches 1 and 256.
 Part 4 (``--waves``, issue 20) times the wave-aware launch (``waves=True``: splits from the programs that
 fit per SM, ``triton_sampler.wave_launch_shape``) against the default one, tiles 2048 and 1024 at 8 warps,
 at the engine's fp32 logits, batches 1-512 (the GRPO decode runs batch 128: 94 us per step there).
-Part 5 (``--tile-bound-only``) times the kernel's tile noise bound off vs on (``TILE_NOISE_BOUND``).
 Exits 1 if any checked row disagrees (a near tie is labelled as such but still fails).
 
     python bench/sampler_kernel.py --json out.json [--no-sweep] [--no-torch]
     python bench/sampler_kernel.py --waves-only --json out.json    # part 4 alone: ~30 s
-    python bench/sampler_kernel.py --tile-bound-only --json out.json    # part 5 alone: ~1 min
     python bench/sampler_kernel.py --offline   # no GPU: registers per launch shape on sm90 -> programs per SM
 """
 from __future__ import annotations
@@ -39,8 +37,8 @@ SWEEP = ((2048, 8, 4), (1024, 4, 4), (4096, 8, 4), (2048, 8, 8), (4096, 16, 2)) 
 def case(B: int, V: int, seed: int = 0, peaked: bool = False):
     """bf16 logits ``[B, V]``, temperatures ``[B]`` (greedy, 0.7, 1), keys ``[B]``. Random
     normal logits (x3), or ``peaked``: 4 candidates per row 15-20 above a N(0, 2) bulk, a
-    synthetic stand-in for an LM's low-entropy steps (the kernel skips the noise of tiles
-    that cannot win, which random logits never allow)."""
+    synthetic stand-in for an LM's low-entropy steps (until 2026-12-04 the kernel skipped the
+    noise of tiles that could not win there)."""
     from asyncrl.engine.sampler import row_keys
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -158,42 +156,6 @@ def wave_sweep(batches=(1, 16, 64, 128, 256, 512)) -> list[dict]:
     return rows
 
 
-FLAG_SETS = {"base": dict(TILE_NOISE_BOUND=False, PREFETCH_TILES=False),
-             "bound": dict(TILE_NOISE_BOUND=True, PREFETCH_TILES=False),
-             "prefetch": dict(TILE_NOISE_BOUND=False, PREFETCH_TILES=True),
-             "both": dict(TILE_NOISE_BOUND=True, PREFETCH_TILES=True)}
-
-
-def tile_bound_ab(batches=(1, 16, 64, 128, 256, 512)) -> list[dict]:
-    """The kernel's second skip test (``triton_sampler.TILE_NOISE_BOUND``: a tile's largest uniform bounds
-    its noise) off vs on, fp32 logits (the engine's), CUDA-graph replay: random N(0, 3) rows at T = 1 and
-    0.6, flat N(0, 0.5) rows (a random-weight model's spread) at T = 1 and 0.6, peaked rows at T = 1. The
-    two must give the same tokens and log-probs bit for bit (only skipped tiles differ)."""
-    from asyncrl.engine import triton_sampler as ts
-
-    rows = []
-    for B in batches:
-        for kind, T in (("random", 1.0), ("random", 0.6), ("flat", 1.0), ("flat", 0.6), ("peaked", 1.0)):
-            x, _, keys = case(B, VOCAB, seed=B + 9, peaked=kind == "peaked")
-            x = x.float() / 6 if kind == "flat" else x.float()
-            temp = torch.full((B,), T, device="cuda")
-            row = {"batch": B, "logits": kind, "T": T}
-            outs = {}
-            for name, flags in FLAG_SETS.items():
-                for flag, value in flags.items():
-                    setattr(ts, flag, value)
-                outs[name] = ts.sample_unfiltered(x, temp, keys)
-                row[name] = median_ms(lambda: ts.sample_unfiltered(x, temp, keys), graph=True)
-            for flag, value in FLAG_SETS["base"].items():
-                setattr(ts, flag, value)
-            row["identical"] = all(torch.equal(a, b) for o in outs.values() for a, b in zip(outs["base"], o))
-            rows.append(row)
-            print(f"B={B:>3} {kind:>6} T={T}: " + ", ".join(f"{n} {row[n]:.4f} ms ({row['base'] / row[n]:.3f}x)"
-                                                          for n in FLAG_SETS) + f" identical={row['identical']}",
-                  flush=True)
-    return rows
-
-
 def offline() -> int:
     """``_partial_kernel`` compiled for sm90 per (tile, warps): registers, and the programs that fit on an
     SM (65,536 registers; at most 64 warps): ``triton_sampler.RESIDENT_PER_SM``'s numbers."""
@@ -203,10 +165,9 @@ def offline() -> int:
     from asyncrl.engine import triton_sampler as ts
 
     sig = dict(X="*fp32", stride_x="i32", V="i32", TEMP="*fp32", KEYS="*i64", PART="*fp32", IPART="*i32",
-               n_splits="i32", n_tiles="i32", BLOCK="constexpr", U_HI="constexpr", G_BOUND="constexpr",
-               TILE_BOUND="constexpr")
+               n_splits="i32", n_tiles="i32", BLOCK="constexpr", U_HI="constexpr")
     for (tile, warps), table in ts.RESIDENT_PER_SM.items():
-        consts = dict(BLOCK=tile, U_HI=ts.U_MAX, G_BOUND=ts.G_BOUND, TILE_BOUND=True)
+        consts = dict(BLOCK=tile, U_HI=ts.U_MAX)
         usage = register_usage(compile_sm90(ts._partial_kernel, sig, consts, {(0,): [["tt.divisibility", 16]]},
                                             warps, 3))
         regs = int(usage.split("REG:")[1].split()[0])
@@ -224,8 +185,6 @@ def main() -> int:
     ap.add_argument("--waves", action="store_true", help="also part 4: the wave-aware launch vs the default")
     ap.add_argument("--waves-only", action="store_true", help="part 4 alone")
     ap.add_argument("--offline", action="store_true", help="no GPU: sm90 registers -> programs per SM")
-    ap.add_argument("--tile-bound-only", action="store_true",
-                    help="part 5 alone: the tile noise bound (TILE_NOISE_BOUND) off vs on, ~1 min")
     args = ap.parse_args()
     if args.offline:
         return offline()
@@ -233,15 +192,6 @@ def main() -> int:
     t_start = time.perf_counter()
     if args.waves_only:
         return _print_waves(wave_sweep(), args.json)
-    if args.tile_bound_only:
-        rows = tile_bound_ab()
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump({"date": datetime.now(timezone.utc).isoformat(), "device": torch.cuda.get_device_name(),
-                           "triton": __import__("triton").__version__, "vocab": VOCAB, "dtype": "float32",
-                           "command": "python bench/sampler_kernel.py " + " ".join(sys.argv[1:]),
-                           "tile_bound": rows}, fh, indent=1)
-        return 0 if all(r["identical"] for r in rows) else 1
     from asyncrl.engine.sampler import Sampler
 
     checks = [check(B) for B in BATCHES] + [check(B, peaked=True) for B in (16, 256)]

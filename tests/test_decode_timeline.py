@@ -19,22 +19,29 @@ def test_overlapping_intervals_count_once_and_gaps_name_their_neighbours():
 
 
 def test_a_trace_summary_per_step(tmp_path):
-    events = [dict(ph="X", cat="kernel", ts=0, dur=10, name="void gemm(int)", args=dict(correlation=1)),
-              dict(ph="X", cat="gpu_memcpy", ts=14, dur=2, name="Memcpy HtoD", args=dict(correlation=2)),
-              dict(ph="X", cat="kernel", ts=30, dur=10, name="attention", args=dict(correlation=3)),
+    """Busy / span / idle over the whole window; gaps from the second step's input copy on (the first step
+    refills the pipeline after the window's synchronize), each host-late where the op after it was issued
+    after the device went idle."""
+    def op(cat, ts, dur, name, corr):
+        return dict(ph="X", cat=cat, ts=ts, dur=dur, name=name, args=dict(correlation=corr))
+
+    events = [op("gpu_memcpy", 0, 2, "Memcpy HtoD", 1),         # step 1's inputs
+              op("kernel", 10, 10, "void gemm(int)", 2),         # 8 us gap: first step, not counted
+              op("gpu_memcpy", 24, 2, "Memcpy HtoD", 3),         # step 2's inputs; 4 us gap before: not counted
+              op("kernel", 40, 10, "attention", 4),              # 14 us gap, issued at 30 > 26: host-late
+              op("kernel", 53, 2, "sample", 5),                  # 3 us gap, issued at 20: device latency
               dict(ph="X", cat="cpu_op", ts=0, dur=1000, name="aten::mm"),  # host: not device time
-              # the copy was issued before the device went idle (device latency), the attention kernel after
-              dict(ph="X", cat="cuda_runtime", ts=3, dur=1, name="cudaMemcpyAsync", args=dict(correlation=2)),
-              dict(ph="X", cat="cuda_runtime", ts=21, dur=2, name="cudaLaunchKernel", args=dict(correlation=3))]
+              op("cuda_runtime", 5, 1, "cudaMemcpyAsync", 3), op("cuda_runtime", 30, 2, "cudaLaunchKernel", 4),
+              op("cuda_runtime", 20, 2, "cudaLaunchKernel", 5)]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    s = timeline.summarize(str(path), steps=2, wall_s=0.0001, batch_sizes=[4, 6], top=5)
-    assert s["gpu_busy_ms_per_step"] == 0.011 and s["gpu_span_ms_per_step"] == 0.02
-    assert s["idle_ms_per_step"] == 0.009 and s["wall_ms_per_step"] == 0.05 and s["mean_batch"] == 5.0
+    s = timeline.summarize(str(path), steps=3, wall_s=0.00015, batch_sizes=[4, 6], top=5)
+    assert s["gpu_busy_ms_per_step"] == 0.0087 and s["gpu_span_ms_per_step"] == 0.0183
+    assert s["idle_ms_per_step"] == 0.0097 and s["wall_ms_per_step"] == 0.05 and s["mean_batch"] == 5.0
     assert [(g["before"], g["after"], g["count"]) for g in s["gaps"]] == [("Memcpy HtoD", "attention", 1),
-                                                                          ("gemm", "Memcpy HtoD", 1)]
-    assert [g["host_late_ms_per_step"] for g in s["gaps"]] == [0.007, 0.0]  # 14 us / 2 steps; 4 us not late
-    assert s["idle_host_late_ms_per_step"] == 0.007
+                                                                          ("attention", "sample", 1)]
+    assert [g["host_late_ms_per_step"] for g in s["gaps"]] == [0.007, 0.0]  # 14 us over the 2 steps counted
+    assert s["steady_gap_ms_per_step"] == 0.0085 and s["steady_host_late_ms_per_step"] == 0.007
 
 
 def test_step_mix_buckets_steps_by_kind_with_their_tokens():

@@ -75,28 +75,6 @@ class StepInputs:
     state_copies: bool = False  # hybrid: the last two arrays fork recurrent-state slots
 
 
-# Graph inputs filled by one multi-tensor kernel per dtype (``torch._foreach_copy_``) instead of one copy-engine
-# memcpy each (False: the memcpys; bench/graph_inputs_ab.py). On the H200 the kernel after such a memcpy
-# started 20-40 us after it ended, every decode step (bench/decode_timeline.py, 2026-12-04).
-KERNEL_INPUT_COPIES = True
-
-
-def fill_graph_inputs(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    """``dst.copy_(src)`` for each pair (same shapes and dtypes), grouped by dtype into ``_foreach_copy_``
-    calls: on CUDA one multi-tensor-apply kernel per group where the tensors are dense (else per-tensor copies)."""
-    if not KERNEL_INPUT_COPIES:
-        for dst, src in zip(dsts, srcs):
-            dst.copy_(src)
-        return
-    groups: dict[torch.dtype, tuple[list, list]] = {}
-    for dst, src in zip(dsts, srcs):
-        ds, ss = groups.setdefault(dst.dtype, ([], []))
-        ds.append(dst)
-        ss.append(src)
-    for ds, ss in groups.values():
-        torch._foreach_copy_(ds, ss)
-
-
 class ModelRunner:
     def __init__(self, model: CausalLM, config: EngineConfig, max_model_len: int, followers=None,
                  extra_block_bytes: int = 0, record_features: bool = False):
@@ -494,12 +472,10 @@ class ModelRunner:
             return []
         return state_host_arrays(batch, rows, self.state_pool.scratch, self.packed_state_prefill and not rows)
 
-    def forward(self, step: StepInputs, inputs: list[torch.Tensor], sampling: bool = False,
-                extra: tuple[list, list] = ([], [])) -> Optional[torch.Tensor]:
+    def forward(self, step: StepInputs, inputs: list[torch.Tensor], sampling: bool = False) -> Optional[torch.Tensor]:
         """Hidden states ``[len(logit_seqs), hidden]`` of the step's logit rows, from its
         ``inputs`` on the device (called by ``execute``, under its inference mode). ``sampling``
-        (a graphed decode, ``_samples_in_graph``): the bucket's sampling graph; returns None.
-        ``extra``: (graph buffers, sources) a graphed step also fills (the sampling inputs)."""
+        (a graphed decode, ``_samples_in_graph``): the bucket's sampling graph; returns None."""
         if not step.paged_rows:
             ids, pos, src, *meta_arrays, ends = inputs
             k = len(meta_arrays) - step.num_state
@@ -516,7 +492,8 @@ class ModelRunner:
                                      state_slots=state_slots, **cascade)
             return self.model(ids, pos, meta)
         sources = (ids, pos, slots, bt, ctx, state_slots) if step.num_state else (ids, pos, slots, bt, ctx)
-        fill_graph_inputs(self._graph_inputs(rows, bool(step.num_state)) + extra[0], list(sources) + extra[1])
+        for dst, t in zip(self._graph_inputs(rows, bool(step.num_state)), sources):
+            dst.copy_(t)
         graphs = self.sampling_graphs[bool(cascade)] if sampling else self.cascade_graphs if cascade else self.graphs
         graphs[rows].replay()
         return None if sampling else self.graph_vars["hidden"][:n]
@@ -565,8 +542,9 @@ class ModelRunner:
         """``execute`` of a ``_samples_in_graph`` step: the rows' temperatures and noise keys into
         the graph's buffers, the bucket's sampling graph, the packed tokens' read-back started."""
         g, k, n = self.graph_vars, step.num_inputs, step.real_rows
-        sampling_inputs = ([g["temp"][:n], g["keys"][:n]], [arrays[k][0], arrays[k + 1][0]])
-        self.forward(step, arrays[:k], sampling=True, extra=sampling_inputs)
+        g["temp"][:n].copy_(arrays[k][0])
+        g["keys"][:n].copy_(arrays[k + 1][0])
+        self.forward(step, arrays[:k], sampling=True)
         self.sampling_graph_steps += 1
         self.last_tokens = g["tokens"][:n]
         return self.d2h.start_packed(g["sampled"][:2 * step.paged_rows], n)

@@ -9,24 +9,24 @@ kernels; this reads the logits once.
 
 Noise: ``_gumbel`` is ``sampler.gumbel_noise`` in uint32 arithmetic. The torch version
 works on int64 but masks every product to 32 bits (``& _M32``) before using it, so
-wrapping uint32 multiplies give the same bits; the race's ``x / T`` uses IEEE division
-(``div_rn``) and ``log`` is libdevice's ``logf`` (what torch's CUDA ``log`` calls), so the
-noise and the race's scaled logits are bit-identical to torch's. The sum-exp and the tile
-bounds take ``x * (1/T)`` instead (within ~2e-7 relative; a log-prob moves by ~1e-7).
+wrapping uint32 multiplies give the same bits; ``x / T`` uses IEEE division (``div_rn``)
+and ``log`` is libdevice's ``logf`` (what torch's CUDA ``log`` calls), so the noise and the
+scaled logits are bit-identical to torch's.
 
 Grid (two launches, fixed shapes for a given batch, no host sync: CUDA-graph safe):
 ``_partial_kernel`` runs (row, split) programs, each walking a contiguous range of
 ``BLOCK``-wide vocab tiles with per-lane fp32 state (online max / sum-exp / greedy index /
-race value / race index), then reduces its lanes into one partial per (row, split). The
-noise's two logf per element and the division (most of the kernel's instructions) are
-skipped for greedy rows and for tiles that cannot beat the program's best race value so far
-(exact: the skipped elements cannot win or tie): tiles whose largest ``x/T`` plus the noise
-bound falls short (LM-like logits: most tiles, before the hash), then tiles whose largest
-``x/T`` plus the noise of their largest uniform falls short (random logits: all but ~ln of
-a program's tiles; 256 x 151,936 fp32 at T = 1 took 198 us before this second test).
-``_combine_kernel``
-merges a row's splits and gathers ``x_tok`` for the log-prob. Small batches get more
-splits per row so that enough programs are in flight (batch 1: one tile per program).
+race value / race index), loading the next tile while it computes one, then reduces its
+lanes into one partial per (row, split): no block-wide reduction inside the loop. Greedy
+rows skip the noise. Until 2026-12-04 a tile also skipped its noise when its largest ``x/T``
+plus the noise's bound could not beat the program's best race value so far; that test's
+per-tile max cost more than it saved, even on LM-like peaked rows where it skipped most
+tiles: without it and with the next tile's load in flight, 1.40-1.55x at batches 64-512
+(H200, fp32 logits, 151,936 vocab; 256 rows: 0.219 -> 0.150 ms), end to end 1.018x on
+workload (a) and 1.005x on (c) (``bench/sampler_kernel.py``, ``bench/RESULTS.md`` session
+47). ``_combine_kernel`` merges a row's splits and gathers ``x_tok`` for the log-prob.
+Small batches get more splits per row so that enough programs are in flight (batch 1: one
+tile per program).
 
 Ties: lanes and splits keep the FIRST index of their maximum, so greedy rows match
 ``torch.argmax`` exactly, ties included. The race value is ``x/T + g`` where torch
@@ -47,12 +47,6 @@ import triton.language as tl
 from asyncrl.engine.sampler import U_MAX, gumbel_noise
 from asyncrl.engine.triton_decode import num_sms
 
-# An upper bound of the noise: -log(-log(U_MAX)) = 16.64, with margin for fp32 rounding.
-G_BOUND = 17.0
-# The second skip test (a tile's own largest uniform bounds its noise); off only in bench A/Bs
-# (bench/sampler_kernel.py --tile-bound, bench/sampler_ab.py): read at each launch, so at graph capture.
-TILE_NOISE_BOUND = False
-PREFETCH_TILES = False
 # The interpreter (TRITON_INTERPRET=1, CPU tests) has no libdevice: numpy's log there.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -77,37 +71,14 @@ def _mix32(x):
 
 
 @triton.jit
-def _uniform(key, v, U_HI: tl.constexpr):
-    """key: uint32 scalar, v: uint32 vocab indices ``[BLOCK]`` -> fp32 uniforms in (0, U_HI]
-    ``[BLOCK]``: the integer half of the noise (no logs)."""
-    x = _mix32(key * 0x9E3779B1 + v)
-    x = _mix32(x ^ (key >> 7))
-    u = ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return tl.minimum(u, U_HI)  # (2^24 - 1) + 0.5 rounds to 2^24 in fp32: u == 1 -> g == +inf
-
-
-@triton.jit
-def _gumbel_of(u):
-    """Uniforms -> Gumbel noise ``-log(-log(u))``, increasing in ``u``."""
-    return -_log(-_log(u))
-
-
-@triton.jit
 def _gumbel(key, v, U_HI: tl.constexpr):
     """key: uint32 scalar, v: uint32 vocab indices ``[BLOCK]`` -> fp32 noise ``[BLOCK]``,
     bit-identical to ``gumbel_noise``."""
-    return _gumbel_of(_uniform(key, v, U_HI))
-
-
-@triton.jit
-def _may_reach(s_max, g_max, best):
-    """Whether some race value ``s + g`` of a tile may reach ``best`` (a tie included), given the
-    tile's largest ``s_max`` (from ``x * (1/T)``, within ~2e-7 relative of torch's ``x / T``) and a
-    bound ``g_max`` of its noise. The margin, 1e-3 + 4e-6 (|s_max| + g_max), covers that multiply,
-    the logs' and the sum's fp32 roundings many times over; an all -inf tile's race values are all
-    -inf and never win."""
-    margin = 1e-3 + 4e-6 * (tl.abs(s_max) + g_max)
-    return (s_max > float("-inf")) & (s_max + g_max + margin >= best)
+    x = _mix32(key * 0x9E3779B1 + v)
+    x = _mix32(x ^ (key >> 7))
+    u = ((x >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    u = tl.minimum(u, U_HI)  # (2^24 - 1) + 0.5 rounds to 2^24 in fp32: u == 1 -> g == +inf
+    return -_log(-_log(u))
 
 
 @triton.jit
@@ -122,8 +93,7 @@ def _noise_kernel(KEYS, G, V, BLOCK: tl.constexpr, U_HI: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_splits"])
 def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
-                    BLOCK: tl.constexpr, U_HI: tl.constexpr, G_BOUND: tl.constexpr,
-                    TILE_BOUND: tl.constexpr = True, PREFETCH: tl.constexpr = False):
+                    BLOCK: tl.constexpr, U_HI: tl.constexpr):
     """Program (row, split) over tiles ``[split*n_tiles//n_splits, (split+1)*n_tiles//n_splits)``.
     Writes PART ``[3, B, n_splits]`` fp32 = (max of x/T, sum exp(x/T - max), best race
     value) and IPART ``[2, B, n_splits]`` int32 = (first argmax of x/T, first race argmax)."""
@@ -142,47 +112,27 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
     l = tl.zeros([BLOCK], tl.float32)           # lane sum of exp(s - m)
     gi = t0 * BLOCK + lane                      # lane first argmax of s (all -inf: first index)
     t_vec = tl.zeros([BLOCK], tl.float32) + t   # explicit broadcast for div_rn
-    inv_t = 1.0 / t
     rv = tl.full([BLOCK], neg_inf, tl.float32)  # lane best race value s + g
     ri = gi
-    best = tl.max(rv, 0)                        # the program's best race value so far
-    x_next = tl.load(x_row + t0 * BLOCK + lane, mask=t0 * BLOCK + lane < V, other=neg_inf)
+    x_next = tl.load(x_row + gi, mask=gi < V, other=neg_inf)  # tile t0
     for tile in range(t0, t1):
         idx = tile * BLOCK + lane
-        if PREFETCH:  # the next tile's load is in flight while this one is computed
-            x = x_next.to(tl.float32)
-            nxt = idx + BLOCK
-            x_next = tl.load(x_row + nxt, mask=(nxt < V) & (tile + 1 < t1), other=neg_inf)
-        else:
-            x = tl.load(x_row + idx, mask=idx < V, other=neg_inf).to(tl.float32)
+        x = x_next.to(tl.float32)
+        # the next tile's load is in flight while this one is computed
+        nxt = idx + BLOCK
+        x_next = tl.load(x_row + nxt, mask=(nxt < V) & (tile + 1 < t1), other=neg_inf)
         # row-uniform branches: T == 1 (the RL default) skips the division, greedy rows
-        # skip the noise (their race is never read)
+        # skip the noise (their race is never read). No tile skips its noise: a per-tile test
+        # needs a block-wide max (a barrier a tile), which cost more than the noise it saved
+        # even on LM-like peaked rows (see the module docstring)
         if t == 1.0:
             s = x
         else:
-            s = x * inv_t  # within ~2 ulps of x / t: the sum-exp's input; the race divides exactly
-        r = tl.full([BLOCK], neg_inf, tl.float32)
+            s = tl.math.div_rn(x, t_vec)  # IEEE division, as torch's logits / t
         if greedy:
             r = s
         else:
-            # skip the noise of a tile none of whose elements can reach the best race value so
-            # far, exactly: first on the noise's bound (LM logits at T = 1 put most tiles there:
-            # not even the hash runs), then on the tile's own noise, whose largest uniform bounds
-            # every element's g (g increases with u) for two scalar logs. Random logits pass the
-            # first test and fail the second on all but ~ln(tiles) of a program's tiles
-            s_max = tl.max(s, 0)
-            if _may_reach(s_max, G_BOUND, best):
-                u = _uniform(key, idx.to(tl.uint32), U_HI)
-                if TILE_BOUND:
-                    g_top = _gumbel_of(tl.max(u, 0))
-                else:  # the first test alone (bench A/B: ``TILE_NOISE_BOUND``)
-                    g_top = s_max * 0.0 + G_BOUND
-                if _may_reach(s_max, g_top, best):
-                    if t == 1.0:
-                        r = s + _gumbel_of(u)
-                    else:
-                        r = tl.math.div_rn(x, t_vec) + _gumbel_of(u)  # IEEE division, as torch's logits / t
-                    best = tl.maximum(best, tl.max(r, 0))
+            r = s + _gumbel(key, idx.to(tl.uint32), U_HI)
         # online sum-exp with one exp per element: exp(-|s - m|) serves both cases
         up = s > m
         hi = tl.where(up, s, m)
@@ -305,8 +255,7 @@ def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: tor
     part = torch.empty(3, B, n_splits, dtype=torch.float32, device=logits.device)
     ipart = torch.empty(2, B, n_splits, dtype=torch.int32, device=logits.device)
     _partial_kernel[(B, n_splits)](logits, logits.stride(0), V, temperature, keys, part, ipart,
-                                   n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, G_BOUND=G_BOUND,
-                                   TILE_BOUND=TILE_NOISE_BOUND, PREFETCH=PREFETCH_TILES, num_warps=num_warps)
+                                   n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, num_warps=num_warps)
     _combine_kernel[(B,)](logits, logits.stride(0), temperature, part, ipart, tokens, logprobs,
                           n_splits, MAX_SPLITS=max(16, triton.next_power_of_2(n_tiles)), num_warps=1)
     return tokens, logprobs

@@ -76,9 +76,9 @@ def test_matches_torch_sample(B, V, dtype, tol):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_peaked_logits_skip_tiles_exactly(dtype):
-    """LM-like rows (a few candidates 15-20 nats above the bulk, in different tiles): most
-    tiles cannot win the race and skip their noise; tokens still equal ``sample``'s."""
+def test_peaked_logits_match_torch_sample(dtype):
+    """LM-like rows (a few candidates 15-20 nats above the bulk, in different tiles), one program
+    per row or split rows: tokens equal ``sample``'s."""
     B, V = (64, 151936) if CUDA else (6, 9000)
     g = torch.Generator().manual_seed(9)
     x = torch.randn(B, V, generator=g) * 2
@@ -95,13 +95,11 @@ def test_peaked_logits_skip_tiles_exactly(dtype):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_tile_noise_bounds_skip_exactly(temperature):
-    """Random-model-like rows (logits N(0, 0.5): every tile passes the noise-bound test), one
-    program per row walking many small tiles: tiles whose largest ``x/T`` plus the noise of their
-    largest uniform falls short of the best race value skip the logs; tokens still equal
-    ``sample``'s on every row (a tile skipped wrongly loses a race to a far lower value: a margin
-    of -0.5 instead of +1e-3 in ``_may_reach`` fails here)."""
-    B, V = (512, 151936) if CUDA else (192, 2048)
+def test_flat_rows_over_many_tiles_match_torch_sample(temperature):
+    """Random-model-like rows (logits N(0, 0.5), as the benches' random-weight 0.6B model gives: no tile's
+    noise can be skipped), one program per row walking many small tiles, at T = 1 and the division path:
+    tokens equal ``sample``'s on every row, log-probs within 1e-4."""
+    B, V = (512, 151936) if CUDA else (128, 2048)
     g = torch.Generator().manual_seed(11)
     x = (torch.randn(B, V, generator=g) * 0.5).to(DEV)
     temp = torch.full((B,), temperature, device=DEV)
