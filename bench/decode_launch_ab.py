@@ -16,16 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import sys
-from datetime import datetime, timezone
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.engine import triton_decode as td  # noqa: E402
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.triton_decode import DecodeLaunch  # noqa: E402
 
 ENGINE_RULE = td.default_launch
@@ -108,31 +107,15 @@ ALL_RULES["bf16_prefetch_from3"] = bf16_prefetch_from(3)
 RULES = dict(ALL_RULES)
 
 
-def workloads(vocab: int):
-    from asyncrl.engine.bench import workload_a, workload_c
-
-    return {"a": workload_a(vocab), "c": workload_c(vocab)}
-
-
 def run(repeats: int, kv_dtypes: list[str], blocks: int) -> dict:
-    from asyncrl.engine import LLM
-    from asyncrl.engine.bench import build_random_hf, interleaved_ab
+    from asyncrl.engine.bench import workloads_ab
 
-    hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
-    kw = dict(dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
-              max_model_len=4096, num_kv_blocks=blocks)
-    loads = workloads(hf.config.vocab_size)
+    # default_launch is read when the engine captures its graphs and at every eager decode
     variants = {name: functools.partial(setattr, td, "default_launch", rule) for name, rule in RULES.items()}
-    out = {}
     try:
-        for kv in kv_dtypes:
-            print("kv", kv, flush=True)
-            fp8 = {"kv_cache_dtype": "fp8"} if kv == "fp8" else {}
-            # default_launch is read when the engine captures its graphs and at every eager decode
-            out[kv] = interleaved_ab(lambda: LLM(hf, **kw, **fp8), variants, loads, repeats)
+        return workloads_ab(variants, kv_dtypes, blocks, repeats)
     finally:
         td.default_launch = ENGINE_RULE
-    return out
 
 
 def main() -> int:
@@ -144,14 +127,11 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=6000,
                     help="KV blocks per engine; every rule's engine is held at once (3 rules: 4500)")
     args = ap.parse_args()
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
-               torch=torch.__version__, command="python bench/decode_launch_ab.py " + " ".join(sys.argv[1:]))
+    out = provenance("python bench/decode_launch_ab.py " + " ".join(sys.argv[1:]))
     RULES.clear()
     RULES.update({name: ALL_RULES[name] for name in args.rules.split(",")})
     out["engine"] = run(args.repeats, args.kv.split(","), args.blocks)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 

@@ -10,10 +10,12 @@ device waited for the host (the call that issued the next op started after the d
 and the device's own latency, from the window's second step on (its first step refills the
 pipeline after the window's synchronize). Wall minus busy is what overlapping the host with the
 device has not hidden yet; busy is what faster kernels can win. ``--keep-traces DIR`` keeps each
-window's chrome trace.
+window's chrome trace. Each window also lists its kernels by total device time (``kernels``): with
+``--windows 0`` and a window as long as the prefill steps, where a run's prefill goes.
 
     python bench/decode_timeline.py --workload a --json bench/results/decode_timeline_a.json
     python bench/decode_timeline.py --workload c --windows 100,400,700,900
+    python bench/decode_timeline.py --workload c --warmup --windows 0 --window 10   # (c)'s 9 prefill steps
 
 It also prints the step mix of the whole run (``StepMix``): host wall time and tokens by prefill and by
 decode batch size, over the steps outside the profiled windows.
@@ -79,6 +81,17 @@ def short(name: str) -> str:
     return name.split("(")[0].replace("void ", "")[:48]
 
 
+def kernel_totals(intervals: list[tuple], steps: int, top: int) -> list[dict]:
+    """The ``top`` kernels / copies by total device time: name (``short``), calls, ms per step, share of the total."""
+    by_name = collections.defaultdict(lambda: [0, 0.0])
+    for start, end, name, _ in intervals:
+        by_name[short(name)][0] += 1
+        by_name[short(name)][1] += end - start
+    total = sum(t for _, t in by_name.values()) or 1.0
+    return [dict(name=n, calls=c, ms_per_step=round(t / 1e3 / steps, 4), share=round(t / total, 3))
+            for n, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]]
+
+
 def summarize(trace_path: str, steps: int, wall_s: float, batch_sizes: list[int], top: int) -> dict:
     """Per step: wall, GPU busy / span / idle, and the largest gaps (>= 2 us) by (op before, op after) from the
     window's second step on (``steady_*``: per step after the first). A gap is ``host_late`` where the call that
@@ -111,6 +124,7 @@ def summarize(trace_path: str, steps: int, wall_s: float, batch_sizes: list[int]
                 gpu_span_ms_per_step=per_step(span), idle_ms_per_step=per_step(span - busy),
                 steady_gap_ms_per_step=per_steady_step(sum(g[0] for g in gaps)),
                 steady_host_late_ms_per_step=per_steady_step(late_total), runtime_calls_seen=len(issued),
+                kernels=kernel_totals(intervals, steps, 2 * top),
                 gaps=[dict(before=b, after=a, count=c, ms_per_step=per_steady_step(t),
                            host_late_ms_per_step=per_steady_step(h)) for (b, a), (c, t, h) in worst])
 

@@ -42,6 +42,10 @@ def test_a_trace_summary_per_step(tmp_path):
                                                                           ("attention", "sample", 1)]
     assert [g["host_late_ms_per_step"] for g in s["gaps"]] == [0.007, 0.0]  # 14 us over the 2 steps counted
     assert s["steady_gap_ms_per_step"] == 0.0085 and s["steady_host_late_ms_per_step"] == 0.007
+    # kernels by total device time: the two 10 us kernels, then the two 2 us copies (one name), then sample
+    assert [(k["name"], k["calls"], k["ms_per_step"]) for k in s["kernels"]] == [
+        ("gemm", 1, 0.0033), ("attention", 1, 0.0033), ("Memcpy HtoD", 2, 0.0013), ("sample", 1, 0.0007)]
+    assert [k["share"] for k in s["kernels"]] == [0.385, 0.385, 0.154, 0.077]  # of 26 us
 
 
 def test_step_mix_buckets_steps_by_kind_with_their_tokens():

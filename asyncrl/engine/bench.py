@@ -183,6 +183,39 @@ def interleaved_ab(build, variants: dict, loads: dict, repeats: int, device: str
     return out
 
 
+def workloads_ab(variants: dict, kv_dtypes: list[str], blocks: int, repeats: int) -> dict:
+    """``interleaved_ab`` of workloads (a) and (c) on the random-weight qwen3-0.6b in bf16 (CUDA), once per KV-cache
+    dtype in ``kv_dtypes`` ("bf16" or "fp8"): one engine per variant with a fixed pool of ``blocks`` KV blocks of
+    64 tokens (every variant's engine is held at once). Returns {kv dtype: interleaved_ab's result}."""
+    from asyncrl.engine import LLM
+
+    hf = build_random_hf("qwen3-0.6b", torch.bfloat16, "cuda", 4096)
+    kw = dict(dtype=torch.bfloat16, device="cuda", block_size=64, max_num_seqs=512, max_num_batched_tokens=16384,
+              max_model_len=4096, num_kv_blocks=blocks)
+    vocab = hf.config.vocab_size
+    loads = {"a": workload_a(vocab), "c": workload_c(vocab)}
+    out = {}
+    for kv in kv_dtypes:
+        print("kv", kv, flush=True)
+        fp8 = {"kv_cache_dtype": "fp8"} if kv == "fp8" else {}
+        out[kv] = interleaved_ab(lambda: LLM(hf, **kw, **fp8), variants, loads, repeats)
+    return out
+
+
+def provenance(command: str) -> dict:
+    """The head of a bench result file: date (UTC), device, torch version and the command that made it."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    return dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=device, torch=torch.__version__,
+                command=command)
+
+
+def write_json(path: str | None, out: dict) -> None:
+    """``out`` as indented JSON at ``path``; nothing when ``path`` is None (no ``--json``)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=2)
+
+
 def _free(llm) -> None:
     llm.close()
     gc.collect()

@@ -7,9 +7,9 @@ cache, ~12 us of an H200's ~80 us per layer in the GRPO-shaped decode (batch 128
 This one reads ``qkv [T, (H + 2 Hkv) D]`` once and writes ``q [T, H, D]`` and the two caches'
 slots in place (``EngineConfig.fused_kv_write``; the torch path stays the reference).
 
-Grid: (token t, head h) with ``h < H`` a query head and ``h >= H`` kv head ``h - H``, whose program
-also copies that head's v. A program holds one head's two halves ``[HALF]`` (rotate-half RoPE pairs
-element i with i + HALF) in fp32.
+Grid: (token block, head h) with ``h < H`` a query head and ``h >= H`` kv head ``h - H``, whose program
+also copies that head's v. A program holds one head's two halves ``[BLOCK_T, HALF]`` for its block of tokens
+(rotate-half RoPE pairs element i with i + HALF) in fp32; ``qkv_launch`` picks the block by row count.
 
 Numbers: the same roundings as the eager torch path. ``_rms_norm`` rounds ``x * rsqrt(mean(x^2) +
 eps)`` to the model dtype, multiplies by the weight in that dtype (a product of two bf16 values is
@@ -31,13 +31,13 @@ import triton.language as tl
 from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
 
 # The interpreter (TRITON_INTERPRET=1, CPU tests) has no libdevice, and its fp32 -> bf16 / fp8 casts
-# truncate (its round-to-nearest option drops the carry into the exponent): there ``_cast`` rounds to
+# truncate (its round-to-nearest option drops the carry into the exponent): there ``cast_rn`` rounds to
 # nearest-even in fp32 first, so the truncating cast is exact and the CPU tests see the GPU's numbers.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 if INTERPRET:
     @triton.jit
-    def _rsqrt(x):
+    def rsqrt_f32(x):
         return 1.0 / tl.sqrt(x)
 
     @triton.jit
@@ -48,9 +48,11 @@ if INTERPRET:
         return b.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _cast(x, T: tl.constexpr):
+    def cast_rn(x, T: tl.constexpr):
         if T == tl.bfloat16:
             x = _round_bits(x, 16, 0xFFFF0000)
+        elif T == tl.float16:  # 10 mantissa bits (normal numbers)
+            x = _round_bits(x, 13, 0xFFFFE000)
         elif T == tl.float8e4nv:  # 3 mantissa bits; below 2^-6 subnormal steps of 2^-9 (magic-number rint)
             x = tl.where(tl.abs(x) < 0.015625, ((x * 512.0 + 12582912.0) - 12582912.0) / 512.0,
                          _round_bits(x, 20, 0xFFF00000))
@@ -59,23 +61,23 @@ else:
     from triton.language.extra.cuda import libdevice
 
     @triton.jit
-    def _rsqrt(x):
+    def rsqrt_f32(x):
         return libdevice.rsqrt(x)  # rsqrtf: what torch.rsqrt runs on CUDA
 
     @triton.jit
-    def _cast(x, T: tl.constexpr):
+    def cast_rn(x, T: tl.constexpr):
         return x.to(T)  # fp32 -> bf16 / fp16 / e4m3: round to nearest-even, as torch
 
 
 @triton.jit
 def _head_norm(x1, x2, W, i, imask, eps, D: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr):
-    """``decoder._rms_norm`` of one head held as its halves ``[BLOCK_HALF]`` fp32 -> the same, rounded
-    through the model dtype ``DT`` as torch rounds."""
-    r = _rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D + eps)
-    w1 = tl.load(W + i, mask=imask, other=0.0).to(tl.float32)
-    w2 = tl.load(W + HALF + i, mask=imask, other=0.0).to(tl.float32)
-    y1 = _cast(_cast(x1 * r, DT).to(tl.float32) * w1, DT).to(tl.float32)
-    y2 = _cast(_cast(x2 * r, DT).to(tl.float32) * w2, DT).to(tl.float32)
+    """``decoder._rms_norm`` of one head of ``BLOCK_T`` tokens held as its halves ``[BLOCK_T, BLOCK_HALF]``
+    fp32 -> the same, rounded through the model dtype ``DT`` as torch rounds."""
+    r = rsqrt_f32((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / D + eps)[:, None]
+    w1 = tl.load(W + i, mask=imask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(W + HALF + i, mask=imask, other=0.0).to(tl.float32)[None, :]
+    y1 = cast_rn(cast_rn(x1 * r, DT).to(tl.float32) * w1, DT).to(tl.float32)
+    y2 = cast_rn(cast_rn(x2 * r, DT).to(tl.float32) * w2, DT).to(tl.float32)
     return y1, y2
 
 
@@ -83,64 +85,78 @@ def _head_norm(x1, x2, W, i, imask, eps, D: tl.constexpr, HALF: tl.constexpr, DT
 def _to_cache(x, CT: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
     """``attention._to_cache``: a value in the model dtype, in the cache's (the same, or e4m3 saturated)."""
     if FP8:
-        x = _cast(tl.minimum(tl.maximum(x.to(tl.float32), -FP8_MAX), FP8_MAX), CT)
+        x = cast_rn(tl.minimum(tl.maximum(x.to(tl.float32), -FP8_MAX), FP8_MAX), CT)
     return x
 
 
 @triton.jit
-def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps,
+def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
                       stride_qkv, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                      BLOCK_HALF: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
-    """Program (token t, head h): q head h (h < H), else kv head h - H (k and v)."""
-    t = tl.program_id(0)
+                      BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr,
+                      FP8_MAX: tl.constexpr):
+    """Program (token block tb, head h): tokens ``tb * BLOCK_T ...`` of q head h (h < H), else of kv head
+    h - H (k and v). Tiles ``[BLOCK_T, BLOCK_HALF]``, one row per token."""
+    tb = tl.program_id(0)
     h = tl.program_id(1)
     DT: tl.constexpr = Q.dtype.element_ty
     CT: tl.constexpr = KC.dtype.element_ty
     i = tl.arange(0, BLOCK_HALF)
+    t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
     imask = i < HALF
-    row = QKV + t.to(tl.int64) * stride_qkv + h * D  # q heads then k heads: head h starts at column h * D
-    x1 = tl.load(row + i, mask=imask, other=0.0).to(tl.float32)
-    x2 = tl.load(row + HALF + i, mask=imask, other=0.0).to(tl.float32)
+    mask = tmask[:, None] & imask[None, :]
+    col = i[None, :]
+    # q heads then k heads: head h starts at column h * D
+    row = QKV + t.to(tl.int64)[:, None] * stride_qkv + h * D
+    x1 = tl.load(row + col, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + HALF + col, mask=mask, other=0.0).to(tl.float32)
     if NORM:
         if h < H:
             x1, x2 = _head_norm(x1, x2, QW, i, imask, eps, D, HALF, DT)
         else:
             x1, x2 = _head_norm(x1, x2, KW, i, imask, eps, D, HALF, DT)
-    pos = tl.load(POS + t).to(tl.int64)
-    cos1 = tl.load(COS + pos * stride_rope + i, mask=imask, other=0.0)
-    cos2 = tl.load(COS + pos * stride_rope + HALF + i, mask=imask, other=0.0)
-    sin1 = tl.load(SIN + pos * stride_rope + i, mask=imask, other=0.0)
-    sin2 = tl.load(SIN + pos * stride_rope + HALF + i, mask=imask, other=0.0)
+    pos = tl.load(POS + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_rope
+    cos1 = tl.load(COS + pos + col, mask=mask, other=0.0)
+    cos2 = tl.load(COS + pos + HALF + col, mask=mask, other=0.0)
+    sin1 = tl.load(SIN + pos + col, mask=mask, other=0.0)
+    sin2 = tl.load(SIN + pos + HALF + col, mask=mask, other=0.0)
     # decoder._rotate: x * cos + cat(-x2, x1) * sin
-    o1 = _cast(x1 * cos1 + (-x2) * sin1, DT)
-    o2 = _cast(x2 * cos2 + x1 * sin2, DT)
+    o1 = cast_rn(x1 * cos1 + (-x2) * sin1, DT)
+    o2 = cast_rn(x2 * cos2 + x1 * sin2, DT)
     if h < H:
-        out = Q + t.to(tl.int64) * stride_qt + h * stride_qh
-        tl.store(out + i, o1, mask=imask)
-        tl.store(out + HALF + i, o2, mask=imask)
+        out = Q + t.to(tl.int64)[:, None] * stride_qt + h * stride_qh + col
+        tl.store(out, o1, mask=mask)
+        tl.store(out + HALF, o2, mask=mask)
     else:
         kh = h - H
-        slot = tl.load(SLOT + t).to(tl.int64)
-        k_dst = KC + slot * stride_cs + kh * stride_ch
-        tl.store(k_dst + i, _to_cache(o1, CT, FP8, FP8_MAX), mask=imask)
-        tl.store(k_dst + HALF + i, _to_cache(o2, CT, FP8, FP8_MAX), mask=imask)
-        v_src = row + HKV * D  # v head kh: column (H + HKV + kh) * D = (h + HKV) * D
-        v_dst = VC + slot * stride_cs + kh * stride_ch
-        v1 = tl.load(v_src + i, mask=imask, other=0.0)
-        v2 = tl.load(v_src + HALF + i, mask=imask, other=0.0)
-        tl.store(v_dst + i, _to_cache(v1, CT, FP8, FP8_MAX), mask=imask)
-        tl.store(v_dst + HALF + i, _to_cache(v2, CT, FP8, FP8_MAX), mask=imask)
+        slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + kh * stride_ch + col
+        tl.store(KC + slot, _to_cache(o1, CT, FP8, FP8_MAX), mask=mask)
+        tl.store(KC + slot + HALF, _to_cache(o2, CT, FP8, FP8_MAX), mask=mask)
+        v_src = row + HKV * D + col  # v head kh: column (H + HKV + kh) * D = (h + HKV) * D
+        v1 = tl.load(v_src, mask=mask, other=0.0)
+        v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
+        tl.store(VC + slot, _to_cache(v1, CT, FP8, FP8_MAX), mask=mask)
+        tl.store(VC + slot + HALF, _to_cache(v2, CT, FP8, FP8_MAX), mask=mask)
+
+
+def qkv_launch(tokens: int) -> tuple[int, int]:
+    """(tokens per program, warps) for ``tokens`` rows. Timed on an H200 at Qwen3-0.6B's heads (bench/glue_kernels.py,
+    2026-12-04 session 48, CUDA-graph replay): 4 tokens on 4 warps is the fastest of 12 launches at 64-256 rows
+    (1.16-1.91x one token on one warp, the launch before), 8 on 4 within 2% of the best at 1k-16k (2.7-3.1x:
+    a prefill's 16k rows 0.238 -> 0.080 ms, ~3.4 TB/s)."""
+    return (4, 4) if tokens <= 512 else (8, 4)
 
 
 def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  q_norm_w: Optional[torch.Tensor], k_norm_w: Optional[torch.Tensor], eps: float,
                  num_heads: int, num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> torch.Tensor:
+                 slot_mapping: torch.Tensor, launch: Optional[tuple[int, int]] = None) -> torch.Tensor:
     """``decoder._qkv_prepare`` + ``attention.store_kv`` in one launch: qkv ``[T, (H + 2 Hkv) D]``
     (rows may be strided, columns contiguous), positions / slot_mapping ``[T]``, cos / sin
     ``[max_pos, D]`` fp32, caches ``[num_blocks + 1, block_size, Hkv, D]`` (model dtype or FP8 e4m3)
-    -> q ``[T, H, D]`` in qkv's dtype; k and v land in the caches at ``slot_mapping``."""
+    -> q ``[T, H, D]`` in qkv's dtype; k and v land in the caches at ``slot_mapping``. ``launch``: (tokens
+    per program, warps), default ``qkv_launch(T)``."""
     T = qkv.shape[0]
     D = head_dim
     if D % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * D or qkv.stride(1) != 1:
@@ -164,9 +180,10 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     qw = q_norm_w if norm else cos  # unused pointers when there is no norm
     kw = k_norm_w if norm else cos
     half = D // 2
-    _qkv_cache_kernel[(T, num_heads + num_kv_heads)](
-        qkv, positions, cos, sin, qw, kw, q, k_cache, v_cache, slot_mapping, eps,
+    block_t, warps = launch or qkv_launch(T)
+    _qkv_cache_kernel[(triton.cdiv(T, block_t), num_heads + num_kv_heads)](
+        qkv, positions, cos, sin, qw, kw, q, k_cache, v_cache, slot_mapping, eps, T,
         qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2),
-        H=num_heads, HKV=num_kv_heads, D=D, HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
-        NORM=norm, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, num_warps=1)
+        H=num_heads, HKV=num_kv_heads, D=D, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block_t,
+        NORM=norm, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, num_warps=warps)
     return q

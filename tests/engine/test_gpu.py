@@ -358,8 +358,9 @@ def test_engine_on_its_own_stream_beside_a_busy_default_stream(tiny_dirs, gpu_hf
 
 
 def test_gathered_attention_runs_without_cudnn_and_equals_fp32(monkeypatch):
-    """The gathered path (prefill, speculative catch-ups) keeps cuDNN's SDPA off: it plans per new
-    (Lq, Lk) shape, 60 ms to 1.7 s each on the H200; bf16 output equals the same call in fp32."""
+    """The gathered path's SDPA fallback (``VARLEN_PREFILL`` off; on, bf16 goes through FlashAttention's varlen
+    kernel and calls no SDPA) keeps cuDNN's SDPA off: it plans per new (Lq, Lk) shape, 60 ms to 1.7 s each on
+    the H200; bf16 output equals the same call in fp32 on both paths."""
     import torch.nn.functional as F
 
     from asyncrl.engine import attention
@@ -377,8 +378,12 @@ def test_gathered_attention_runs_without_cudnn_and_equals_fp32(monkeypatch):
     meta = attention.build_gathered_metadata(tables, [30 + b for b in range(B)], [n] * B, bs, 39, "cuda")
     q = torch.randn(B * n, H, D, device="cuda", dtype=torch.bfloat16)
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    varlen = attention.gathered_attention(q, cache_k, cache_v, meta, D ** -0.5)
+    assert seen == []
+    monkeypatch.setattr(attention, "VARLEN_PREFILL", False)
     out = attention.gathered_attention(q, cache_k, cache_v, meta, D ** -0.5)
     assert seen == [False]
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention", real)
     ref = attention.gathered_attention(q.float(), cache_k.float(), cache_v.float(), meta, D ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(varlen.float(), ref, atol=2e-2, rtol=2e-2)

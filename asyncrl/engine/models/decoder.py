@@ -117,6 +117,22 @@ add_rms_norm = _CudaCompiled(_add_rms_norm)
 qkv_prepare = _CudaCompiled(_qkv_prepare)
 silu_and_mul = _CudaCompiled(_silu_and_mul)
 
+# CUDA: SwiGLU through triton_silu's tiled kernel instead of the compiled ``silu_and_mul`` (Inductor's
+# kernel read a prefill's rows at ~1.6 TB/s on an H200; bench/glue_kernels.py). Read when the MLP runs, so
+# an engine's CUDA graphs keep the choice made at capture; benchmarks flip it to compare.
+TRITON_SILU = True
+# CUDA: RMSNorm (and the residual add before it) of [T, N] rows through triton_norm's kernel: whole rows per
+# program, fewer and wider programs than Inductor's at a decode step's few hundred rows (bench/glue_kernels.py)
+TRITON_NORM = True
+
+
+def swiglu(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    """``silu(gate) * up`` of a gate_up projection ``[T, 2 inter]`` -> ``[T, inter]``."""
+    if gate_up.is_cuda and TRITON_SILU:
+        from asyncrl.engine.triton_silu import silu_and_mul as triton_silu_and_mul  # Triton: only where it runs
+        return triton_silu_and_mul(gate_up, inter)
+    return silu_and_mul(gate_up, inter)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -126,6 +142,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
         """``norm(x)``; with ``residual``: ``(norm(x + residual), x + residual)``."""
+        if x.is_cuda and TRITON_NORM and x.dim() == 2 and self.weight.dtype == x.dtype:
+            from asyncrl.engine.triton_norm import rms_norm as triton_rms_norm  # Triton: only where it runs
+            return triton_rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
         return add_rms_norm(x, residual, self.weight, self.eps)
@@ -194,7 +213,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size, bias=False, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.inter))
+        return self.down_proj(swiglu(self.gate_up_proj(x), self.inter))
 
 
 class DecoderLayer(nn.Module):
