@@ -44,7 +44,9 @@ class AttentionMetadata:
       the same step packed for the varlen kernel (queries in step order; keys [0, key_lens[b]) of each b)
       -- paged decode path (one query token per sequence) --
       block_tables [B, max_blocks] int32, context_lens [B] int32; query_len tokens per sequence
-      (T = B * query_len, packed; 1 for decode, K + 1 for a speculative verify step)
+      (T = B * query_len, packed; 1 for decode, K + 1 for a speculative verify step); longest_first [B]
+      int32: the rows by context length, longest first, stable (made on the host with the step's inputs;
+      None: ``decode_order`` sorts ``context_lens`` on the device)
       -- cascade decode (shared prefixes; ``cascade.py`` layout), both or neither --
       suffix_start [B] int32, cascade_tiles [T, 2 + MPT] int32
       -- recurrent-state layers (hybrid models; ``state_pool.py``) --
@@ -77,6 +79,7 @@ class AttentionMetadata:
     state_cu_seqlens: Optional[torch.Tensor] = None
     state_chunk_indices: Optional[torch.Tensor] = None
     query_len: int = 1  # paged decode: query tokens per sequence (> 1: a speculative verify step)
+    longest_first: Optional[torch.Tensor] = None
     _decode_order: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
     _mask: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
 
@@ -90,12 +93,14 @@ class AttentionMetadata:
         return self._mask
 
     def decode_order(self) -> torch.Tensor:
-        """Paged decode: the sequences longest first ``[B]`` int32 (``longest_first_order``), made
-        by the first layer whose decode launch orders its programs and shared by the rest."""
+        """Paged decode: the sequences longest first ``[B]`` int32: ``longest_first`` when the host sent it,
+        else ``longest_first_order`` on the device, made by the first layer whose decode launch orders its
+        programs and shared by the rest."""
         if self._decode_order is None:
             from asyncrl.engine.triton_decode import longest_first_order
 
-            self._decode_order = longest_first_order(self.context_lens)
+            self._decode_order = (self.longest_first if self.longest_first is not None
+                                  else longest_first_order(self.context_lens))
         return self._decode_order
 
 

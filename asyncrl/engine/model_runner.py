@@ -280,7 +280,9 @@ class ModelRunner:
     def _decode_paged_inputs(self, batch: ScheduledBatch, bs: int) -> list[np.ndarray]:
         """Host arrays for a paged decode of ``bs`` rows (real seqs, then padding rows that
         write the scratch block and attend one scratch token): ids, positions, slots, src
-        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32. A padding
+        ``[bs]`` int64, block tables ``[bs, W]`` int32, context lengths ``[bs]`` int32 and the rows
+        longest context first ``[bs]`` int32 (``triton_decode.longest_first_order``'s order, sorted here: a
+        device argsort per step cost ~19 us of a ~4 ms step on an H200, bench/RESULTS.md). A padding
         row's src is 0 (a valid row of any step that has pending tokens; its id is never used),
         so a step whose real rows are all pending gathers its ids in one op (``_resolve_ids``)."""
         bsz, n = self.block_size, len(batch.seqs)
@@ -303,7 +305,8 @@ class ModelRunner:
         slots[:n] = bt[np.arange(n), pos[:n] // bsz].astype(np.int64) * bsz + pos[:n] % bsz
         ctx = np.ones(bs, dtype=np.int32)
         ctx[:n] = pos[:n] + 1
-        return [ids, pos, slots, src, bt, ctx]
+        order = np.argsort(-ctx, kind="stable").astype(np.int32)  # descending, ties in row order
+        return [ids, pos, slots, src, bt, ctx, order]
 
     def _sample_arrays(self, batch: ScheduledBatch) -> tuple[list[np.ndarray], bool]:
         """([floats ``[2, S]`` fp32 = (temperature, top_p), ints ``[2, S]`` int64 = (noise key,
@@ -358,6 +361,7 @@ class ModelRunner:
             slot_mapping=torch.full((max_bs,), self.scratch_block * self.block_size, dtype=torch.long, device=self.device),
             block_tables=torch.full((max_bs, self._bt_width()), self.scratch_block, dtype=torch.int32, device=self.device),
             context_lens=torch.ones(max_bs, dtype=torch.int32, device=self.device),
+            decode_order=torch.arange(max_bs, dtype=torch.int32, device=self.device),  # a permutation of every [:bs]
             hidden=torch.zeros(max_bs, c.hidden_size, dtype=self.dtype, device=self.device),
         )
         if self.state_pool is not None:
@@ -383,7 +387,8 @@ class ModelRunner:
         ``DeviceToHost`` reads them: ``sampled[:2 bs]`` = tokens, then log-probs (fp64)."""
         g = self.graph_vars
         meta = AttentionMetadata(slot_mapping=g["slot_mapping"][:bs], block_tables=g["block_tables"][:bs],
-                                 context_lens=g["context_lens"][:bs], paged_decode=True,
+                                 context_lens=g["context_lens"][:bs], longest_first=g["decode_order"][:bs],
+                                 paged_decode=True,
                                  state_slots=g["state_slots"][:bs] if "state_slots" in g else None,
                                  **(self._cascade_views(bs) if cascade else {}))
         g["hidden"][:bs] = self.model(g["input_ids"][:bs], g["positions"][:bs], meta)
@@ -404,13 +409,14 @@ class ModelRunner:
 
     def _graph_inputs(self, rows: int, state: bool) -> list[torch.Tensor]:
         """The graph buffers a decode step of bucket ``rows`` fills, ``[:rows]`` views made once per
-        bucket: input ids, positions, slots, block tables, context lengths [, state slots]."""
+        bucket: input ids, positions, slots, block tables, context lengths, longest-first order [, state slots]."""
         views = self._bucket_views.get(("graph", rows))
         if views is None:
-            names = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens", "state_slots"]
+            names = ["input_ids", "positions", "slot_mapping", "block_tables", "context_lens", "decode_order",
+                     "state_slots"]
             views = self._bucket_views[("graph", rows)] = [self.graph_vars[n][:rows] for n in names
                                                            if n in self.graph_vars]
-        return views if state else views[:5]
+        return views if state else views[:6]
 
     def _cascade_plan(self, host: list[np.ndarray], n: int, bs: int) -> list[np.ndarray]:
         """This step's shared-prefix plan from the host block tables / context lengths
@@ -482,16 +488,16 @@ class ModelRunner:
             meta = gathered_metadata(*meta_arrays[:k], step.gathered)
             attach_state(meta, meta_arrays[k:])
             return self.model(self._resolve_ids(ids, src, step.max_src, step.pending_all), pos, meta)[ends]
-        ids, pos, slots, src, bt, ctx, *rest = inputs
+        ids, pos, slots, src, bt, ctx, order, *rest = inputs
         ids = self._resolve_ids(ids, src, step.max_src, step.pending_all)
         rows, n = step.paged_rows, step.real_rows
         state_slots = rest[0] if step.num_state else None
         cascade = self._cascade_meta(rest[step.num_state:], rows)
         if not step.graphed:  # eager paged decode (no graphs, or batch above the largest)
-            meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, paged_decode=True,
-                                     state_slots=state_slots, **cascade)
+            meta = AttentionMetadata(slot_mapping=slots, block_tables=bt, context_lens=ctx, longest_first=order,
+                                     paged_decode=True, state_slots=state_slots, **cascade)
             return self.model(ids, pos, meta)
-        sources = (ids, pos, slots, bt, ctx, state_slots) if step.num_state else (ids, pos, slots, bt, ctx)
+        sources = (ids, pos, slots, bt, ctx, order) + ((state_slots,) if step.num_state else ())
         for dst, t in zip(self._graph_inputs(rows, bool(step.num_state)), sources):
             dst.copy_(t)
         graphs = self.sampling_graphs[bool(cascade)] if sampling else self.cascade_graphs if cascade else self.graphs

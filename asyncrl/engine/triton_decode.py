@@ -422,7 +422,7 @@ def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -
     and one query token per sequence, its programs longest sequence first with ``table_prefetch`` and the
     e4m3 tile per the rules above (a launch from the environment, or one a bench sets in ``DECODE_LAUNCH``,
     is taken as is). Depends on the batch size, not the contexts: the same launch for every replay of a
-    CUDA graph (the order itself is computed on the device each step, ``AttentionMetadata.decode_order``)."""
+    CUDA graph (the order itself comes with each step's inputs, ``AttentionMetadata.decode_order``)."""
     if qlen != 1 or not _launch_is_default():
         return DECODE_LAUNCH
     per_sm = batch * hkv / num_sms(k_cache.device)
@@ -573,7 +573,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def longest_first_order(context_lens: torch.Tensor) -> torch.Tensor:
     """``[B]`` int32: the sequences by context length, longest first (ties in batch order). One
-    device sort, no host sync: graph-safe."""
+    device sort, no host sync: graph-safe. The engine's decode steps sort on the host instead
+    (``ModelRunner._decode_paged_inputs``, the same order); this serves callers without one."""
     return torch.argsort(context_lens, descending=True, stable=True).to(torch.int32)
 
 

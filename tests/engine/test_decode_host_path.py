@@ -73,15 +73,24 @@ def _graphed(llm, monkeypatch, sampler: bool, graph_sampler: bool = False):
 
 def test_longest_first_programs_give_the_gathered_paths_tokens(tiny_dirs, monkeypatch):
     """The engine's decode launch dispatches the longest sequences first (``DecodeLaunch.longest_first``, on
-    by default): the engine's steps make the order once per step (``AttentionMetadata.decode_order``), every
-    layer's kernel reads it, and the tokens and log-probs equal the gathered path's."""
+    by default): the host sorts the rows with the step's inputs (``AttentionMetadata.longest_first``; no device
+    sort), in ``longest_first_order``'s order, every layer's kernel reads it, and the tokens and log-probs equal
+    the gathered path's."""
+    from asyncrl.engine import attention
     from asyncrl.engine import triton_decode as td
 
     monkeypatch.setattr(td, "_LAUNCH_PINNED", False)  # the default rule even where the environment pins one
     monkeypatch.setattr(td, "DECODE_LAUNCH", td.DecodeLaunch())
-    orders = []
+    device_sorts, orders = [], []
     made = td.longest_first_order
-    monkeypatch.setattr(td, "longest_first_order", lambda lens: orders.append(lens.shape[0]) or made(lens))
+    monkeypatch.setattr(td, "longest_first_order", lambda lens: device_sorts.append(lens.shape[0]) or made(lens))
+    read = attention.AttentionMetadata.decode_order
+
+    def spy(meta):
+        orders.append((read(meta).clone(), made(meta.context_lens)))
+        return orders[-1][0]
+
+    monkeypatch.setattr(attention.AttentionMetadata, "decode_order", spy)
     prompts = prompts_for(5, [9, 13, 6])
     params = SamplingParams(temperature=1.0, max_tokens=8, seed=3, logprobs=True, ignore_eos=True)
     want = make_llm(tiny_dirs["qwen3"], async_scheduling=True).generate(prompts, params)
@@ -89,8 +98,30 @@ def test_longest_first_programs_give_the_gathered_paths_tokens(tiny_dirs, monkey
     for a, b in zip((c for o in want for c in o.completions), (c for o in got for c in o.completions)):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
-    # one order per decode step (7 after the prefill), not one per layer
-    assert orders == [3] * 7
+    assert device_sorts == []
+    # every layer of the 7 decode steps after the prefill read the host's order, which is the device sort's
+    assert len(orders) == 7 * 2 and all(host.tolist() == device.tolist() for host, device in orders)
+
+
+def test_host_order_is_the_device_sorts_order_with_ties_and_padding():
+    """``_decode_paged_inputs``' order: ``longest_first_order``'s (descending, ties in row order), padding rows
+    (context 1) included."""
+    import types
+
+    import numpy as np
+    import torch
+
+    from asyncrl.engine.model_runner import ModelRunner
+    from asyncrl.engine.triton_decode import longest_first_order
+
+    rng = np.random.default_rng(0)
+    for n, bs in ((5, 8), (16, 16), (100, 128)):
+        starts = rng.integers(0, 6, n).tolist()  # few distinct lengths: many ties
+        seqs = [types.SimpleNamespace(block_table=[i], token_ids=[7]) for i in range(n)]
+        batch = types.SimpleNamespace(seqs=seqs, starts=starts, input_src=[-1] * n, block_tables=None)
+        runner = types.SimpleNamespace(block_size=16, scratch_block=999, _bt_width=lambda: 2)
+        *_, ctx, order = ModelRunner._decode_paged_inputs(runner, batch, bs)
+        assert order.dtype == np.int32 and order.tolist() == longest_first_order(torch.from_numpy(ctx)).tolist()
 
 
 def test_graphed_host_path_equals_gathered_path(tiny_dirs, monkeypatch):
