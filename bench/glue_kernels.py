@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.engine import triton_norm, triton_qkv, triton_silu  # noqa: E402
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.models import decoder  # noqa: E402
 
 H, HKV, D, INTER, HIDDEN = 16, 8, 128, 3072, 1024
@@ -151,10 +151,7 @@ def main() -> int:
             print(f"  T={T:6d} best {best['launch']} {best['ms']:.4f} ms ({best['gb_s']} GB/s); "
                   f"first {mine[0]['launch']} "
                   f"{mine[0]['ms']:.4f} -> {mine[0]['ms'] / best['ms']:.2f}x")
-    if args.json:
-        out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   device=torch.cuda.get_device_name(), torch=torch.__version__, command=" ".join(sys.argv), rows=rows)
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_json(args.json, dict(provenance("python bench/glue_kernels.py " + " ".join(sys.argv[1:])), rows=rows))
     return 0
 
 
