@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.engine import LLM  # noqa: E402
-from asyncrl.engine.bench import build_random_hf, workload_a, workload_c  # noqa: E402
+from asyncrl.engine.bench import build_random_hf, provenance, workload_a, workload_c, write_json  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -243,12 +243,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep-traces", default=None, help="write each window's chrome trace here (w<step>.json)")
     args = ap.parse_args()
-    out = run(args)
-    out |= dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name(),
-                torch=torch.__version__, command="python bench/decode_timeline.py " + " ".join(sys.argv[1:]))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, run(args) | provenance("python bench/decode_timeline.py " + " ".join(sys.argv[1:])))
     return 0
 
 

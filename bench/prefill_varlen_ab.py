@@ -16,13 +16,13 @@ import json
 import os
 import statistics
 import sys
-from datetime import datetime, timezone
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.engine import attention  # noqa: E402
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 
 def workloads(vocab: int) -> dict:
@@ -66,12 +66,9 @@ def main() -> int:
     ap.add_argument("--kv-cache-dtype", default=None, choices=("fp8",))
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
-               torch=torch.__version__, command="python bench/prefill_varlen_ab.py " + " ".join(sys.argv[1:]),
-               engine=run(args.repeats, args.kv_cache_dtype))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    out = provenance("python bench/prefill_varlen_ab.py " + " ".join(sys.argv[1:]))
+    out["engine"] = run(args.repeats, args.kv_cache_dtype)
+    write_json(args.json, out)
     return 0
 
 
