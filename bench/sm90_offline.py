@@ -12,15 +12,18 @@ import subprocess
 import tempfile
 
 
-def compile_sm90(kernel, signature: dict, constants: dict, attrs: dict, num_warps: int, num_stages: int):
+def compile_sm90(kernel, signature: dict, constants: dict, attrs: dict, num_warps: int, num_stages: int,
+                 max_registers: int = 0):
     """``kernel`` (a ``@triton.jit`` function) compiled for sm90: the ``CompiledKernel`` (``.asm``
-    holds "ptx" and "cubin", ``.metadata.shared`` the shared-memory bytes)."""
+    holds "ptx" and "cubin", ``.metadata.shared`` the shared-memory bytes). ``max_registers`` > 0: Triton's
+    ``maxnreg``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     return triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages}
+                          | ({"maxnreg": max_registers} if max_registers else {}))
 
 
 def register_usage(compiled) -> str:
