@@ -106,19 +106,22 @@ def bf16_prefetch_from(min_per_sm: float):
 ALL_RULES["bf16_prefetch_from3"] = bf16_prefetch_from(3)
 
 
-def fp8_dense_registers(cap: int):
-    """The engine's rule with its e4m3 dense launch (16-token tiles, one warp) capped at ``cap`` registers a thread:
-    167 uncapped on sm90 = 12 one-warp programs per SM (workload (a)'s 2,048 programs in 1.3 waves); 128 = 16 and
-    120 = 17 (one wave), no spills at either (``bench/paged_decode_variants.py --offline``)."""
+def fp8_dense_registers(cap: int, splits: int = 0):
+    """The engine's rule with its e4m3 dense launch (16-token tiles, one warp) capped at ``cap`` registers a thread
+    (0: uncapped) and each sequence in ``splits`` chunks (0: the engine's): 167 registers uncapped on sm90 = 12
+    one-warp programs per SM (workload (a)'s 2,048 programs in 1.3 waves); 128 = 16 and 120 = 17 (one wave), no
+    spills at either (``bench/paged_decode_variants.py --offline``)."""
     def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
         launch = ENGINE_RULE(batch, hkv, k_cache, qlen)
         dense = dataclasses.replace(launch, max_registers=0) == td._FP8_DENSE_LAUNCH
-        return dataclasses.replace(launch, max_registers=cap) if dense else launch
+        return dataclasses.replace(launch, max_registers=cap, kv_splits=splits) if dense else launch
     return rule
 
 
 ALL_RULES["fp8_dense_r128"] = fp8_dense_registers(128)
 ALL_RULES["fp8_dense_r120"] = fp8_dense_registers(120)
+ALL_RULES["fp8_dense_split2"] = fp8_dense_registers(0, 2)
+ALL_RULES["fp8_dense_r128_split2"] = fp8_dense_registers(128, 2)
 RULES = dict(ALL_RULES)
 
 

@@ -1,12 +1,11 @@
 """The layer glue kernels end to end: workloads (a) and (c) with the tiled q/k norm + RoPE + K/V write launch
 (``triton_qkv.qkv_launch``), the Triton SwiGLU (``decoder.TRITON_SILU``) and the Triton residual add + RMSNorm
-(``decoder.TRITON_NORM``) against the kernels before them, and the engine's Triton kernels launched with
-programmatic dependent launch (``engine.pdl``).
+(``decoder.TRITON_NORM``) against the kernels before them.
 
 Variants (the first is the baseline): ``before``: one token per qkv program on one warp, the compiled torch
 SiLU and RMSNorm (Inductor), the engine until 2026-12-04 session 48; ``silu``: the Triton SiLU only;
-``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, launched plainly
-(session 48's engine); ``pdl``: ``all`` with every Triton kernel launched with PDL. One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
+``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, the engine's
+default now. One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
 its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads after
 one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 
@@ -20,31 +19,28 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asyncrl.engine import pdl, triton_qkv  # noqa: E402
+from asyncrl.engine import triton_qkv  # noqa: E402
 from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.models import decoder  # noqa: E402
 
 ENGINE_QKV_LAUNCH = triton_qkv.qkv_launch
-ENGINE_PDL = pdl.ENABLED
 
 
 def _one_token_launch(tokens: int) -> tuple[int, int]:
     return (1, 1)
 
 
-def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, launch_pdl: bool = False):
+def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
         decoder.TRITON_SILU = triton_silu
         decoder.TRITON_NORM = triton_norm
-        pdl.ENABLED = launch_pdl
     return apply
 
 
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
-            "both": variant(True, True, False), "all": variant(True, True, True),
-            "pdl": variant(True, True, True, True)}
+            "both": variant(True, True, False), "all": variant(True, True, True)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:
@@ -53,7 +49,7 @@ def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> di
     try:
         return workloads_ab({n: VARIANTS[n] for n in names}, kv_dtypes, blocks, repeats)
     finally:
-        variant(True, True, True, ENGINE_PDL)()
+        variant(True, True, True)()
 
 
 def main() -> int:

@@ -83,6 +83,11 @@ VARIANTS = {
                                                         max_registers=120),
     "base prefetch tile16 w1 s4 lpt r128": DecodeLaunch(16, 1, 4, table_prefetch=True, longest_first=True,
                                                         max_registers=128),
+    # the same with each sequence in 2 chunks (split-KV): a mixed batch's longest program half as long
+    "base prefetch tile16 w1 s3 lpt split2": DecodeLaunch(16, 1, 3, kv_splits=2, table_prefetch=True,
+                                                          longest_first=True),
+    "base prefetch tile16 w1 s3 lpt r128 split2": DecodeLaunch(16, 1, 3, kv_splits=2, table_prefetch=True,
+                                                               longest_first=True, max_registers=128),
     # each sequence's context over a fixed number of programs (kv_splits_for gives 1 from 64 sequences up)
     "base lpt split2": DecodeLaunch(kv_splits=2, longest_first=True),
     "base lpt split4": DecodeLaunch(kv_splits=4, longest_first=True),

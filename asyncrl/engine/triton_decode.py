@@ -34,7 +34,6 @@ import triton.language as tl
 
 from asyncrl.engine import cascade as cascade_module
 from asyncrl.engine.cascade import CascadeLaunchRule
-from asyncrl.engine.pdl import launch_options, release_dependents, wait_for_producer
 
 
 @triton.jit
@@ -57,7 +56,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
                          F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
-                         ORDERED: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                         ORDERED: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
     (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
     sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
@@ -71,11 +70,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     CASCADE without PREFIX_MERGE (``CascadeLaunchRule.concurrent_prefix``): the prefix partials are
     not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
     only, written as partial (out, lse) to SO / SL like split-KV chunks, for
-    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16.
-    USE_PDL (``pdl``): launched with programmatic dependent launch, so it waits for the grid before (the K/V
-    write) first."""
-    wait_for_producer(USE_PDL)
-    release_dependents(USE_PDL)  # the split merge (if any) may start launching
+    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16."""
     if ORDERED:
         b = tl.load(ORDER + tl.program_id(1))
         kvh = tl.program_id(0)
@@ -196,9 +191,8 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
 @triton.jit
 def _merge_splits_kernel(SO, SL, O, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
                          stride_ot, stride_oh, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         KV_SPLITS: tl.constexpr, USE_PDL: tl.constexpr = False):
+                         KV_SPLITS: tl.constexpr):
     """Grid (B, H): out = sum_s exp(lse_s - lse) * out_s over the KV_SPLITS partials (fp32)."""
-    wait_for_producer(USE_PDL)  # SO / SL: the decode kernel's
     b = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -544,7 +538,6 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     if ordered:
         ranks = order() if order is not None else longest_first_order(context_lens)
     grid = (hkv, B, splits) if ordered else (B, hkv, splits)
-    pdl = launch_options(q.device)
     _paged_decode_kernel[grid](
         q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, ranks, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -555,12 +548,12 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
-        ORDERED=ordered, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl,
+        ORDERED=ordered, num_warps=launch.num_warps, num_stages=launch.num_stages,
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
     if splits > 1:
         _merge_splits_kernel[(T, H)](
             so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
-            out.stride(0), out.stride(1), D=D, BLOCK_D=block_d, KV_SPLITS=splits, num_warps=4, **pdl)
+            out.stride(0), out.stride(1), D=D, BLOCK_D=block_d, KV_SPLITS=splits, num_warps=4)
     return out
 
 

@@ -18,15 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from asyncrl.engine.pdl import launch_options, wait_for_producer
 from asyncrl.engine.triton_qkv import cast_rn, rsqrt_f32  # libdevice's rsqrtf and nearest-even casts (interpreter too)
 
 
 @triton.jit
 def _rms_norm_kernel(X, RES, W, OUT, RES_OUT, T, N, eps, stride_x, stride_res, stride_out,
-                     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr = False):
+                     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr):
     """Program (row block): rows ``pid * BLOCK_T ...``, each whole (``BLOCK_N >= N``)."""
-    wait_for_producer(USE_PDL)  # X: the GEMM before
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     n = tl.arange(0, BLOCK_N)
     mask = (t < T)[:, None] & (n < N)[None, :]
@@ -71,6 +69,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Option
         res = residual if residual is not None else x
         _rms_norm_kernel[(triton.cdiv(T, block_t),)](
             x, res, weight, out, res_out, T, N, eps, x.stride(0), res.stride(0), out.stride(0),
-            BLOCK_T=block_t, BLOCK_N=triton.next_power_of_2(N), ADD=residual is not None, num_warps=warps,
-            **launch_options(x.device))
+            BLOCK_T=block_t, BLOCK_N=triton.next_power_of_2(N), ADD=residual is not None, num_warps=warps)
     return (out, res_out) if residual is not None else out

@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 
 from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
-from asyncrl.engine.pdl import launch_options, release_dependents, wait_for_producer
 
 # The interpreter (TRITON_INTERPRET=1, CPU tests) has no libdevice, and its fp32 -> bf16 / fp8 casts
 # truncate (its round-to-nearest option drops the carry into the exponent): there ``cast_rn`` rounds to
@@ -95,11 +94,9 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
                       stride_qkv, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                       BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr,
-                      FP8_MAX: tl.constexpr, USE_PDL: tl.constexpr = False):
+                      FP8_MAX: tl.constexpr):
     """Program (token block tb, head h): tokens ``tb * BLOCK_T ...`` of q head h (h < H), else of kv head
     h - H (k and v). Tiles ``[BLOCK_T, BLOCK_HALF]``, one row per token."""
-    wait_for_producer(USE_PDL)  # QKV: the qkv GEMM's output
-    release_dependents(USE_PDL)  # the decode attention may start launching (it waits for this grid)
     tb = tl.program_id(0)
     h = tl.program_id(1)
     DT: tl.constexpr = Q.dtype.element_ty
@@ -188,5 +185,5 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
         qkv, positions, cos, sin, qw, kw, q, k_cache, v_cache, slot_mapping, eps, T,
         qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2),
         H=num_heads, HKV=num_kv_heads, D=D, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block_t,
-        NORM=norm, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, num_warps=warps, **launch_options(qkv.device))
+        NORM=norm, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, num_warps=warps)
     return q

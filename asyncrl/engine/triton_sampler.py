@@ -44,7 +44,6 @@ import torch
 import triton
 import triton.language as tl
 
-from asyncrl.engine.pdl import launch_options, release_dependents, wait_for_producer
 from asyncrl.engine.sampler import U_MAX, gumbel_noise
 from asyncrl.engine.triton_decode import num_sms
 
@@ -94,12 +93,10 @@ def _noise_kernel(KEYS, G, V, BLOCK: tl.constexpr, U_HI: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_splits"])
 def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
-                    BLOCK: tl.constexpr, U_HI: tl.constexpr, USE_PDL: tl.constexpr = False):
+                    BLOCK: tl.constexpr, U_HI: tl.constexpr):
     """Program (row, split) over tiles ``[split*n_tiles//n_splits, (split+1)*n_tiles//n_splits)``.
     Writes PART ``[3, B, n_splits]`` fp32 = (max of x/T, sum exp(x/T - max), best race
     value) and IPART ``[2, B, n_splits]`` int32 = (first argmax of x/T, first race argmax)."""
-    wait_for_producer(USE_PDL)  # X: the LM head's logits
-    release_dependents(USE_PDL)  # the combine kernel may start launching (it waits for this grid)
     row = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.load(TEMP + row)
@@ -163,11 +160,9 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
 
 
 @triton.jit(do_not_specialize=["n_splits"])
-def _combine_kernel(X, stride_x, TEMP, PART, IPART, TOK, LOGP, n_splits, MAX_SPLITS: tl.constexpr,
-                    USE_PDL: tl.constexpr = False):
+def _combine_kernel(X, stride_x, TEMP, PART, IPART, TOK, LOGP, n_splits, MAX_SPLITS: tl.constexpr):
     """Program per row: merge its splits (in vocab order: the first maximum wins), pick the
     token (greedy rows: argmax x) and write TOK ``[B]`` int64, LOGP ``[B]`` fp32."""
-    wait_for_producer(USE_PDL)  # PART / IPART: the partial kernel's
     row = tl.program_id(0)
     i = tl.arange(0, MAX_SPLITS)
     ok = i < n_splits
@@ -259,11 +254,10 @@ def sample_unfiltered(logits: torch.Tensor, temperature: torch.Tensor, keys: tor
         n_splits, n_tiles = launch_shape(B, V, logits.device, block, programs_per_sm)
     part = torch.empty(3, B, n_splits, dtype=torch.float32, device=logits.device)
     ipart = torch.empty(2, B, n_splits, dtype=torch.int32, device=logits.device)
-    pdl = launch_options(logits.device)
     _partial_kernel[(B, n_splits)](logits, logits.stride(0), V, temperature, keys, part, ipart,
-                                   n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, num_warps=num_warps, **pdl)
+                                   n_splits, n_tiles, BLOCK=block, U_HI=U_MAX, num_warps=num_warps)
     _combine_kernel[(B,)](logits, logits.stride(0), temperature, part, ipart, tokens, logprobs,
-                          n_splits, MAX_SPLITS=max(16, triton.next_power_of_2(n_tiles)), num_warps=1, **pdl)
+                          n_splits, MAX_SPLITS=max(16, triton.next_power_of_2(n_tiles)), num_warps=1)
     return tokens, logprobs
 
 

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from asyncrl.engine.pdl import launch_options, wait_for_producer
 from asyncrl.engine.triton_qkv import cast_rn  # rounds to nearest-even in the interpreter too
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -38,9 +37,8 @@ else:
 
 @triton.jit
 def _silu_mul_kernel(GU, OUT, T, I, stride_gu, stride_out,
-                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr = False):
+                     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (token block, column block): ``OUT[t, c] = round(round(silu(GU[t, c])) * GU[t, I + c])``."""
-    wait_for_producer(USE_PDL)  # GU: the gate_up GEMM's output
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (t < T)[:, None] & (c < I)[None, :]
@@ -74,5 +72,5 @@ def silu_and_mul(gate_up: torch.Tensor, inter: int, launch: tuple[int, int, int]
     block_t, block_c, warps = launch or silu_launch(T)
     grid = (triton.cdiv(T, block_t), triton.cdiv(inter, block_c))
     _silu_mul_kernel[grid](gate_up, out, T, inter, gate_up.stride(0), out.stride(0),
-                           BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps, **launch_options(gate_up.device))
+                           BLOCK_T=block_t, BLOCK_C=block_c, num_warps=warps)
     return out

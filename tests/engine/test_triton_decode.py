@@ -64,11 +64,12 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetc
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("query_len,bf16", [(1, False), (3, False), (3, True)])
-def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16):
+@pytest.mark.parametrize("query_len,bf16,max_registers", [(1, False, 0), (3, False, 0), (3, True, 0), (1, True, 128)])
+def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16, max_registers):
     """An e4m3 KV cache (``kv_cache_dtype="fp8"``): the kernel upcasts each K/V tile to the query's
     dtype as it loads it, the gathered path upcasts the gathered keys: same attention. bf16 queries (a
-    verify step of 3 tokens) take the fp16 dots (``f16_dots``): within bf16 rounding of float64."""
+    verify step of 3 tokens) take the fp16 dots (``f16_dots``): within bf16 rounding of float64. A register
+    cap (``max_registers``, on a GPU) changes nothing but the compiled code's register use."""
     from asyncrl.engine.attention import FP8_KV
 
     H, Hkv, D, page = 4, 2, 16, 4
@@ -85,7 +86,8 @@ def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16):
     bt = torch.tensor([t + [nb] * (width - len(t)) for t in tables], dtype=torch.int32)
     q = torch.randn(len(lens) * query_len, H, D, generator=g).to(torch.bfloat16 if bf16 else torch.float32)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
-    out = paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=16, kv_splits=1), query_len=query_len)
+    launch = DecodeLaunch(block_n=16, kv_splits=1, max_registers=max_registers)
+    out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
     meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
                                    torch.device("cpu"))
     if bf16:
