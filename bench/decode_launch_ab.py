@@ -122,18 +122,6 @@ ALL_RULES["fp8_dense_r128"] = fp8_dense_registers(128)
 ALL_RULES["fp8_dense_r120"] = fp8_dense_registers(120)
 ALL_RULES["fp8_dense_split2"] = fp8_dense_registers(0, 2)
 ALL_RULES["fp8_dense_r128_split2"] = fp8_dense_registers(128, 2)
-
-
-def fp8_v_words(rule):
-    """``rule`` with every e4m3 launch reading its V tiles as 32-bit words (``triton_decode.v_words``)."""
-    def words(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
-        launch = rule(batch, hkv, k_cache, qlen)
-        return dataclasses.replace(launch, fp8_v_words=True) if k_cache.dtype == torch.float8_e4m3fn else launch
-    return words
-
-
-ALL_RULES["fp8_v_words"] = fp8_v_words(ENGINE_RULE)
-ALL_RULES["fp8_v_words_r128"] = fp8_v_words(fp8_dense_registers(128))
 RULES = dict(ALL_RULES)
 
 

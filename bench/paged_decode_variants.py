@@ -83,13 +83,6 @@ VARIANTS = {
                                                         max_registers=120),
     "base prefetch tile16 w1 s4 lpt r128": DecodeLaunch(16, 1, 4, table_prefetch=True, longest_first=True,
                                                         max_registers=128),
-    # an e4m3 V tile read as 32-bit words and upcast before its layout change (``triton_decode.v_words``): the
-    # engine's two e4m3 launches (dense grids; smaller ones) and the dense one at 2 stages
-    "base prefetch tile16 w1 s3 lpt vwords": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True,
-                                                          fp8_v_words=True),
-    "base prefetch tile16 w1 s2 lpt vwords": DecodeLaunch(16, 1, 2, table_prefetch=True, longest_first=True,
-                                                          fp8_v_words=True),
-    "base prefetch lpt vwords": DecodeLaunch(table_prefetch=True, longest_first=True, fp8_v_words=True),
     # the same with each sequence in 2 chunks (split-KV): a mixed batch's longest program half as long
     "base prefetch tile16 w1 s3 lpt split2": DecodeLaunch(16, 1, 3, kv_splits=2, table_prefetch=True,
                                                           longest_first=True),
@@ -227,8 +220,7 @@ def offline_report() -> int:
                 bt_regs = 16 if launch.table_in_registers else 0
                 f16 = kv != "bf16" and launch.fp8_f16_dots
                 consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=bt_regs, F16_DOTS=f16,
-                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs), ORDERED=launch.longest_first,
-                                       V_WORDS=f16 and launch.fp8_v_words)
+                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs), ORDERED=launch.longest_first)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}

@@ -47,28 +47,6 @@ def _merge_part(m, l, acc, lse_p, o_p):
 
 
 @triton.jit
-def _e4m3x2_to_f16x2(x):
-    """uint16 (two e4m3 bytes) -> uint32 (two fp16): ``cvt.rn.f16x2.e4m3x2`` (sm89+)."""
-    return tl.inline_asm_elementwise("cvt.rn.f16x2.e4m3x2 $0, $1;", "=r,h", [x], dtype=tl.uint32, is_pure=True,
-                                     pack=1)
-
-
-@triton.jit
-def _halves(x):
-    """uint32 -> its (low, high) 16 bits as fp16."""
-    return ((x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True),
-            (x >> 16).to(tl.uint16).to(tl.float16, bitcast=True))
-
-
-@triton.jit
-def _e4m3_words_to_f16(w, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """uint32 words ``[ROWS, COLS // 4]``, each four e4m3 values in memory order -> fp16 ``[ROWS, COLS]``."""
-    a0, a1 = _halves(_e4m3x2_to_f16x2((w & 0xFFFF).to(tl.uint16)))
-    a2, a3 = _halves(_e4m3x2_to_f16x2((w >> 16).to(tl.uint16)))
-    return tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (ROWS, COLS))
-
-
-@triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
@@ -78,7 +56,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
                          F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
-                         ORDERED: tl.constexpr = False, V_WORDS: tl.constexpr = False):
+                         ORDERED: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
     (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
     sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
@@ -92,8 +70,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     CASCADE without PREFIX_MERGE (``CascadeLaunchRule.concurrent_prefix``): the prefix partials are
     not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
     only, written as partial (out, lse) to SO / SL like split-KV chunks, for
-    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16. V_WORDS
-    (``v_words``): an e4m3 V tile is read as 32-bit words and upcast before its layout change (see ``v_words``)."""
+    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16."""
     if ORDERED:
         b = tl.load(ORDER + tl.program_id(1))
         kvh = tl.program_id(0)
@@ -178,14 +155,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
         alpha = tl.exp(m - m_ref)
         p = tl.exp(s - m_ref[:, None])
         l = l * alpha + tl.sum(p, 1)
-        if V_WORDS:  # e4m3 V read as 32-bit words, upcast in registers, then laid out for the dot as fp16
-            vrow = (V + blk * stride_kb + (tok % PAGE) * stride_ks + kvh * stride_kh).to(tl.pointer_type(tl.uint32),
-                                                                                         bitcast=True)
-            dw = tl.arange(0, BLOCK_D // 4)
-            w = tl.load(vrow[:, None] + dw[None, :], mask=kmask[:, None] & (dw < D // 4)[None, :], other=0)
-            v = _e4m3_words_to_f16(w, BLOCK_N, BLOCK_D)
-        else:
-            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
+        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -372,7 +342,6 @@ class DecodeLaunch:
     fp8_block_n: int = 0         # packed: tile for an e4m3 cache (0 = block_n); 2x block_n = same bytes
     table_in_registers: bool = False  # base and packed: block-table row read once (``table_regs``)
     fp8_f16_dots: bool = True    # base: an e4m3 cache's dots in fp16 (``f16_dots``)
-    fp8_v_words: bool = False    # base: an e4m3 V tile upcast as 32-bit words before its layout change (``v_words``)
     table_prefetch: bool = False  # base: each tile's block id loaded one tile ahead (``bt_prefetch``)
     longest_first: bool = False  # base, plain decode: programs dispatched longest sequence first (``ORDERED``)
     max_registers: int = 0       # base: > 0 caps registers a thread (ptxas ``.maxnreg``, Triton's ``maxnreg``)
@@ -515,27 +484,6 @@ def f16_dots(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None
     return launch.fp8_f16_dots and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
 
 
-def v_words(q: torch.Tensor, k_cache: torch.Tensor, launch: DecodeLaunch | None = None) -> bool:
-    """Whether the base kernel reads an e4m3 V tile as 32-bit words and upcasts it to fp16 in registers
-    (``_e4m3_words_to_f16``) before Triton moves it into the dot's operand layout.
-
-    Why: in ``p @ V`` the contraction runs over a tile's keys, which lie a row (D bytes) apart, and an 8-bit
-    operand cannot be transposed by ``ldmatrix``: Triton 3.6 reads such a V tile from shared memory one byte at a
-    time (sm90 SASS of the 16-token, one-warp tile: 64 ``LDS.U8`` of its 704 instructions a tile; the bf16 tile
-    takes 479). Upcast first, the tile is transposed as fp16 (``STS.128`` + ``LDSM.MT88``): 519 instructions a
-    tile and 132 registers instead of 167 (``bench/paged_decode_variants.py --offline``). The conversion is
-    inline PTX, so CUDA only (sm89+: ``cvt.rn.f16x2.e4m3x2``), with the fp16 dots (``f16_dots``), D % 4 == 0."""
-    launch = launch or DECODE_LAUNCH
-    return (launch.fp8_v_words and f16_dots(q, k_cache, launch) and q.is_cuda and q.shape[-1] % 4 == 0
-            and _has_e4m3_cvt(q.device.index if q.device.index is not None else torch.cuda.current_device()))
-
-
-@functools.lru_cache(maxsize=None)
-def _has_e4m3_cvt(index: int) -> bool:
-    """``cvt.rn.f16x2.e4m3x2`` exists from sm89 (Ada, Hopper) on."""
-    return torch.cuda.get_device_capability(index) >= (8, 9)
-
-
 def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaunch) -> int:
     """Chunks per sequence so that about ``programs_per_sm`` programs run per SM (a power of 2,
     1 when the batch alone fills the GPU). Depends on the batch size only: graph-safe."""
@@ -600,7 +548,6 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
-        V_WORDS=v_words(q, k_cache, launch),
         ORDERED=ordered, num_warps=launch.num_warps, num_stages=launch.num_stages,
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
     if splits > 1:

@@ -255,39 +255,6 @@ def test_fp8_cache_bf16_query_fp16_dots_are_at_least_as_accurate_as_bf16_dots():
         assert errors[True].mean() <= errors[False].mean() * 1.05, (errors[True].mean(), errors[False].mean())
 
 
-@pytest.mark.skipif(not CUDA, reason="inline PTX (cvt.rn.f16x2.e4m3x2): a GPU only")
-@pytest.mark.parametrize("launch,query_len", [
-    (DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True), 1),  # the dense e4m3 launch
-    (DecodeLaunch(table_prefetch=True, longest_first=True), 1),  # smaller e4m3 grids
-    (DecodeLaunch(16, 1, 2, kv_splits=4), 1),  # split-KV
-    (DecodeLaunch(), 3)])  # a speculative verify step
-def test_gpu_fp8_v_words_equal_the_byte_reads(launch, query_len):
-    """``DecodeLaunch.fp8_v_words`` (``v_words``): V read as 32-bit words and upcast in registers gives the same
-    fp16 operands as Triton's byte reads, so the same attention, at the 0.6B shape (16 / 8 heads, D 128, page 64)
-    with contexts of 1 to 700 tokens, and stays within bf16 rounding of float64."""
-    from asyncrl.engine.attention import FP8_KV
-    from asyncrl.engine.triton_decode import v_words
-
-    H, Hkv, D, page = 16, 8, 128, 64
-    g = torch.Generator().manual_seed(11)
-    lens = [query_len, 63, 64, 65, 300, 700, 129, 17]
-    nb = sum(-(-n // page) for n in lens) + 3
-    kc = (2 * torch.randn(nb + 1, page, Hkv, D, generator=g)).to(FP8_KV)
-    vc = torch.randn(nb + 1, page, Hkv, D, generator=g).to(FP8_KV)
-    tables, bt = scattered_tables(lens, page, nb, g)
-    q = torch.randn(len(lens) * query_len, H, D, generator=g).to(torch.bfloat16)
-    dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
-    words = dataclasses.replace(launch, fp8_v_words=True)
-    assert v_words(dev[0], dev[1], words) and not v_words(dev[0], dev[1], launch)
-    bytes_out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
-    words_out = paged_decode_attention(*dev, D ** -0.5, launch=words, query_len=query_len)
-    torch.testing.assert_close(words_out, bytes_out, rtol=0, atol=0)
-    meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
-                                   torch.device("cpu"))
-    ref = gathered_attention(q.double(), kc.double(), vc.double(), meta, D ** -0.5)
-    torch.testing.assert_close(words_out.cpu().double(), ref, rtol=2 ** -7, atol=1e-2)
-
-
 def test_fp8_cache_cascade_decode_matches_plain_and_reference():
     """Cascade decode (shared-prefix kernel + suffix decode) on an e4m3 cache: equal to plain paged
     decode and to the float64 reference over the same (upcast) K/V."""
