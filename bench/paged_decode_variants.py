@@ -92,6 +92,11 @@ VARIANTS = {
     "base lpt split2": DecodeLaunch(kv_splits=2, longest_first=True),
     "base lpt split4": DecodeLaunch(kv_splits=4, longest_first=True),
     "base prefetch lpt split2": DecodeLaunch(kv_splits=2, table_prefetch=True, longest_first=True),
+    # bf16 (a): the engine's launch is held to 3 programs an SM by its 70 KiB of shared memory, so (a)'s 2,048
+    # programs take 5.2 waves; 2 stages (38 KiB: 5 an SM, 3.1 waves) or 32-token tiles on 2 warps shift the tail
+    "base prefetch lpt s2": DecodeLaunch(64, 4, 2, table_prefetch=True, longest_first=True),
+    "base prefetch tile32 w2 s3 lpt": DecodeLaunch(32, 2, 3, table_prefetch=True, longest_first=True),
+    "base prefetch tile32 w4 s3 lpt": DecodeLaunch(32, 4, 3, table_prefetch=True, longest_first=True),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed table s3 (PACKED_LAUNCH)": _T,
