@@ -113,8 +113,9 @@ def fp8_dense_registers(cap: int, splits: int = 0):
     spills at either (``bench/paged_decode_variants.py --offline``)."""
     def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
         launch = ENGINE_RULE(batch, hkv, k_cache, qlen)
-        dense = dataclasses.replace(launch, max_registers=0) == td._FP8_DENSE_LAUNCH
-        return dataclasses.replace(launch, max_registers=cap, kv_splits=splits) if dense else launch
+        if launch != td._FP8_DENSE_LAUNCH:
+            return launch
+        return dataclasses.replace(launch, max_registers=cap, kv_splits=splits)
     return rule
 
 
