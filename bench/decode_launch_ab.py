@@ -110,7 +110,7 @@ def fp8_dense_registers(cap: int, splits: int = 0):
     """The engine's rule with its e4m3 dense launch (16-token tiles, one warp) capped at ``cap`` registers a thread
     (0: uncapped) and each sequence in ``splits`` chunks (0: the engine's): 167 registers uncapped on sm90 = 12
     one-warp programs per SM (workload (a)'s 2,048 programs in 1.3 waves); 128 = 16 and 120 = 17 (one wave), no
-    spills at either (``bench/paged_decode_variants.py --offline``)."""
+    spills at either (``bench/paged_decode_variants.py --offline``; session 49's launch, before the tiled loads)."""
     def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
         launch = ENGINE_RULE(batch, hkv, k_cache, qlen)
         if launch != td._FP8_DENSE_LAUNCH:
@@ -123,6 +123,47 @@ ALL_RULES["fp8_dense_r128"] = fp8_dense_registers(128)
 ALL_RULES["fp8_dense_r120"] = fp8_dense_registers(120)
 ALL_RULES["fp8_dense_split2"] = fp8_dense_registers(0, 2)
 ALL_RULES["fp8_dense_r128_split2"] = fp8_dense_registers(128, 2)
+# Fewer instructions a tile (``tiled_loads``: block base + fixed offsets, masks on the last tile only;
+# ``lazy_rescale``: the accumulator rescaled only when the max moves by more than e^8). Kernel bench (session 50):
+# 32-token tiles on one warp with both are the fastest or within 1.5% of it for bf16 and e4m3 at (a), (c) and
+# mixed contexts, so one launch for every single-query decode; or the engine's rule with both on its e4m3 dense launch.
+TILE32_TILED = DecodeLaunch(32, 1, 3, table_prefetch=True, longest_first=True, tiled_loads=True, lazy_rescale=True)
+
+
+def one_launch(launch: DecodeLaunch):
+    """``launch`` for every single-query decode of an unpinned engine (verify steps, pinned launches: the engine's)."""
+    def rule(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+        if qlen != 1 or not td._launch_is_default():
+            return ENGINE_RULE(batch, hkv, k_cache, qlen)
+        return launch
+    return rule
+
+
+def session49(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+    """The engine's rule until session 50: 64-token tiles on 4 warps (the block-id prefetch from 8 programs per SM
+    and on every e4m3 cache), 16-token one-warp tiles on e4m3 grids of >= 12 per SM; no tiled loads, no lazy
+    rescale; longest sequence first."""
+    if qlen != 1 or not td._launch_is_default():
+        return ENGINE_RULE(batch, hkv, k_cache, qlen)
+    per_sm = batch * hkv / td.num_sms(k_cache.device)
+    if k_cache.dtype == torch.float8_e4m3fn:
+        if per_sm >= 12:
+            return DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True)
+        return DecodeLaunch(table_prefetch=True, longest_first=True)
+    return DecodeLaunch(table_prefetch=per_sm >= 8, longest_first=True)
+
+
+def fp8_dense_tiled(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
+    """Session 49's rule with tiled loads and the lazy rescale on its e4m3 16-token launch only."""
+    launch = session49(batch, hkv, k_cache, qlen)
+    if launch.block_n != 16:
+        return launch
+    return dataclasses.replace(launch, tiled_loads=True, lazy_rescale=True)
+
+
+ALL_RULES["session49"] = session49
+ALL_RULES["tile32_tiled"] = one_launch(TILE32_TILED)  # measured as "tile32_tiled" in session 50
+ALL_RULES["fp8_dense_tiled"] = fp8_dense_tiled  # measured against session 49's rule as "default" in session 50
 RULES = dict(ALL_RULES)
 
 

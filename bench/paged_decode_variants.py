@@ -97,6 +97,27 @@ VARIANTS = {
     "base prefetch lpt s2": DecodeLaunch(64, 4, 2, table_prefetch=True, longest_first=True),
     "base prefetch tile32 w2 s3 lpt": DecodeLaunch(32, 2, 3, table_prefetch=True, longest_first=True),
     "base prefetch tile32 w4 s3 lpt": DecodeLaunch(32, 4, 3, table_prefetch=True, longest_first=True),
+    # fewer instructions a tile (ncu, 2026-12-04: the e4m3 dense launch issues 58% of cycles, 744 instructions a
+    # 16-token tile, ~40% integer address / mask work and 64 multiplies rescaling the accumulator): addresses =
+    # block base + fixed offsets with masks on the last tile only (``tiled_loads``), and the accumulator rescaled
+    # only when the running max moves by more than e^8 (``lazy_rescale``)
+    "base prefetch tile16 w1 s3 lpt tiled": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True,
+                                                         tiled_loads=True),
+    "base prefetch tile16 w1 s3 lpt lazy": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True,
+                                                        lazy_rescale=True),
+    "base prefetch tile16 w1 s3 lpt tiled lazy": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile16 w1 s3 lpt tiled lazy r128": DecodeLaunch(16, 1, 3, table_prefetch=True,
+                                                                   longest_first=True, tiled_loads=True,
+                                                                   lazy_rescale=True, max_registers=128),
+    "base prefetch tile32 w1 s3 lpt tiled lazy": DecodeLaunch(32, 1, 3, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile32 w2 s3 lpt tiled lazy": DecodeLaunch(32, 2, 3, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch lpt tiled": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True),
+    "base prefetch lpt tiled lazy": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True,
+                                                 lazy_rescale=True),
+    "base lpt tiled lazy": DecodeLaunch(longest_first=True, tiled_loads=True, lazy_rescale=True),
     "packed": _P,  # 4 kv heads per program (auto at D 128), tile 16 (e4m3 too), 8 warps, 2 stages
     "packed 8 heads": dataclasses.replace(_P, heads_per_program=8),
     "packed table s3 (PACKED_LAUNCH)": _T,
@@ -225,7 +246,8 @@ def offline_report() -> int:
                 bt_regs = 16 if launch.table_in_registers else 0
                 f16 = kv != "bf16" and launch.fp8_f16_dots
                 consts = common | dict(BLOCK_G=16, QLEN=1, BT_REGS=bt_regs, F16_DOTS=f16,
-                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs), ORDERED=launch.longest_first)
+                                       BT_PREFETCH=bt_prefetch(PAGE, launch, bt_regs), ORDERED=launch.longest_first,
+                                       TILED=launch.tiled_loads, LAZY_RESCALE=launch.lazy_rescale)
             sig = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
             aligned = [a for a in sig if sig[a].startswith("*") or (a.startswith("stride") and a != "stride_bt")]
             attrs = {(kernel.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}

@@ -46,6 +46,68 @@ def _merge_part(m, l, acc, lse_p, o_p):
     return m_new, l * alpha + beta, acc * alpha[:, None] + o_p * beta[:, None]
 
 
+# ``LAZY_RESCALE``: the running max m moves only when a row's tile max exceeds it by more than this (natural
+# log units, FlashAttention-4's conditional rescale): p = exp(s - m) <= e^8 ~ 2,981 then, inside fp16 and bf16,
+# and most tiles skip the accumulator's rescale (BLOCK_D / 4 multiplies a thread at one warp). Exact: p, l
+# and acc always share one m.
+RESCALE_THRESHOLD = tl.constexpr(8.0)
+
+
+@triton.jit
+def _attend_tile(q, m, l, acc, kp, vp, lmask, tok, kmask, limit, scale,
+                 cdt: tl.constexpr, MASKED: tl.constexpr, QLEN: tl.constexpr, IEEE: tl.constexpr,
+                 LAZY_RESCALE: tl.constexpr):
+    """One K/V tile into the online softmax state (m, l [R], acc [R, D] fp32): q [R, D] in ``cdt``,
+    K / V pointers ``kp`` / ``vp`` [BLOCK_N, BLOCK_D], ``tok`` [BLOCK_N] the tile's key positions,
+    ``limit`` [R] the last key each row sees (QLEN > 1). MASKED: the loads take ``lmask`` and keys with
+    ``kmask`` false weigh 0; unmasked tiles (every key valid, every column in D) skip both."""
+    if MASKED:
+        k = tl.load(kp, mask=lmask, other=0.0).to(cdt)
+    else:
+        k = tl.load(kp).to(cdt)
+    if IEEE:  # fp32 caches (tests): no tf32 rounding
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * scale  # [R, BLOCK_N]
+    if QLEN > 1:  # causal among the step's own tokens; a row may see no key of a tile
+        seen = tok[None, :] <= limit[:, None]
+        if MASKED:
+            seen = seen & kmask[None, :]
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_ref)
+        l = l * alpha
+        acc = acc * alpha[:, None]
+    else:
+        if MASKED:
+            s = tl.where(kmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))  # finite: every row sees a key of its first tile
+        if LAZY_RESCALE:
+            if tl.max(m_new - m, 0) > RESCALE_THRESHOLD:
+                alpha = tl.exp(m - m_new)
+                l = l * alpha
+                acc = acc * alpha[:, None]
+                m = m_new
+            m_new = m
+        else:
+            alpha = tl.exp(m - m_new)
+            l = l * alpha
+            acc = acc * alpha[:, None]
+        m_ref = m_new
+    p = tl.exp(s - m_ref[:, None])
+    l = l + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(vp, mask=lmask, other=0.0).to(cdt)
+    else:
+        v = tl.load(vp).to(cdt)
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l, acc
+
+
 @triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
@@ -56,7 +118,8 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
                          KV_SPLITS: tl.constexpr, QLEN: tl.constexpr, BT_REGS: tl.constexpr,
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
                          F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
-                         ORDERED: tl.constexpr = False):
+                         ORDERED: tl.constexpr = False, TILED: tl.constexpr = False,
+                         LAZY_RESCALE: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
     (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
     sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
@@ -70,7 +133,10 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     CASCADE without PREFIX_MERGE (``CascadeLaunchRule.concurrent_prefix``): the prefix partials are
     not read (the prefix kernel may still be running on another stream); keys ``[START[b], ctx)``
     only, written as partial (out, lse) to SO / SL like split-KV chunks, for
-    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16."""
+    ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16.
+    TILED (``tiled_loads``: ``PAGE % BLOCK_N == 0`` and ``D == BLOCK_D``): a tile lies in one block, so its
+    addresses are the block's base plus loop-invariant offsets, and every tile but the last loads without
+    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must."""
     if ORDERED:
         b = tl.load(ORDER + tl.program_id(1))
         kvh = tl.program_id(0)
@@ -125,42 +191,52 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
         merged = 1
     if BT_PREFETCH:  # the first tile's block; each iteration loads the next one's (PAGE % BLOCK_N == 0)
         nxt = tl.load(BT + b * stride_bt + first // PAGE, mask=first < last, other=0).to(tl.int64)
-    for start in range(first, last, BLOCK_N):
-        tok = start + n
-        kmask = tok < last
-        if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
-            blk = nxt
-            nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
-                          other=0).to(tl.int64)
-        elif BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
-            blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
-        elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
-            blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
-        else:  # per-token block lookup: a tile may span several small blocks
-            blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
-        off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-        k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
-        if IEEE:  # fp32 caches (tests): no tf32 rounding
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N]
-        if QLEN > 1:  # causal among the step's own tokens; a row may see no key of a tile
-            s = tl.where(kmask[None, :] & (tok[None, :] <= limit[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            s = tl.where(kmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            m_ref = m_new
-        alpha = tl.exp(m - m_ref)
-        p = tl.exp(s - m_ref[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+    if TILED:  # block base + invariant offsets; full tiles unmasked, then the partial one (if any) masked
+        inner = (n * stride_ks)[:, None] + d[None, :]
+        kh = K + kvh * stride_kh
+        vh = V + kvh * stride_kh
+        full = first + (last - first) // BLOCK_N * BLOCK_N
+        for start in range(first, full, BLOCK_N):
+            if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
+                blk = nxt
+                nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
+                              other=0).to(tl.int64)
+            elif BT_REGS > 0:
+                blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+            else:
+                blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
+            base = blk * stride_kb + (start % PAGE) * stride_ks
+            m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + base + inner, None, start + n, None,
+                                     limit, scale, cdt, False, QLEN, IEEE, LAZY_RESCALE)
+        if full < last:
+            if BT_PREFETCH:
+                blk = nxt
+            elif BT_REGS > 0:
+                blk = tl.sum(tl.where(bt_idx == full // PAGE, bt_row, 0), 0).to(tl.int64)
+            else:
+                blk = tl.load(BT + b * stride_bt + full // PAGE).to(tl.int64)
+            base = blk * stride_kb + (full % PAGE) * stride_ks
+            tok = full + n
+            kmask = tok < last
+            m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + base + inner, kmask[:, None], tok,
+                                     kmask, limit, scale, cdt, True, QLEN, IEEE, LAZY_RESCALE)
+    else:
+        for start in range(first, last, BLOCK_N):
+            tok = start + n
+            kmask = tok < last
+            if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
+                blk = nxt
+                nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
+                              other=0).to(tl.int64)
+            elif BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
+                blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+            elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
+                blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
+            else:  # per-token block lookup: a tile may span several small blocks
+                blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+            off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
+            m, l, acc = _attend_tile(q, m, l, acc, K + off, V + off, kmask[:, None] & dmask[None, :], tok, kmask,
+                                     limit, scale, cdt, True, QLEN, IEEE, LAZY_RESCALE)
     if CASCADE and PREFIX_MERGE:
         # merge the shared prefix's parts (out o_p, log-sum-exp lse_p) by LSE; rows outside
         # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
@@ -345,6 +421,10 @@ class DecodeLaunch:
     table_prefetch: bool = False  # base: each tile's block id loaded one tile ahead (``bt_prefetch``)
     longest_first: bool = False  # base, plain decode: programs dispatched longest sequence first (``ORDERED``)
     max_registers: int = 0       # base: > 0 caps registers a thread (ptxas ``.maxnreg``, Triton's ``maxnreg``)
+    # base, on in ``default_launch``'s launches: a tile's K/V addresses = block base + fixed offsets, masks on the
+    # last tile only (``tiled``); with one query token, the accumulator rescaled only when the max moves > e^8
+    tiled_loads: bool = False
+    lazy_rescale: bool = False
 
 
 # The packed variant's launch when ``ASYNCRL_DECODE_VARIANT=packed`` is set without a launch shape:
@@ -387,28 +467,29 @@ DECODE_LAUNCH = _launch_from_env()
 _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
                       or os.environ.get("ASYNCRL_DECODE_VARIANT", "").strip())
 
-# ``default_launch``: the next tile's block id prefetched (``bt_prefetch``) when at least this many
-# (sequence, kv head) programs per SM fill the grid, and always on an e4m3 cache. Measured on an H200
-# (bench/decode_table_width.py, 2026-12-04, the engine's 64-column tables): bf16 K/V 1.04-1.08x at workload
-# (a)'s 256 x 8 programs but 0.75-0.86x at 8-64 sequences (its 70 KiB of shared memory leaves fewer
-# programs per SM than such a grid could use); e4m3 1.02-1.35x at every shape (half the bytes a tile: the
-# loop needs tiles in flight).
-# Every plain decode dispatches its programs longest sequence first (``longest_first``): a grid of mixed
-# contexts then ends on short programs instead of waiting on a long one started in the last wave. End to
-# end on an H200 (bench/decode_launch_ab.py, 2026-12-04 session 46, medians of 3): workload (c) (contexts
-# 100-2,048) 1.032x bf16 and 1.097x e4m3, (a) (uniform contexts) 1.001x bf16 and 1.037x e4m3.
-# On an e4m3 cache, grids of at least ``FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM`` programs per SM (~200 sequences at
-# 8 kv heads on 132 SMs) take 16-token tiles on one warp (``_FP8_DENSE_LAUNCH``): half a bf16 tile's bytes a
-# tile, so the default 64-token tile's program is too big to keep enough loads in flight per SM. Kernel bench
-# (bench/paged_decode_variants.py, session 45-46): e4m3 at (a)'s shapes 1.24-1.53x. End to end (decode_launch_ab,
-# e4m3 cache, session 46, vs this rule's ordered 64-token default): at >= 12 per SM (a) 1.043x, (c) 1.005x; at
-# >= 6 per SM (a) 1.036-1.065x but (c) 0.967-0.970x (batches of ~100-200 mixed contexts lose). bf16 tiles stay
-# 64 tokens (the kernel bench's 1.5-6% for small bf16 tiles did not hold end to end: (c) 0.97x, session 45).
-TABLE_MIN_PROGRAMS_PER_SM = 8
+# ``default_launch`` (one query token a sequence, no launch pinned): programs of one warp on 32-token tiles
+# (``_TILED_LAUNCH``), or 16-token tiles on an e4m3 cache from ``FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM`` programs
+# per SM (~200 sequences at 8 kv heads on 132 SMs, ``_FP8_DENSE_LAUNCH``), each with:
+# - ``longest_first``: the grid dispatches the longest sequences' programs first, so a batch of mixed contexts
+#   ends on short programs instead of waiting on a long one started in the last wave (end to end, session 46:
+#   workload (c) 1.03x bf16, 1.10x e4m3);
+# - ``table_prefetch``: each tile's block id loaded a tile ahead, so Triton keeps 2 K/V tiles in flight;
+# - ``tiled_loads`` and ``lazy_rescale``: fewer instructions a tile. Nsight Compute on the e4m3 16-token launch
+#   (``bench/decode_ncu.py``, session 50) found it issue-bound (instructions issued on 58% of cycles against the
+#   bf16 kernel's 29%, 744 a tile, ~40% of them integer address and mask work, 64 multiplies rescaling the
+#   accumulator); both cut a tile's loop to ~480 instructions at runtime.
+# Kernel bench (bench/paged_decode_variants.py, session 50, summed us, vs the rule before): e4m3 (a) 204.5 ->
+# 176.2 (1.16x), (c) 202.0 -> 175.5 (1.15x), mixed contexts 1.1-1.5x; bf16 (a) 302.0 -> 293.4, (c) 274.6 -> 270.3.
+# End to end (bench/decode_launch_ab.py, medians of 3): e4m3 (a) 1.10x with the 16-token tiles (1.075x with
+# 32 everywhere), (c) 1.053x with 32; bf16 (a) 1.014x, (c) 1.010x.
+# Heads wider than 128 keep the 4-warp launch: a one-warp program holds its [16, D] fp32 accumulator in 32 threads
+# (D / 2 registers each), which at D 256 leaves no room for the tiles.
 FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM = 12
-_ORDERED_LAUNCH = DecodeLaunch(longest_first=True)
-_PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True, longest_first=True)
-_FP8_DENSE_LAUNCH = DecodeLaunch(block_n=16, num_warps=1, num_stages=3, table_prefetch=True, longest_first=True)
+ONE_WARP_MAX_HEAD_DIM = 128
+_WIDE_HEAD_LAUNCH = DecodeLaunch(table_prefetch=True, longest_first=True)
+_TILED_LAUNCH = DecodeLaunch(block_n=32, num_warps=1, num_stages=3, table_prefetch=True, longest_first=True,
+                             tiled_loads=True, lazy_rescale=True)
+_FP8_DENSE_LAUNCH = dataclasses.replace(_TILED_LAUNCH, block_n=16)
 _SUFFIX_PREFETCH_LAUNCH = DecodeLaunch(table_prefetch=True)  # the cascade's suffix kernel has no ORDERED grid
 
 
@@ -420,16 +501,19 @@ def _launch_is_default() -> bool:
 
 def default_launch(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
     """The launch of a decode call that names none: ``DECODE_LAUNCH``, and when that is the default launch
-    and one query token per sequence, its programs longest sequence first with ``table_prefetch`` and the
-    e4m3 tile per the rules above (a launch from the environment, or one a bench sets in ``DECODE_LAUNCH``,
-    is taken as is). Depends on the batch size, not the contexts: the same launch for every replay of a
-    CUDA graph (the order itself comes with each step's inputs, ``AttentionMetadata.decode_order``)."""
+    and one query token per sequence, ``_TILED_LAUNCH`` or on dense e4m3 grids ``_FP8_DENSE_LAUNCH``
+    (``_WIDE_HEAD_LAUNCH`` for heads wider than ``ONE_WARP_MAX_HEAD_DIM``; the rules above). A launch from the
+    environment, or one a bench sets in ``DECODE_LAUNCH``, is taken as is. Depends on the batch size, not the
+    contexts: the same launch for every replay of a CUDA graph (the order itself comes with each step's
+    inputs, ``AttentionMetadata.decode_order``)."""
     if qlen != 1 or not _launch_is_default():
         return DECODE_LAUNCH
+    if k_cache.shape[3] > ONE_WARP_MAX_HEAD_DIM:
+        return _WIDE_HEAD_LAUNCH
     per_sm = batch * hkv / num_sms(k_cache.device)
-    if k_cache.dtype == torch.float8_e4m3fn:
-        return _FP8_DENSE_LAUNCH if per_sm >= FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM else _PREFETCH_LAUNCH
-    return _PREFETCH_LAUNCH if per_sm >= TABLE_MIN_PROGRAMS_PER_SM else _ORDERED_LAUNCH
+    if k_cache.dtype == torch.float8_e4m3fn and per_sm >= FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM:
+        return _FP8_DENSE_LAUNCH
+    return _TILED_LAUNCH
 
 
 # ``DecodeLaunch.table_in_registers``: a program loads its sequence's block-table row once (at most
@@ -456,6 +540,14 @@ def bt_prefetch(page: int, launch: DecodeLaunch, bt_regs: int) -> bool:
     which costs the gain at the engine's 33-64-block tables). Tiles within one block only; off under a
     table in registers."""
     return launch.table_prefetch and page % launch.block_n == 0 and bt_regs == 0
+
+
+def tiled(page: int, block_d: int, head_dim: int, launch: DecodeLaunch) -> bool:
+    """``TILED`` of a launch (``tiled_loads``): where a tile lies in one block and fills the head dim, its
+    addresses are the block's base plus loop-invariant offsets and only the last tile is masked, which cuts the
+    per-tile address and mask arithmetic (on sm90 ~40% of the e4m3 dense kernel's instructions were integer
+    address / mask work, ``bench/decode_ncu.py``)."""
+    return launch.tiled_loads and page % launch.block_n == 0 and block_d == head_dim
 
 
 def cascade_prefetch(level: int, k_cache: torch.Tensor) -> bool:
@@ -548,7 +640,8 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
-        ORDERED=ordered, num_warps=launch.num_warps, num_stages=launch.num_stages,
+        ORDERED=ordered, TILED=tiled(page, block_d, D, launch), LAZY_RESCALE=launch.lazy_rescale and qlen == 1,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
     if splits > 1:
         _merge_splits_kernel[(T, H)](
@@ -701,7 +794,8 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
         BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
-        F16_DOTS=f16_dots(q, k_cache, launch), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        F16_DOTS=f16_dots(q, k_cache, launch), TILED=tiled(page, max(16, triton.next_power_of_2(D)), D, launch),
+        LAZY_RESCALE=launch.lazy_rescale, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 
 

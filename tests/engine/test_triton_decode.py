@@ -64,6 +64,45 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetc
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("query_len,kv_splits,prefetch,lazy,sharp,fp8", [
+    (1, 1, False, False, False, False), (1, 1, True, True, False, False), (1, 1, True, True, True, False),
+    (1, 2, False, True, True, False), (3, 1, True, False, False, False), (3, 2, False, True, True, False),
+    (1, 1, True, True, True, True), (1, 2, False, False, True, True)])
+def test_tiled_loads_and_lazy_rescale_match_gathered(query_len, kv_splits, prefetch, lazy, sharp, fp8):
+    """``tiled_loads`` (a tile's addresses = its block's base + fixed offsets, full tiles unmasked, the partial
+    last one masked) and ``lazy_rescale`` (the running max moves only by more than ``RESCALE_THRESHOLD``):
+    the same attention as the gathered path. Contexts end mid-tile, on a tile and on a page; ``sharp`` scales
+    the queries so scores spread over ~+-30 and the max moves past the threshold within a sequence (both
+    branches of the lazy rescale run; under an e4m3 cache with bf16 queries, ``fp8``, p enters an fp16 dot, so
+    a max that did not move when it had to would overflow it); split-KV chunks and verify steps of 3 tokens
+    (no lazy rescale there)."""
+    from asyncrl.engine.attention import FP8_KV
+
+    H, Hkv, D, page = 4, 2, 16, 16 if CUDA else 8
+    block_n = 16 if CUDA else 4
+    g = torch.Generator().manual_seed(20 + query_len + 2 * kv_splits)
+    lens = [query_len, query_len + block_n, 2 * page, 3 * page + 3, 5 * page - 1]
+    nb = sum(-(-n // page) for n in lens) + 2
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    tables, bt = scattered_tables(lens, page, nb, g)
+    q = torch.randn(len(lens) * query_len, H, D, generator=g) * (8.0 if sharp else 1.0)
+    if fp8:
+        kc, vc, q = kc.to(FP8_KV), vc.to(FP8_KV), q.to(torch.bfloat16)
+    dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
+    launch = DecodeLaunch(block_n=block_n, kv_splits=kv_splits, table_prefetch=prefetch, tiled_loads=True,
+                          lazy_rescale=lazy)
+    out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
+    meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
+                                   torch.device("cpu"))
+    if fp8:
+        ref = gathered_attention(q.double(), kc.double(), vc.double(), meta, D ** -0.5)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=2 ** -8, atol=1e-2)
+    else:
+        ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
+        torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("query_len,bf16,max_registers", [(1, False, 0), (3, False, 0), (3, True, 0), (1, True, 128)])
 def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16, max_registers):
     """An e4m3 KV cache (``kv_cache_dtype="fp8"``): the kernel upcasts each K/V tile to the query's
@@ -154,48 +193,48 @@ def test_any_program_order_gives_the_same_attention_and_the_order_is_made_once_p
     assert meta.decode_order() is first and first.tolist() == [1, 3, 2, 0, 4]
 
 
-def test_default_launch_orders_plain_decodes_and_prefetches_on_full_grids_and_e4m3_caches(monkeypatch):
-    """The launch a decode call gets when it names none (``default_launch``): programs longest sequence first
-    on every plain decode; each tile's block id loaded a tile ahead from ``TABLE_MIN_PROGRAMS_PER_SM``
-    (sequence, kv head) programs per SM (off CUDA: 8 SMs) and on every e4m3 cache; neither for verify steps
-    (several query tokens), nor over a launch set in the environment or by a bench."""
+def test_default_launch_is_one_warp_tiled_and_16_token_tiles_on_dense_e4m3_grids(monkeypatch):
+    """The launch a decode call gets when it names none (``default_launch``): one-warp programs, longest sequence
+    first, block ids prefetched, tiled loads and the lazy rescale, on 32-token tiles, or 16 on an e4m3 cache
+    from ``FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM`` (sequence, kv head) programs per SM (off CUDA: 8 SMs); heads
+    wider than ``ONE_WARP_MAX_HEAD_DIM`` keep 4 warps; none of it for verify steps (several query tokens), nor
+    over a launch set in the environment or by a bench."""
     from asyncrl.engine import triton_decode as td
     from asyncrl.engine.attention import FP8_KV
 
     bf16 = torch.zeros(1, 4, 2, 16, dtype=torch.bfloat16)
     fp8 = bf16.to(FP8_KV)
-    full = td.TABLE_MIN_PROGRAMS_PER_SM * td.num_sms(bf16.device) // 2  # sequences that fill it at 2 kv heads
     monkeypatch.setattr(td, "_LAUNCH_PINNED", False)
-    assert td.default_launch(full, 2, bf16).table_prefetch
-    assert not td.default_launch(full - 1, 2, bf16).table_prefetch
-    assert td.default_launch(1, 2, fp8).table_prefetch and td.default_launch(full, 2, fp8).block_n == 64
-    dense = -(-td.FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM * td.num_sms(bf16.device) // 2)
-    assert td.default_launch(dense, 2, fp8) == DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True)
-    assert td.default_launch(dense - 1, 2, fp8).block_n == 64 and td.default_launch(dense, 2, bf16).block_n == 64
-    assert all(td.default_launch(b, 2, c).longest_first for b in (1, full) for c in (bf16, fp8))
-    assert td.default_launch(full, 2, bf16, qlen=3) is td.DECODE_LAUNCH
-    assert dataclasses.replace(td.default_launch(full, 2, bf16), table_prefetch=False,
-                               longest_first=False) == td.DECODE_LAUNCH
+    dense = -(-td.FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM * td.num_sms(bf16.device) // 2)  # sequences at 2 kv heads
+    tiled = DecodeLaunch(32, 1, 3, table_prefetch=True, longest_first=True, tiled_loads=True, lazy_rescale=True)
+    assert td.default_launch(dense, 2, fp8) == dataclasses.replace(tiled, block_n=16)
+    for batch, cache in ((1, bf16), (dense, bf16), (dense - 1, fp8), (1, fp8)):
+        assert td.default_launch(batch, 2, cache) == tiled
+    wide = torch.zeros(1, 4, 2, td.ONE_WARP_MAX_HEAD_DIM * 2, dtype=torch.bfloat16)
+    assert td.default_launch(dense, 2, wide) == DecodeLaunch(table_prefetch=True, longest_first=True)
+    assert td.default_launch(dense, 2, wide.to(FP8_KV)).num_warps == 4
+    assert td.default_launch(dense, 2, bf16, qlen=3) is td.DECODE_LAUNCH
     custom = DecodeLaunch(block_n=32)  # a bench's own launch in DECODE_LAUNCH: kept, not rebuilt from the default
     monkeypatch.setattr(td, "DECODE_LAUNCH", custom)
-    assert td.default_launch(full, 2, bf16) is custom and td.default_launch(1, 2, fp8) is custom
+    assert td.default_launch(dense, 2, bf16) is custom and td.default_launch(1, 2, fp8) is custom
     monkeypatch.setattr(td, "DECODE_LAUNCH", DecodeLaunch())
     monkeypatch.setattr(td, "_LAUNCH_PINNED", True)
-    assert td.default_launch(full, 2, bf16) is td.DECODE_LAUNCH
+    assert td.default_launch(dense, 2, bf16) is td.DECODE_LAUNCH
 
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_every_launch_the_default_rule_picks_matches_gathered(fp8, monkeypatch):
-    """The launches ``default_launch`` gives a plain decode as the batch grows (one SM: ordered; ordered with
-    the block-id prefetch from 8 programs per SM; on an e4m3 cache the prefetch at any size and 16-token tiles
-    on one warp from 12), over contexts of one token to several pages: the gathered path's attention."""
+    """The launches ``default_launch`` gives a plain decode as the batch grows (one SM: 32-token tiles on one
+    warp, on an e4m3 cache 16-token tiles from 12 programs per SM; both tiled with the lazy rescale), over
+    contexts of one token to several pages (tiles that end mid-tile, on a tile and on a page): the gathered
+    path's attention."""
     from asyncrl.engine import triton_decode as td
     from asyncrl.engine.attention import FP8_KV
 
     monkeypatch.setattr(td, "num_sms", lambda device: 1)
     monkeypatch.setattr(td, "_LAUNCH_PINNED", False)
     monkeypatch.setattr(td, "DECODE_LAUNCH", DecodeLaunch())
-    H, Hkv, D, page = 4, 2, 16, 16
+    H, Hkv, D, page = 4, 2, 16, 32
     g = torch.Generator().manual_seed(7)
     picked = set()
     for batch in (3, 4, 6):
@@ -211,7 +250,7 @@ def test_every_launch_the_default_rule_picks_matches_gathered(fp8, monkeypatch):
         out = paged_decode_attention(*dev, D ** -0.5)
         meta = build_gathered_metadata(tables, [n - 1 for n in lens], [1] * batch, page, nb, torch.device("cpu"))
         torch.testing.assert_close(out.cpu(), gathered_attention(q, kc, vc, meta, D ** -0.5), rtol=0, atol=1e-4)
-    assert len(picked) == 2 and all(launch.longest_first for launch in picked)
+    assert len(picked) == (2 if fp8 else 1) and all(launch.tiled_loads for launch in picked)
 
 
 def test_fp8_cache_bf16_query_fp16_dots_are_at_least_as_accurate_as_bf16_dots():
@@ -381,7 +420,7 @@ def test_cascade_prefetch_follows_the_rule_and_the_cache_dtype(monkeypatch):
     monkeypatch.setattr(td, "num_sms", lambda device: 4)
     bf16 = torch.zeros(2, 64, 2, 8, dtype=torch.bfloat16)
     fp8 = bf16.to(torch.float8_e4m3fn)
-    full = td.TABLE_MIN_PROGRAMS_PER_SM * 4 // 2
+    full = 16  # 8 programs per SM at 2 kv heads
     rule = CascadeLaunchRule()
     for rows in (8, full, None):
         assert td.cascade_suffix_launch(rule, batch_rows=rows, k_cache=fp8).table_prefetch
