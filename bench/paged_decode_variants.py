@@ -114,6 +114,13 @@ VARIANTS = {
                                                               tiled_loads=True, lazy_rescale=True),
     "base prefetch tile32 w2 s3 lpt tiled lazy": DecodeLaunch(32, 2, 3, table_prefetch=True, longest_first=True,
                                                               tiled_loads=True, lazy_rescale=True),
+    # the default launches (session 50) capped at 168 registers a thread: 12 one-warp programs an SM instead of 9 / 8
+    "base prefetch tile16 w1 s3 lpt tiled lazy r168": DecodeLaunch(16, 1, 3, table_prefetch=True,
+                                                                   longest_first=True, tiled_loads=True,
+                                                                   lazy_rescale=True, max_registers=168),
+    "base prefetch tile32 w1 s3 lpt tiled lazy r168": DecodeLaunch(32, 1, 3, table_prefetch=True,
+                                                                   longest_first=True, tiled_loads=True,
+                                                                   lazy_rescale=True, max_registers=168),
     "base prefetch lpt tiled": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True),
     "base prefetch lpt tiled lazy": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True,
                                                  lazy_rescale=True),
