@@ -64,6 +64,20 @@ def test_multi_query_paged_decode_matches_gathered(query_len, kv_splits, prefetc
     torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
 
 
+def _assert_matches_gathered(out, q, kc, vc, tables, lens, query_len, page, nb, low_precision):
+    """``out`` (the kernel's, any device) equals the gathered path's attention over the same q / caches:
+    to fp32 rounding, or with ``low_precision`` (bf16 queries, e4m3 caches) within bf16 rounding of float64."""
+    D = q.shape[-1]
+    meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
+                                   torch.device("cpu"))
+    if low_precision:
+        ref = gathered_attention(q.double(), kc.double(), vc.double(), meta, D ** -0.5)
+        torch.testing.assert_close(out.cpu().double(), ref, rtol=2 ** -8, atol=1e-2)
+    else:
+        ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
+        torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("query_len,kv_splits,prefetch,lazy,sharp,fp8", [
     (1, 1, False, False, False, False), (1, 1, True, True, False, False), (1, 1, True, True, True, False),
     (1, 2, False, True, True, False), (3, 1, True, False, False, False), (3, 2, False, True, True, False),
@@ -93,14 +107,7 @@ def test_tiled_loads_and_lazy_rescale_match_gathered(query_len, kv_splits, prefe
     launch = DecodeLaunch(block_n=block_n, kv_splits=kv_splits, table_prefetch=prefetch, tiled_loads=True,
                           lazy_rescale=lazy)
     out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
-    meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
-                                   torch.device("cpu"))
-    if fp8:
-        ref = gathered_attention(q.double(), kc.double(), vc.double(), meta, D ** -0.5)
-        torch.testing.assert_close(out.cpu().double(), ref, rtol=2 ** -8, atol=1e-2)
-    else:
-        ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
-        torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
+    _assert_matches_gathered(out, q, kc, vc, tables, lens, query_len, page, nb, low_precision=fp8)
 
 
 @pytest.mark.parametrize("query_len,bf16,max_registers", [(1, False, 0), (3, False, 0), (3, True, 0), (1, True, 128)])
@@ -127,14 +134,7 @@ def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16, max_registers)
     dev = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
     launch = DecodeLaunch(block_n=16, kv_splits=1, max_registers=max_registers)
     out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
-    meta = build_gathered_metadata(tables, [n - query_len for n in lens], [query_len] * len(lens), page, nb,
-                                   torch.device("cpu"))
-    if bf16:
-        ref = gathered_attention(q.double(), kc.double(), vc.double(), meta, D ** -0.5)
-        torch.testing.assert_close(out.cpu().double(), ref, rtol=2 ** -8, atol=1e-2)
-    else:
-        ref = gathered_attention(q, kc, vc, meta, D ** -0.5)
-        torch.testing.assert_close(out.cpu(), ref, rtol=0, atol=1e-4)
+    _assert_matches_gathered(out, q, kc, vc, tables, lens, query_len, page, nb, low_precision=bf16)
 
 
 def test_f16_dots_only_for_an_e4m3_cache_under_a_bf16_query():
