@@ -496,3 +496,84 @@ def test_concurrent_cascade_matches_serialized_and_float64(chunks, kv_splits, ca
     prefix = launch_prefix(dev[0], dev[1], dev[2], dev[3], tiles, D ** -0.5, rule)
     out = merge_cascade(prefix, (so, sl), sfx, tiles, torch.empty_like(dev[0]))
     torch.testing.assert_close(out.cpu(), concurrent.cpu(), rtol=0, atol=0)
+
+
+def _d_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same values in a D-major cache (``attention.new_kv_cache(..., d_major=True)``)."""
+    from asyncrl.engine.attention import new_kv_cache
+
+    out = new_kv_cache(tuple(cache.shape), cache.dtype, cache.device, d_major=True)
+    out.view(torch.uint8).copy_(cache.view(torch.uint8)) if cache.dtype == torch.float8_e4m3fn else out.copy_(cache)
+    assert not out.is_contiguous() and out.stride(1) == 1
+    return out
+
+
+@pytest.mark.parametrize("query_len,kv_splits,tiled,fp8", [
+    (1, 1, True, False), (1, 2, True, True), (3, 1, True, False), (1, 1, False, True), (3, 2, False, False)])
+def test_d_major_v_cache_matches_gathered(query_len, kv_splits, tiled, fp8):
+    """A V cache stored D-major (``attention.V_CACHE_DMAJOR``: the kernel addresses V by its own strides,
+    ``V_OWN``), in the tiled loop and the generic one, split-KV and verify steps: the gathered path's
+    attention over the same values, which reads the D-major cache through ``gather_kv``."""
+    from asyncrl.engine.attention import FP8_KV
+
+    H, Hkv, D, page = 4, 2, 16, 16 if CUDA else 8
+    block_n = 16 if CUDA else 4
+    g = torch.Generator().manual_seed(40 + query_len + kv_splits)
+    lens = [query_len, query_len + block_n, 2 * page, 3 * page + 3]
+    nb = sum(-(-n // page) for n in lens) + 2
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    tables, bt = scattered_tables(lens, page, nb, g)
+    q = torch.randn(len(lens) * query_len, H, D, generator=g)
+    if fp8:
+        kc, vc, q = kc.to(FP8_KV), vc.to(FP8_KV), q.to(torch.bfloat16)
+    vd = _d_major(vc)
+    dev = [t.to(DEVICE) for t in (q, kc, vd, bt, torch.tensor(lens, dtype=torch.int32))]
+    assert dev[2].stride(1) == 1
+    launch = DecodeLaunch(block_n=block_n, kv_splits=kv_splits, table_prefetch=tiled, tiled_loads=tiled,
+                          lazy_rescale=tiled)
+    out = paged_decode_attention(*dev, D ** -0.5, launch=launch, query_len=query_len)
+    _assert_matches_gathered(out, q, kc, vd, tables, lens, query_len, page, nb, low_precision=fp8)
+
+
+def test_d_major_v_cache_cascade_and_store():
+    """Cascade decode (the prefix kernel and the suffix decode) over a D-major V cache equals it over the
+    row-major one; ``store_kv`` writes a D-major cache at the same slots ``gather_kv`` reads back; the packed
+    variant refuses one by name."""
+    import numpy as np
+    from test_cascade import _pad, _tables
+
+    from asyncrl.engine.attention import gather_kv, store_kv
+    from asyncrl.engine.cascade import plan_cascade, tile_shape
+    from asyncrl.engine.triton_decode import cascade_decode_attention
+
+    H, Hkv, D, page = 4, 2, 16, 4
+    groups, prefix = [3, 1, 2], [2, 3, 1]
+    g = torch.Generator().manual_seed(8)
+    suffix = torch.randint(1, 3 * page, (sum(groups),), generator=g).tolist()
+    tables, ctx, nb = _tables(groups, page, prefix, suffix, seed=8)
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    B = len(tables)
+    q = torch.randn(B, H, D, generator=g)
+    bt_np, ctx_np = _pad(tables, max(len(t) for t in tables) + 1, nb), np.asarray(ctx, dtype=np.int32)
+    _, mpt = tile_shape(H // Hkv)
+    plan = plan_cascade(bt_np, ctx_np, page, mpt, bs=B, min_saved_fraction=0.0)
+    packed = torch.from_numpy(plan.packed()).to(DEVICE)
+    outs = []
+    for v in (vc, _d_major(vc)):
+        dev = [t.to(DEVICE) for t in (q, kc, v, torch.from_numpy(bt_np), torch.from_numpy(ctx_np))]
+        outs.append(cascade_decode_attention(*dev, packed[:B], packed[B:].view(-1, 2 + mpt), D ** -0.5,
+                                             launch=DecodeLaunch(block_n=16, kv_splits=1)).cpu())
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="packed decode variant"):
+        paged_decode_attention(*dev, D ** -0.5, launch=DecodeLaunch(block_n=4, variant="packed"))
+    slots = torch.tensor([0, 5, page * 2 + 3, page * nb + 1])
+    k_new, v_new = torch.randn(2, len(slots), Hkv, D, generator=g)
+    k_row, v_dmajor = kc.clone(), _d_major(vc)
+    store_kv(k_new, v_new, k_row, v_dmajor, slots)
+    torch.testing.assert_close(gather_kv(v_dmajor, slots, torch.float32), v_new)
+    torch.testing.assert_close(gather_kv(k_row, slots, torch.float32), k_new)
+    untouched = torch.ones(nb + 1, page, dtype=torch.bool)
+    untouched[slots // page, slots % page] = False
+    torch.testing.assert_close(v_dmajor[untouched], vc[untouched])
