@@ -23,7 +23,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asyncrl.engine import attention  # noqa: E402
 from asyncrl.engine import triton_decode as td  # noqa: E402
 from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.triton_decode import DecodeLaunch  # noqa: E402
@@ -164,20 +163,7 @@ def fp8_dense_tiled(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) 
     return dataclasses.replace(launch, tiled_loads=True, lazy_rescale=True)
 
 
-def with_v_dmajor(rule):
-    """``rule`` over an engine whose V caches are D-major (``attention.V_CACHE_DMAJOR``, read when the engine
-    allocates them): ``p @ V`` then reads V as ``q @ K^T`` reads K (no byte-wise shared-memory reads of e4m3 V)."""
-    def wrapped(batch: int, hkv: int, k_cache: torch.Tensor, qlen: int = 1) -> DecodeLaunch:
-        return rule(batch, hkv, k_cache, qlen)
-    wrapped.v_dmajor = True
-    return wrapped
-
-
 ALL_RULES["session49"] = session49
-ALL_RULES["default_vdmajor"] = with_v_dmajor(ENGINE_RULE)
-# D-major V rows are BLOCK_N bytes of e4m3: a 16-token tile reads half a 32-byte sector a row (the dense launch at
-# (a): 0.866x end to end in one repeat, session 50); 32-token tiles read whole sectors
-ALL_RULES["tile32_tiled_vdmajor"] = with_v_dmajor(one_launch(TILE32_TILED))
 ALL_RULES["tile32_tiled"] = one_launch(TILE32_TILED)  # measured as "tile32_tiled" in session 50
 ALL_RULES["fp8_dense_tiled"] = fp8_dense_tiled  # measured against session 49's rule as "default" in session 50
 RULES = dict(ALL_RULES)
@@ -186,19 +172,12 @@ RULES = dict(ALL_RULES)
 def run(repeats: int, kv_dtypes: list[str], blocks: int) -> dict:
     from asyncrl.engine.bench import workloads_ab
 
-    # default_launch is read when the engine captures its graphs and at every eager decode; V_CACHE_DMAJOR when
-    # the engine allocates its caches (each variant's engine is built right after its apply())
-    variants = {name: functools.partial(_apply, rule) for name, rule in RULES.items()}
+    # default_launch is read when the engine captures its graphs and at every eager decode
+    variants = {name: functools.partial(setattr, td, "default_launch", rule) for name, rule in RULES.items()}
     try:
         return workloads_ab(variants, kv_dtypes, blocks, repeats)
     finally:
         td.default_launch = ENGINE_RULE
-        attention.V_CACHE_DMAJOR = False
-
-
-def _apply(rule) -> None:
-    td.default_launch = rule
-    attention.V_CACHE_DMAJOR = getattr(rule, "v_dmajor", False)
 
 
 def main() -> int:

@@ -231,40 +231,18 @@ def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
 
 
-# Opt-in, for benches (issue 23): V caches stored D-major within each block (memory ``[N, Hkv, D, block]``, the
-# tensor a permuted view ``[N, block, Hkv, D]``), so the decode kernel's ``p @ V`` reads a tile of V the way
-# ``q @ K^T`` reads K: tokens contiguous along the dot's reduction. Offline sm90 SASS of the tiled e4m3 loop:
-# 566 -> 451 instructions a 16-token tile, the byte-wise shared-memory reads of V gone (bench/RESULTS.md,
-# session 50). vLLM's first paged-attention kernel kept V this way ([blocks, heads, head_size, block_size]). Read
-# when a ``ModelRunner`` allocates its caches; not timed yet.
-V_CACHE_DMAJOR = False
-
-
-def new_kv_cache(shape: tuple, dtype: torch.dtype, device, d_major: bool = False) -> torch.Tensor:
-    """A zeroed cache ``[N, block, Hkv, D]``; ``d_major``: stored ``[N, Hkv, D, block]`` (``V_CACHE_DMAJOR``)."""
-    if not d_major:
-        return torch.zeros(shape, dtype=dtype, device=device)
-    n, block, hkv, d = shape
-    return torch.zeros(n, hkv, d, block, dtype=dtype, device=device).permute(0, 3, 1, 2)
-
-
 def gather_kv(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """K or V at ``slots`` (any shape) as ``[*slots.shape, Hkv, D]`` in ``dtype``."""
     Hkv, D = cache.shape[2], cache.shape[3]
-    if not cache.is_contiguous():  # a D-major cache: (block, offset) indexing gathers across its strides
-        return raw(cache)[slots // cache.shape[1], slots % cache.shape[1]].view(cache.dtype).to(dtype)
     return take_rows(raw(cache).view(-1, Hkv, D), slots).view(cache.dtype).to(dtype)
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Write new K/V ``[T, Hkv, D]`` into the cache at ``slot_mapping [T]``."""
-    for x, cache in ((k, k_cache), (v, v_cache)):
-        if cache.is_contiguous():
-            raw(cache).view(-1, *x.shape[1:]).index_copy_(0, slot_mapping, _to_cache(x, cache))
-        else:  # a D-major cache
-            block = cache.shape[1]
-            raw(cache)[slot_mapping // block, slot_mapping % block] = _to_cache(x, cache)
+    Hkv, D = k.shape[1], k.shape[2]
+    raw(k_cache).view(-1, Hkv, D).index_copy_(0, slot_mapping, _to_cache(k, k_cache))
+    raw(v_cache).view(-1, Hkv, D).index_copy_(0, slot_mapping, _to_cache(v, v_cache))
 
 
 # Masked SDPA on CUDA without cuDNN's backend: cuDNN builds an execution plan for every new (Lq, Lk)

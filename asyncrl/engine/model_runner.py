@@ -30,7 +30,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from asyncrl.engine import attention as attention_module
 from asyncrl.engine.attention import (AttentionMetadata, GatheredShape, gathered_host_arrays, gathered_metadata,
                                       kv_cache_dtype, raw)
 from asyncrl.engine.cascade import CascadeBuffers
@@ -184,10 +183,9 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         c = self.model.config
         shape = (self.num_blocks + 1, self.block_size, self.num_kv_heads, c.head_dim)
-        d_major = attention_module.V_CACHE_DMAJOR
         for attn in self._attention_layers():
             attn.k_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            attn.v_cache = attention_module.new_kv_cache(shape, self.kv_dtype, self.device, d_major)
+            attn.v_cache = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
             if hasattr(attn, "fused_kv_write"):  # the dense decoder's Attention (not the hybrid's gated one)
                 attn.fused_kv_write = self.is_cuda and self.config.fused_kv_write is not False
 

@@ -54,27 +54,6 @@ RESCALE_THRESHOLD = tl.constexpr(8.0)
 
 
 @triton.jit
-def _v_tile_base(blk, start, k_base, stride_vb, stride_vs, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 V_OWN: tl.constexpr):
-    """A tiled loop's V base offset of the tile at ``start`` in block ``blk``: K's (``k_base``), or by V's own
-    strides, the in-block offset marked a multiple of BLOCK_N (tiles start on one) so a D-major V, whose
-    tokens are contiguous, is copied in wide pieces."""
-    if V_OWN:
-        return blk * stride_vb + tl.multiple_of(start % PAGE, BLOCK_N) * stride_vs
-    return k_base
-
-
-@triton.jit
-def _v_offsets(k_off, blk, tok, kvh, d, stride_vb, stride_vs, stride_vh, stride_vd, PAGE: tl.constexpr,
-               V_OWN: tl.constexpr):
-    """V's element offsets [BLOCK_N, BLOCK_D] of a tile whose K offsets are ``k_off``: the same, or by V's own
-    strides (``V_OWN``)."""
-    if V_OWN:
-        return (blk * stride_vb + (tok % PAGE) * stride_vs)[:, None] + kvh * stride_vh + (d * stride_vd)[None, :]
-    return k_off
-
-
-@triton.jit
 def _attend_tile(q, m, l, acc, kp, vp, lmask, tok, kmask, limit, scale,
                  cdt: tl.constexpr, MASKED: tl.constexpr, QLEN: tl.constexpr, IEEE: tl.constexpr,
                  LAZY_RESCALE: tl.constexpr):
@@ -133,7 +112,6 @@ def _attend_tile(q, m, l, acc, kp, vp, lmask, tok, kmask, limit, scale,
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-                         stride_vb, stride_vs, stride_vh, stride_vd,
                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                          IEEE: tl.constexpr, CASCADE: tl.constexpr,
@@ -141,7 +119,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
                          F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
                          ORDERED: tl.constexpr = False, TILED: tl.constexpr = False,
-                         LAZY_RESCALE: tl.constexpr = False, V_OWN: tl.constexpr = False):
+                         LAZY_RESCALE: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
     (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
     sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
@@ -158,9 +136,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16.
     TILED (``tiled_loads``: ``PAGE % BLOCK_N == 0`` and ``D == BLOCK_D``): a tile lies in one block, so its
     addresses are the block's base plus loop-invariant offsets, and every tile but the last loads without
-    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must.
-    V_OWN (``v_own_strides``): V is addressed by its own strides ``stride_v*`` (a D-major V cache,
-    ``attention.V_CACHE_DMAJOR``); otherwise by K's."""
+    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must."""
     if ORDERED:
         b = tl.load(ORDER + tl.program_id(1))
         kvh = tl.program_id(0)
@@ -218,12 +194,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     if TILED:  # block base + invariant offsets; full tiles unmasked, then the partial one (if any) masked
         inner = (n * stride_ks)[:, None] + d[None, :]
         kh = K + kvh * stride_kh
-        if V_OWN:
-            inner_v = (n * stride_vs)[:, None] + (d * stride_vd)[None, :]
-            vh = V + kvh * stride_vh
-        else:
-            inner_v = inner
-            vh = V + kvh * stride_kh
+        vh = V + kvh * stride_kh
         full = first + (last - first) // BLOCK_N * BLOCK_N
         for start in range(first, full, BLOCK_N):
             if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
@@ -235,8 +206,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
             else:
                 blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
             base = blk * stride_kb + (start % PAGE) * stride_ks
-            vbase = _v_tile_base(blk, start, base, stride_vb, stride_vs, PAGE, BLOCK_N, V_OWN)
-            m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + vbase + inner_v, None, start + n, None,
+            m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + base + inner, None, start + n, None,
                                      limit, scale, cdt, False, QLEN, IEEE, LAZY_RESCALE)
         if full < last:
             if BT_PREFETCH:
@@ -246,10 +216,9 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
             else:
                 blk = tl.load(BT + b * stride_bt + full // PAGE).to(tl.int64)
             base = blk * stride_kb + (full % PAGE) * stride_ks
-            vbase = _v_tile_base(blk, full, base, stride_vb, stride_vs, PAGE, BLOCK_N, V_OWN)
             tok = full + n
             kmask = tok < last
-            m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + vbase + inner_v, kmask[:, None], tok,
+            m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + base + inner, kmask[:, None], tok,
                                      kmask, limit, scale, cdt, True, QLEN, IEEE, LAZY_RESCALE)
     else:
         for start in range(first, last, BLOCK_N):
@@ -266,8 +235,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
             else:  # per-token block lookup: a tile may span several small blocks
                 blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-            voff = _v_offsets(off, blk, tok, kvh, d, stride_vb, stride_vs, stride_vh, stride_vd, PAGE, V_OWN)
-            m, l, acc = _attend_tile(q, m, l, acc, K + off, V + voff, kmask[:, None] & dmask[None, :], tok, kmask,
+            m, l, acc = _attend_tile(q, m, l, acc, K + off, V + off, kmask[:, None] & dmask[None, :], tok, kmask,
                                      limit, scale, cdt, True, QLEN, IEEE, LAZY_RESCALE)
     if CASCADE and PREFIX_MERGE:
         # merge the shared prefix's parts (out o_p, log-sum-exp lse_p) by LSE; rows outside
@@ -356,18 +324,16 @@ def _merge_cascade_kernel(PO, PL, SO, SL, START, NSP, O, max_parts, H,
 def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
                    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_tile,
                    stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
-                   stride_vb, stride_vs, stride_vh, stride_vd,
                    GROUP: tl.constexpr, MPT: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
                    BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HKV: tl.constexpr,
-                   IEEE: tl.constexpr, F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
-                   V_OWN: tl.constexpr = False):
+                   IEEE: tl.constexpr, F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False):
     """Persistent: program p takes work items p, p + P, ... of ``num_tiles x HKV x nsp``
     (``num_tiles`` = TILES[0, 0], ``nsp`` = TILES[0, 1] clamped to ``[1, max_parts]``: the step's
     chunk count, read on the device so a CUDA graph replays any; tile t is row t + 1). An item =
     one tile, one kv head, one of nsp chunks of the prefix: rows r = member * GROUP +
     head-in-group, keys = the chunk of the leader's first ``plen`` tokens. Writes that chunk's
     (out, lse) per row to split ``sp`` of PO / PL (an empty chunk writes lse = -inf). F16_DOTS and
-    BT_PREFETCH (``PAGE % BLOCK_N == 0``: a tile lies in one block, chunks start on a tile) and V_OWN: as the
+    BT_PREFETCH (``PAGE % BLOCK_N == 0``: a tile lies in one block, chunks start on a tile): as the
     decode kernel's."""
     cdt: tl.constexpr = tl.float16 if F16_DOTS else Q.dtype.element_ty
     nsp = 1
@@ -408,7 +374,6 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
             else:
                 blk = tl.load(BT + leader * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
-            voff = _v_offsets(off, blk, tok, kvh, d, stride_vb, stride_vs, stride_vh, stride_vd, PAGE, V_OWN)
             k = tl.load(K + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -419,7 +384,7 @@ def _prefix_kernel(Q, K, V, PO, PL, BT, TILES, scale, max_parts,
             alpha = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
             l = l * alpha + tl.sum(p, 1)
-            v = tl.load(V + voff, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
+            v = tl.load(V + off, mask=kmask[:, None] & dmask[None, :], other=0.0).to(cdt)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
@@ -585,17 +550,6 @@ def tiled(page: int, block_d: int, head_dim: int, launch: DecodeLaunch) -> bool:
     return launch.tiled_loads and page % launch.block_n == 0 and block_d == head_dim
 
 
-def v_own_strides(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """``V_OWN``: the V cache is laid out unlike K (a D-major V, ``attention.V_CACHE_DMAJOR``), so the kernels
-    address it by its own strides; otherwise V shares K's offsets (the default code, unchanged)."""
-    return v_cache.stride() != k_cache.stride()
-
-
-def v_strides(v_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """The V cache's (block, slot, kv head, dim) strides, the kernels' ``stride_v*`` arguments."""
-    return tuple(v_cache.stride())
-
-
 def cascade_prefetch(level: int, k_cache: torch.Tensor) -> bool:
     """A cascade kernel's block-id prefetch at ``level`` (``CascadeLaunchRule.suffix_prefetch`` /
     ``prefix_prefetch``): 2 = on every cache, 1 = on an e4m3 cache, 0 = off."""
@@ -648,9 +602,6 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
     launch = launch or default_launch(B, hkv, k_cache, qlen)
     assert cascade is None or qlen == 1, "cascade decode takes one query token per sequence"
     if launch.variant == "packed" and qlen == 1:
-        if v_own_strides(k_cache, v_cache):
-            raise ValueError("the packed decode variant reads K and V by one set of strides; a D-major V cache "
-                             "(attention.V_CACHE_DMAJOR) takes the base kernel (ASYNCRL_DECODE_VARIANT=base)")
         from asyncrl.engine.triton_decode_packed import launch_packed
         return launch_packed(q, k_cache, v_cache, out, block_tables, context_lens, scale, launch, cascade)
     if launch.variant not in ("base", "packed"):
@@ -683,14 +634,13 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         q, k_cache, v_cache, out, block_tables, context_lens, start, nsp, po, pl, so, sl, ranks, scale, po.shape[0],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1), *v_strides(v_cache),
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group * qlen)), D=D,
         BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=cascade is not None,
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         ORDERED=ordered, TILED=tiled(page, block_d, D, launch), LAZY_RESCALE=launch.lazy_rescale and qlen == 1,
-        V_OWN=v_own_strides(k_cache, v_cache),
         num_warps=launch.num_warps, num_stages=launch.num_stages,
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
     if splits > 1:
@@ -794,11 +744,10 @@ def launch_prefix(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q, k_cache, v_cache, po, pl, block_tables, tiles, scale, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), tiles.stride(0), po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        *v_strides(v_cache), GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        GROUP=group, MPT=mpt, BLOCK_M=block_m, D=D, BLOCK_D=max(16, triton.next_power_of_2(D)),
         PAGE=page, BLOCK_N=rule.prefix_block_n, HKV=hkv,
         IEEE=q.dtype == torch.float32, F16_DOTS=f16_dots(q, k_cache),
-        BT_PREFETCH=prefix_prefetch(rule, page, k_cache), V_OWN=v_own_strides(k_cache, v_cache),
-        num_warps=rule.prefix_warps)
+        BT_PREFETCH=prefix_prefetch(rule, page, k_cache), num_warps=rule.prefix_warps)
     return po, pl
 
 
@@ -840,14 +789,13 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         scale, 1,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), so.stride(1), so.stride(2),
-        so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1), *v_strides(v_cache),
+        so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
         GROUP=H // hkv, BLOCK_G=max(16, triton.next_power_of_2(H // hkv)), D=D,
         BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
         BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         F16_DOTS=f16_dots(q, k_cache, launch), TILED=tiled(page, max(16, triton.next_power_of_2(D)), D, launch),
-        LAZY_RESCALE=launch.lazy_rescale, V_OWN=v_own_strides(k_cache, v_cache), num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        LAZY_RESCALE=launch.lazy_rescale, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 
 

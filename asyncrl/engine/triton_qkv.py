@@ -92,13 +92,11 @@ def _to_cache(x, CT: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
 @triton.jit
 def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
                       stride_qkv, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
-                      stride_vb, stride_vs, stride_vh, stride_vd,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                       BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr,
-                      FP8_MAX: tl.constexpr, PAGE: tl.constexpr = 1, V_OWN: tl.constexpr = False):
+                      FP8_MAX: tl.constexpr):
     """Program (token block tb, head h): tokens ``tb * BLOCK_T ...`` of q head h (h < H), else of kv head
-    h - H (k and v). Tiles ``[BLOCK_T, BLOCK_HALF]``, one row per token. V_OWN: V is written by its own strides
-    (block, slot in block, head, dim; blocks of PAGE slots), a D-major V cache (``attention.V_CACHE_DMAJOR``)."""
+    h - H (k and v). Tiles ``[BLOCK_T, BLOCK_HALF]``, one row per token."""
     tb = tl.program_id(0)
     h = tl.program_id(1)
     DT: tl.constexpr = Q.dtype.element_ty
@@ -138,14 +136,8 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
         v_src = row + HKV * D + col  # v head kh: column (H + HKV + kh) * D = (h + HKV) * D
         v1 = tl.load(v_src, mask=mask, other=0.0)
         v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
-        if V_OWN:
-            vs = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)
-            vslot = ((vs // PAGE) * stride_vb + (vs % PAGE) * stride_vs)[:, None] + kh * stride_vh + col * stride_vd
-            tl.store(VC + vslot, _to_cache(v1, CT, FP8, FP8_MAX), mask=mask)
-            tl.store(VC + vslot + HALF * stride_vd, _to_cache(v2, CT, FP8, FP8_MAX), mask=mask)
-        else:
-            tl.store(VC + slot, _to_cache(v1, CT, FP8, FP8_MAX), mask=mask)
-            tl.store(VC + slot + HALF, _to_cache(v2, CT, FP8, FP8_MAX), mask=mask)
+        tl.store(VC + slot, _to_cache(v1, CT, FP8, FP8_MAX), mask=mask)
+        tl.store(VC + slot + HALF, _to_cache(v2, CT, FP8, FP8_MAX), mask=mask)
 
 
 def qkv_launch(tokens: int) -> tuple[int, int]:
@@ -180,9 +172,10 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
     if T == 0:
         return q
-    if k_cache.stride(3) != 1 or k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1):
-        raise ValueError(f"qkv_to_cache: a K cache of strides {k_cache.stride()} is not slot-addressable")
-    v_own = v_cache.stride() != k_cache.stride()  # a D-major V cache (attention.V_CACHE_DMAJOR): its own strides
+    if (k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1
+            or k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1)):
+        raise ValueError(f"qkv_to_cache: caches of strides {k_cache.stride()}, {v_cache.stride()} are not "
+                         "one slot-addressable layout")
     norm = q_norm_w is not None
     qw = q_norm_w if norm else cos  # unused pointers when there is no norm
     kw = k_norm_w if norm else cos
@@ -190,8 +183,7 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     block_t, warps = launch or qkv_launch(T)
     _qkv_cache_kernel[(triton.cdiv(T, block_t), num_heads + num_kv_heads)](
         qkv, positions, cos, sin, qw, kw, q, k_cache, v_cache, slot_mapping, eps, T,
-        qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
+        qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2),
         H=num_heads, HKV=num_kv_heads, D=D, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block_t,
-        NORM=norm, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PAGE=k_cache.shape[1] if v_own else 1,
-        V_OWN=v_own, num_warps=warps)
+        NORM=norm, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, num_warps=warps)
     return q

@@ -44,25 +44,3 @@ def test_fp8_kv_cache_on_the_moe_and_hybrid_families(tmp_path):
         ours = [c.token_ids for o in fp8.generate(prompts, params) for c in o.completions]
         plain = [c.token_ids for o in make_llm(path).generate(prompts, params) for c in o.completions]
         assert [t[:2] for t in ours] == [t[:2] for t in plain]  # greedy, peaked: FP8 K/V keep the lead tokens
-
-
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_d_major_v_cache_generates_the_same_tokens(tiny_dirs, monkeypatch, kv_cache_dtype):
-    """``attention.V_CACHE_DMAJOR`` (opt-in, for benches): the engine allocates its V caches D-major, writes and
-    reads them through ``store_kv`` / ``gather_kv`` and copies forked blocks across their strides; sampled
-    tokens and log-probs equal the row-major engine's (n = 2: the forks copy partial blocks)."""
-    from asyncrl.engine import attention
-
-    prompts = prompts_for(1, [5, 9, 7, 12])
-    params = SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=4, logprobs=True, ignore_eos=True)
-    plain = make_llm(tiny_dirs["qwen3"], kv_cache_dtype=kv_cache_dtype).generate(prompts, params)
-    monkeypatch.setattr(attention, "V_CACHE_DMAJOR", True)
-    llm = make_llm(tiny_dirs["qwen3"], kv_cache_dtype=kv_cache_dtype)
-    layer = llm.model.model.layers[0].self_attn
-    assert layer.v_cache.stride(1) == 1 and layer.k_cache.is_contiguous()
-    out = llm.generate(prompts, params)
-    assert llm.metrics["forked_prompt_tokens"] > 0
-    for a, b in zip(plain, out):
-        for ca, cb in zip(a.completions, b.completions):
-            assert ca.token_ids == cb.token_ids
-            torch.testing.assert_close(torch.tensor(cb.logprobs), torch.tensor(ca.logprobs), rtol=0, atol=1e-6)

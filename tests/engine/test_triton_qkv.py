@@ -31,13 +31,12 @@ def _rope_tables(D: int, max_pos: int = 64):
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, None), (torch.bfloat16, None),
                                                (torch.bfloat16, FP8_KV)])
 @pytest.mark.parametrize("H,Hkv,D,norm", [(4, 2, 16, True), (8, 1, 12, True), (2, 2, 8, False)])
-@pytest.mark.parametrize("launch,v_dmajor", [((1, 1), False), ((4, 2), False), ((4, 2), True)])
-def test_kernel_matches_torch_path(dtype, cache_dtype, H, Hkv, D, norm, launch, v_dmajor):
+@pytest.mark.parametrize("launch", [(1, 1), (4, 2)])
+def test_kernel_matches_torch_path(dtype, cache_dtype, H, Hkv, D, norm, launch):
     """q and both caches as the torch path leaves them: bit-exact in bf16 and FP8 (the same roundings),
     within fp32 ulps in fp32 (rsqrt and the sum's order); slots not written keep their bytes; qkv rows
     may be strided (a view into a wider buffer). ``launch`` (tokens per program, warps): one token a
-    program, or blocks of 4 whose last one is partial (7 tokens). ``v_dmajor``: V caches stored D-major
-    (``attention.V_CACHE_DMAJOR``), written by their own strides."""
+    program, or blocks of 4 whose last one is partial (7 tokens)."""
     if cache_dtype is FP8_KV and CUDA and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("e4m3 needs sm89+")
     torch.manual_seed(H * 100 + D)
@@ -51,12 +50,6 @@ def test_kernel_matches_torch_path(dtype, cache_dtype, H, Hkv, D, norm, launch, 
     kw = (torch.rand(D, device=DEVICE) + 0.5).to(dtype) if norm else None
     old_k, old_v = (torch.randn(2, blocks + 1, page, Hkv, D, device=DEVICE) * 2).to(cache_dtype or dtype)
     k_ref, v_ref, k_new, v_new = old_k.clone(), old_v.clone(), old_k.clone(), old_v.clone()
-    if v_dmajor:
-        from asyncrl.engine.attention import new_kv_cache
-
-        v_ref, v_new = (new_kv_cache(tuple(old_v.shape), old_v.dtype, DEVICE, d_major=True) for _ in range(2))
-        for v_cache in (v_ref, v_new):
-            raw(v_cache).copy_(raw(old_v))
     q_ref, k, v = _qkv_prepare(qkv, positions, cos, sin, qw, kw, 1e-6, H, Hkv, D)
     store_kv(k, v, k_ref, v_ref, slots)
     q = qkv_to_cache(qkv, positions, cos, sin, qw, kw, 1e-6, H, Hkv, D, k_new, v_new, slots, launch=launch)
