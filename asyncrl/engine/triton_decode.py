@@ -477,11 +477,12 @@ _LAUNCH_PINNED = bool(os.environ.get("ASYNCRL_DECODE_LAUNCH", "").strip()
 # - ``tiled_loads`` and ``lazy_rescale``: fewer instructions a tile. Nsight Compute on the e4m3 16-token launch
 #   (``bench/decode_ncu.py``, session 50) found it issue-bound (instructions issued on 58% of cycles against the
 #   bf16 kernel's 29%, 744 a tile, ~40% of them integer address and mask work, 64 multiplies rescaling the
-#   accumulator); both cut a tile's loop to ~480 instructions at runtime.
+#   accumulator); both cut that to 515 a tile (25.3 M over 49,152 tiles at 256 x 384, ncu).
 # Kernel bench (bench/paged_decode_variants.py, session 50, summed us, vs the rule before): e4m3 (a) 204.5 ->
 # 176.2 (1.16x), (c) 202.0 -> 175.5 (1.15x), mixed contexts 1.1-1.5x; bf16 (a) 302.0 -> 293.4, (c) 274.6 -> 270.3.
-# End to end (bench/decode_launch_ab.py, medians of 3): e4m3 (a) 1.10x with the 16-token tiles (1.075x with
-# 32 everywhere), (c) 1.053x with 32; bf16 (a) 1.014x, (c) 1.010x.
+# End to end (bench/decode_launch_ab.py --rules session49,default, medians of 3): e4m3 (a) 1.075x, (c) 1.050x;
+# bf16 (a) 1.007x, (c) 1.013x. An earlier run of the parts: 16-token tiles on dense e4m3 grids (a) 1.10x, 32-token
+# tiles everywhere (a) 1.075x and (c) 1.053x, hence 16 on dense e4m3 grids and 32 elsewhere.
 # Heads wider than 128 keep the 4-warp launch: a one-warp program holds its [16, D] fp32 accumulator in 32 threads
 # (D / 2 registers each), which at D 256 leaves no room for the tiles.
 FP8_SMALL_TILES_MIN_PROGRAMS_PER_SM = 12
