@@ -54,6 +54,25 @@ RESCALE_THRESHOLD = tl.constexpr(8.0)
 
 
 @triton.jit
+def _tile_block(row, start, bt_idx, bt_row, PAGE: tl.constexpr, BT_REGS: tl.constexpr):
+    """The block id (int64) of the tile at key ``start`` (a tile within one block): from the block-table row
+    in registers (``bt_row`` at ``bt_idx``, BT_REGS > 0: no load on the K/V address chain, so the pipeline can
+    run ``num_stages - 1`` ahead) or loaded from the row at ``row``."""
+    if BT_REGS > 0:
+        blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+    else:
+        blk = tl.load(row + start // PAGE).to(tl.int64)
+    return blk
+
+
+@triton.jit
+def _next_tile_block(row, start, last, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``BT_PREFETCH``: the block id (int64) of the tile after the one at ``start``, loaded an iteration ahead
+    (0 past ``last``)."""
+    return tl.load(row + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last, other=0).to(tl.int64)
+
+
+@triton.jit
 def _attend_tile(q, m, l, acc, kp, vp, lmask, tok, kmask, limit, scale,
                  cdt: tl.constexpr, MASKED: tl.constexpr, QLEN: tl.constexpr, IEEE: tl.constexpr,
                  LAZY_RESCALE: tl.constexpr):
@@ -168,9 +187,12 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     cdt: tl.constexpr = tl.float16 if F16_DOTS else Q.dtype.element_ty
     q = q.to(cdt)
     limit = ctx - QLEN + qi  # the last key position each row sees
+    row = BT + b * stride_bt  # the sequence's block-table row
+    bt_idx = 0  # read only under BT_REGS
+    bt_row = 0
     if BT_REGS > 0:  # opt-in (table_regs): the row's block table in registers, read once
         bt_idx = tl.arange(0, BT_REGS)
-        bt_row = tl.load(BT + b * stride_bt + bt_idx, mask=bt_idx < tl.cdiv(last, PAGE), other=0)
+        bt_row = tl.load(row + bt_idx, mask=bt_idx < tl.cdiv(last, PAGE), other=0)
     m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -190,7 +212,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
         acc = tl.where(own[:, None], o0, 0.0)
         merged = 1
     if BT_PREFETCH:  # the first tile's block; each iteration loads the next one's (PAGE % BLOCK_N == 0)
-        nxt = tl.load(BT + b * stride_bt + first // PAGE, mask=first < last, other=0).to(tl.int64)
+        nxt = tl.load(row + first // PAGE, mask=first < last, other=0).to(tl.int64)
     if TILED:  # block base + invariant offsets; full tiles unmasked, then the partial one (if any) masked
         inner = (n * stride_ks)[:, None] + d[None, :]
         kh = K + kvh * stride_kh
@@ -199,22 +221,17 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
         for start in range(first, full, BLOCK_N):
             if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
                 blk = nxt
-                nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
-                              other=0).to(tl.int64)
-            elif BT_REGS > 0:
-                blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
+                nxt = _next_tile_block(row, start, last, PAGE, BLOCK_N)
             else:
-                blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
+                blk = _tile_block(row, start, bt_idx, bt_row, PAGE, BT_REGS)
             base = blk * stride_kb + (start % PAGE) * stride_ks
             m, l, acc = _attend_tile(q, m, l, acc, kh + base + inner, vh + base + inner, None, start + n, None,
                                      limit, scale, cdt, False, QLEN, IEEE, LAZY_RESCALE)
         if full < last:
             if BT_PREFETCH:
                 blk = nxt
-            elif BT_REGS > 0:
-                blk = tl.sum(tl.where(bt_idx == full // PAGE, bt_row, 0), 0).to(tl.int64)
             else:
-                blk = tl.load(BT + b * stride_bt + full // PAGE).to(tl.int64)
+                blk = _tile_block(row, full, bt_idx, bt_row, PAGE, BT_REGS)
             base = blk * stride_kb + (full % PAGE) * stride_ks
             tok = full + n
             kmask = tok < last
@@ -226,14 +243,11 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
             kmask = tok < last
             if BT_PREFETCH:  # this tile's block was loaded an iteration ago: off the K/V address chain
                 blk = nxt
-                nxt = tl.load(BT + b * stride_bt + (start + BLOCK_N) // PAGE, mask=start + BLOCK_N < last,
-                              other=0).to(tl.int64)
-            elif BT_REGS > 0:  # no load on the K/V address chain: the pipeline can run num_stages - 1 ahead
-                blk = tl.sum(tl.where(bt_idx == start // PAGE, bt_row, 0), 0).to(tl.int64)
-            elif PAGE % BLOCK_N == 0:  # the tile lies in one block: one table lookup per tile
-                blk = tl.load(BT + b * stride_bt + start // PAGE).to(tl.int64)
+                nxt = _next_tile_block(row, start, last, PAGE, BLOCK_N)
+            elif BT_REGS > 0 or PAGE % BLOCK_N == 0:  # the tile lies in one block: one lookup per tile
+                blk = _tile_block(row, start, bt_idx, bt_row, PAGE, BT_REGS)
             else:  # per-token block lookup: a tile may span several small blocks
-                blk = tl.load(BT + b * stride_bt + tok // PAGE, mask=kmask, other=0).to(tl.int64)
+                blk = tl.load(row + tok // PAGE, mask=kmask, other=0).to(tl.int64)
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
             m, l, acc = _attend_tile(q, m, l, acc, K + off, V + off, kmask[:, None] & dmask[None, :], tok, kmask,
                                      limit, scale, cdt, True, QLEN, IEEE, LAZY_RESCALE)
