@@ -1,13 +1,11 @@
 """The layer glue kernels end to end: workloads (a) and (c) with the tiled q/k norm + RoPE + K/V write launch
 (``triton_qkv.qkv_launch``), the Triton SwiGLU (``decoder.TRITON_SILU``) and the Triton residual add + RMSNorm
-(``decoder.TRITON_NORM``) against the kernels before them, and the decode kernel that writes the new K/V itself
-(``decoder.FUSED_DECODE_QKV``).
+(``decoder.TRITON_NORM``) against the kernels before them.
 
 Variants (the first is the baseline): ``before``: one token per qkv program on one warp, the compiled torch
 SiLU and RMSNorm (Inductor), the engine until 2026-12-04 session 48; ``silu``: the Triton SiLU only;
 ``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, the engine's
-default until session 51; ``fused``: those and the q/k norm + RoPE + K/V write fused into the decode
-attention kernel (``triton_decode.paged_decode_fused``), the engine's default now. One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
+default now. One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
 its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads after
 one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 
@@ -32,19 +30,17 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
     return (1, 1)
 
 
-def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, fused_decode: bool = False):
+def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
         decoder.TRITON_SILU = triton_silu
         decoder.TRITON_NORM = triton_norm
-        decoder.FUSED_DECODE_QKV = fused_decode
     return apply
 
 
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
-            "both": variant(True, True, False), "all": variant(True, True, True),
-            "fused": variant(True, True, True, True)}
+            "both": variant(True, True, False), "all": variant(True, True, True)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:
@@ -53,7 +49,7 @@ def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> di
     try:
         return workloads_ab({n: VARIANTS[n] for n in names}, kv_dtypes, blocks, repeats)
     finally:
-        variant(True, True, True, True)()
+        variant(True, True, True)()
 
 
 def main() -> int:

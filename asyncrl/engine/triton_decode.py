@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import triton
@@ -34,7 +34,6 @@ import triton.language as tl
 
 from asyncrl.engine import cascade as cascade_module
 from asyncrl.engine.cascade import CascadeLaunchRule
-from asyncrl.engine.triton_qkv import _head_norm, _to_cache, cast_rn
 
 
 @triton.jit
@@ -129,82 +128,6 @@ def _attend_tile(q, m, l, acc, kp, vp, lmask, tok, kmask, limit, scale,
 
 
 @triton.jit
-def _rope_halves(x1, x2, COS, SIN, pos, i, imask, HALF: tl.constexpr, DT: tl.constexpr):
-    """``triton_qkv``'s rotate-half RoPE of heads held as halves ``[R, BLOCK_HALF]`` fp32 at one position (a
-    scalar row offset ``pos`` into the tables), each half rounded to ``DT`` as that kernel rounds it."""
-    cos1 = tl.load(COS + pos + i, mask=imask, other=0.0)[None, :]
-    cos2 = tl.load(COS + pos + HALF + i, mask=imask, other=0.0)[None, :]
-    sin1 = tl.load(SIN + pos + i, mask=imask, other=0.0)[None, :]
-    sin2 = tl.load(SIN + pos + HALF + i, mask=imask, other=0.0)[None, :]
-    return cast_rn(x1 * cos1 + (-x2) * sin1, DT), cast_rn(x2 * cos2 + x1 * sin2, DT)
-
-
-@triton.jit
-def _halves_to_row(h1, h2, R: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """Two halves ``[R, BLOCK_HALF]`` -> their concatenation ``[R, 2 * BLOCK_HALF]`` (a head's columns)."""
-    return tl.reshape(tl.permute(tl.join(h1, h2), (0, 2, 1)), (R, 2 * BLOCK_HALF))
-
-
-@triton.jit
-def _fused_qkv(QKV, POS, COS, SIN, QW, KW, KC, VC, SLOT, b, kvh, heads, gmask, write, eps,
-               stride_qkv, stride_rope, stride_kb, stride_ks, stride_kh,
-               H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
-               NORM: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, cdt: tl.constexpr):
-    """``triton_qkv.qkv_to_cache`` for the one new token of sequence ``b`` as this program needs it: from the
-    qkv GEMM's row ``[(H + 2 HKV) D]``, the rows' q heads normed and rotated (``[BLOCK_G, D]`` in ``cdt``),
-    and kv head ``kvh``'s k (normed, rotated) and v as the cache holds them (``[D]`` in ``cdt``); when
-    ``write``, k and v are also stored at the token's slot (one program per (sequence, kv head) writes)."""
-    DT: tl.constexpr = QKV.dtype.element_ty
-    CT: tl.constexpr = KC.dtype.element_ty
-    HALF: tl.constexpr = D // 2
-    i = tl.arange(0, HALF)
-    imask = i < HALF
-    row = QKV + b.to(tl.int64) * stride_qkv
-    pos = tl.load(POS + b).to(tl.int64) * stride_rope
-    qmask = gmask[:, None] & imask[None, :]
-    qp = row + heads[:, None] * D + i[None, :]
-    x1 = tl.load(qp, mask=qmask, other=0.0).to(tl.float32)
-    x2 = tl.load(qp + HALF, mask=qmask, other=0.0).to(tl.float32)
-    kp = row + (H + kvh) * D + i[None, :]
-    k1 = tl.load(kp).to(tl.float32)
-    k2 = tl.load(kp + HALF).to(tl.float32)
-    if NORM:
-        x1, x2 = _head_norm(x1, x2, QW, i, imask, eps, D, HALF, DT)
-        k1, k2 = _head_norm(k1, k2, KW, i, imask, eps, D, HALF, DT)
-    q1, q2 = _rope_halves(x1, x2, COS, SIN, pos, i, imask, HALF, DT)
-    k1, k2 = _rope_halves(k1, k2, COS, SIN, pos, i, imask, HALF, DT)
-    k1, k2 = _to_cache(k1, CT, FP8, FP8_MAX), _to_cache(k2, CT, FP8, FP8_MAX)
-    vp = row + (H + HKV + kvh) * D + i[None, :]
-    v1 = _to_cache(tl.load(vp), CT, FP8, FP8_MAX)
-    v2 = _to_cache(tl.load(vp + HALF), CT, FP8, FP8_MAX)
-    if write:
-        slot = tl.load(SLOT + b).to(tl.int64)
-        cache = (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ks + kvh * stride_kh + i[None, :]
-        tl.store(KC + cache, k1)
-        tl.store(KC + cache + HALF, k2)
-        tl.store(VC + cache, v1)
-        tl.store(VC + cache + HALF, v2)
-    q = _halves_to_row(q1, q2, BLOCK_G, HALF).to(cdt)
-    k = tl.reshape(_halves_to_row(k1.to(cdt), k2.to(cdt), 1, HALF), (D,))
-    v = tl.reshape(_halves_to_row(v1.to(cdt), v2.to(cdt), 1, HALF), (D,))
-    return q, k, v
-
-
-@triton.jit
-def _attend_new_token(q, m, l, acc, k, v, scale):
-    """The online softmax state (m, l [R], acc [R, D] fp32) with one more key held in registers (k, v [D] in
-    q's dtype), as ``_attend_tile`` would take it: fp32 scores from q and k, p rounded to v's dtype for the
-    accumulator and not for the normaliser."""
-    s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * scale
-    m_new = tl.maximum(m, s)  # finite: s is
-    alpha = tl.exp(m - m_new)  # m == -inf (no cached key in this chunk): 0
-    p = tl.exp(s - m_new)
-    l = l * alpha + p
-    acc = acc * alpha[:, None] + p.to(v.dtype).to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
-    return m_new, l, acc
-
-
-@triton.jit
 def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, scale, max_parts,
                          stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
                          stride_ot, stride_oh, stride_pos, stride_pot, stride_poh, stride_pls, stride_plt,
@@ -215,10 +138,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
                          F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
                          ORDERED: tl.constexpr = False, TILED: tl.constexpr = False,
-                         LAZY_RESCALE: tl.constexpr = False, QKV=None, POS=None, COS=None, SIN=None, QW=None,
-                         KW=None, SLOT=None, eps=0.0, stride_qkv=0, stride_rope=0, FUSED_QKV: tl.constexpr = False,
-                         H: tl.constexpr = 0, HKV: tl.constexpr = 0, NORM: tl.constexpr = False,
-                         FP8: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0):
+                         LAZY_RESCALE: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
     (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
     sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
@@ -235,10 +155,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16.
     TILED (``tiled_loads``: ``PAGE % BLOCK_N == 0`` and ``D == BLOCK_D``): a tile lies in one block, so its
     addresses are the block's base plus loop-invariant offsets, and every tile but the last loads without
-    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must.
-    FUSED_QKV (``paged_decode_fused``; one query token, no cascade): q is not read from Q but made from the qkv
-    GEMM's row (``_fused_qkv``: q/k norm, RoPE), the new token's K/V are written to its slot by the program of
-    the chunk that ends at ``ctx`` and attended from registers, so the loop reads keys ``[first, ctx - 1)``."""
+    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must."""
     if ORDERED:
         b = tl.load(ORDER + tl.program_id(1))
         kvh = tl.program_id(0)
@@ -265,18 +182,10 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     qi = g // GROUP  # the row's query token within the sequence (0 unless QLEN > 1)
     heads = kvh * GROUP + g % GROUP
     qtok = b * QLEN + qi  # the row's packed token index
+    q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
     cdt: tl.constexpr = tl.float16 if F16_DOTS else Q.dtype.element_ty
-    ends = False  # FUSED_QKV: this chunk holds the new token (the last key), attended from registers
-    if FUSED_QKV:
-        ends = (first < last) & (last == ctx)
-        q, k_new, v_new = _fused_qkv(QKV, POS, COS, SIN, QW, KW, K, V, SLOT, b, kvh, heads, gmask, ends, eps,
-                                     stride_qkv, stride_rope, stride_kb, stride_ks, stride_kh, H, HKV, D, PAGE,
-                                     BLOCK_G, NORM, FP8, FP8_MAX, cdt)
-        last = tl.where(ends, last - 1, last)
-    else:
-        q = tl.load(Q + qtok[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                    mask=gmask[:, None] & dmask[None, :], other=0.0)
-        q = q.to(cdt)
+    q = q.to(cdt)
     limit = ctx - QLEN + qi  # the last key position each row sees
     row = BT + b * stride_bt  # the sequence's block-table row
     bt_idx = 0  # read only under BT_REGS
@@ -342,9 +251,6 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
             off = (blk * stride_kb + (tok % PAGE) * stride_ks)[:, None] + kvh * stride_kh + d[None, :]
             m, l, acc = _attend_tile(q, m, l, acc, K + off, V + off, kmask[:, None] & dmask[None, :], tok, kmask,
                                      limit, scale, cdt, True, QLEN, IEEE, LAZY_RESCALE)
-    if FUSED_QKV:
-        if ends:
-            m, l, acc = _attend_new_token(q, m, l, acc, k_new, v_new, scale)
     if CASCADE and PREFIX_MERGE:
         # merge the shared prefix's parts (out o_p, log-sum-exp lse_p) by LSE; rows outside
         # any group (sfx == 0) read lse_p = -inf, which weighs 0. Only KV chunk 0 merges: its
@@ -699,13 +605,11 @@ def kv_splits_for(batch: int, hkv: int, device: torch.device, launch: DecodeLaun
 
 def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, cascade=None,
                    launch: DecodeLaunch | None = None, qlen: int = 1, cascade_kv_splits: int = 1,
-                   early_prefix: bool = False, order: Callable[[], torch.Tensor] | None = None,
-                   fused: Optional[FusedQKV] = None):
+                   early_prefix: bool = False, order: Callable[[], torch.Tensor] | None = None):
     """``cascade``: (suffix_start ``[B]``, prefix split count ``[1]``, prefix partials PO
     ``[S, B, H, D]``, PL ``[S, B, H]``) or None. ``cascade_kv_splits``: split-KV of the suffix
     under cascade (0 = ``kv_splits_for``'s per-batch rule; the base kernel only); ``early_prefix``:
-    the base kernel's EARLY_PREFIX. ``order``: see ``paged_decode_attention``. ``fused``: the kernel's
-    FUSED_QKV (``paged_decode_fused``; q is then only the output's shape, never read)."""
+    the base kernel's EARLY_PREFIX. ``order``: see ``paged_decode_attention``."""
     T, H, D = q.shape
     B = T // qlen  # sequences: each has qlen query tokens, packed
     page, hkv = k_cache.shape[1], k_cache.shape[2]
@@ -753,8 +657,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         ORDERED=ordered, TILED=tiled(page, block_d, D, launch), LAZY_RESCALE=launch.lazy_rescale and qlen == 1,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
-        **({"maxnreg": launch.max_registers} if launch.max_registers else {}),
-        **(fused.kernel_args(H, hkv, k_cache) if fused is not None else {}))
+        **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
     if splits > 1:
         _merge_splits_kernel[(T, H)](
             so, sl, out, so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
@@ -776,73 +679,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert k_cache.stride(3) == 1 and q.stride(2) == 1
     return _launch_decode(q, k_cache, v_cache, torch.empty_like(q), block_tables, context_lens, scale,
                           launch=launch, qlen=query_len, order=order)
-
-
-@dataclass(frozen=True)
-class FusedQKV:
-    """What ``paged_decode_fused`` makes q and the new token's K/V from: ``triton_qkv.qkv_to_cache``'s inputs.
-    qkv ``[B, (H + 2 Hkv) D]`` (columns contiguous), positions / slot_mapping ``[B]``, cos / sin ``[max_pos, D]``
-    fp32 (columns contiguous), the q/k RMSNorm weights ``[D]`` (None: no q/k norm) and its eps."""
-
-    qkv: torch.Tensor
-    positions: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    q_norm_w: Optional[torch.Tensor]
-    k_norm_w: Optional[torch.Tensor]
-    eps: float
-    slot_mapping: torch.Tensor
-
-    def kernel_args(self, num_heads: int, num_kv_heads: int, k_cache: torch.Tensor) -> dict:
-        """The decode kernel's FUSED_QKV arguments."""
-        from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
-
-        norm = self.q_norm_w is not None
-        return dict(QKV=self.qkv, POS=self.positions, COS=self.cos, SIN=self.sin,
-                    QW=self.q_norm_w if norm else self.cos, KW=self.k_norm_w if norm else self.cos,
-                    SLOT=self.slot_mapping, eps=self.eps, stride_qkv=self.qkv.stride(0),
-                    stride_rope=self.cos.stride(0), FUSED_QKV=True, H=num_heads, HKV=num_kv_heads, NORM=norm,
-                    FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX)
-
-
-def fuses_qkv(launch: DecodeLaunch, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the decode kernel makes q and writes the new K/V itself (FUSED_QKV) under ``launch``: the base
-    kernel (the packed one reads a written q), a power-of-two head dim (a head's halves concatenate into the
-    kernel's ``BLOCK_D`` columns), and caches of one slot-addressable layout (as ``qkv_to_cache`` writes)."""
-    return (launch.variant == "base" and head_dim >= 16 and head_dim & (head_dim - 1) == 0
-            and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
-            and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1))
-
-
-def paged_decode_fused(fused: FusedQKV, num_heads: int, head_dim: int, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                       launch: DecodeLaunch | None = None,
-                       order: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
-    """``triton_qkv.qkv_to_cache`` then ``paged_decode_attention`` for one new token per sequence, in one kernel
-    where ``fuses_qkv`` allows (else those two): -> out ``[B, H, D]``; the new K/V land in the caches at
-    ``fused.slot_mapping``. The attention program of (sequence, kv head) norms and rotates its q heads and its k
-    head from the qkv row itself, writes k and v, and attends the new key from registers, so no q tensor is
-    written and read, and one launch per layer goes (bench/RESULTS.md, 2026-12-04 session 51).
-    Numbers: ``qkv_to_cache``'s roundings; the new key's score is an fp32 sum instead of the dot's (ulps)."""
-    qkv = fused.qkv
-    B, hkv = qkv.shape[0], k_cache.shape[2]
-    launch = launch or default_launch(B, hkv, k_cache, 1)
-    if not fuses_qkv(launch, head_dim, k_cache, v_cache):
-        from asyncrl.engine.triton_qkv import qkv_to_cache
-
-        q = qkv_to_cache(qkv, fused.positions, fused.cos, fused.sin, fused.q_norm_w, fused.k_norm_w, fused.eps,
-                         num_heads, hkv, head_dim, k_cache, v_cache, fused.slot_mapping)
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, launch=launch,
-                                      order=order)
-    if qkv.shape[1] != (num_heads + 2 * hkv) * head_dim or qkv.stride(1) != 1:
-        raise ValueError(f"paged_decode_fused: qkv {tuple(qkv.shape)} (stride {qkv.stride()}) is not "
-                         f"[B, (H + 2 Hkv) * D] with contiguous columns (H={num_heads}, Hkv={hkv}, D={head_dim})")
-    if fused.cos.shape[1] != head_dim or fused.cos.stride(1) != 1 or fused.sin.stride() != fused.cos.stride():
-        raise ValueError(f"paged_decode_fused: RoPE tables {tuple(fused.cos.shape)} are not [max_pos, D={head_dim}] "
-                         "rows with contiguous columns")
-    out = torch.empty(B, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
-    return _launch_decode(out, k_cache, v_cache, out, block_tables, context_lens, scale, launch=launch,
-                          order=order, fused=fused)
 
 
 def longest_first_order(context_lens: torch.Tensor) -> torch.Tensor:

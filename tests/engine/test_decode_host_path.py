@@ -174,33 +174,3 @@ def test_graphed_host_path_with_concurrent_cascade_equals_gathered_path(tiny_dir
         for a, b in zip((c for o in want for c in o.completions), (c for o in got for c in o.completions)):
             assert a.token_ids == b.token_ids
     assert graphed.runner.cascade.steps > 0 and calls
-
-
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_fused_decode_kernel_gives_the_gathered_paths_tokens(tiny_dirs, monkeypatch, arch):
-    """The K/V write fused into the decode kernel (``fused_kv_write`` with ``decoder.FUSED_DECODE_QKV``: each
-    attention program norms and rotates q and its k from the qkv row, writes k and v, attends the new key from
-    registers), through the graph buckets' padding rows: greedy and sampled tokens equal the gathered path's,
-    log-probs within 1e-4; Qwen3 (q/k norm) and Llama (none). Every plain decode layer took the fused kernel (the
-    samples of one prompt share its blocks: their steps run the cascade, which keeps the separate write)."""
-    from asyncrl.engine import triton_decode as td
-    from asyncrl.engine.models import decoder
-
-    monkeypatch.setattr(decoder, "FUSED_DECODE_QKV", True)
-    fused_calls = []
-    launch = td._launch_decode
-    monkeypatch.setattr(td, "_launch_decode", lambda *a, **kw: fused_calls.append(
-        (kw.get("fused") is not None, kw.get("cascade") is not None)) or launch(*a, **kw))
-    prompts = prompts_for(5, [9, 13, 6])
-    ref = make_llm(tiny_dirs[arch], async_scheduling=True)
-    fused = _graphed(make_llm(tiny_dirs[arch], async_scheduling=True), monkeypatch, sampler=False)
-    for attn in fused.runner._attention_layers():
-        attn.fused_kv_write = True
-    for params in (SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-                   SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=4, logprobs=True, ignore_eos=True)):
-        want, got = ref.generate(prompts, params), fused.generate(prompts, params)
-        for a, b in zip((c for o in want for c in o.completions), (c for o in got for c in o.completions)):
-            assert a.token_ids == b.token_ids
-            if a.logprobs is not None:
-                assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
-    assert sum(f for f, _ in fused_calls) >= 7 * 2 and all(f != cascade for f, cascade in fused_calls)

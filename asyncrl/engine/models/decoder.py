@@ -124,10 +124,6 @@ TRITON_SILU = True
 # CUDA: RMSNorm (and the residual add before it) of [T, N] rows through triton_norm's kernel: whole rows per
 # program, fewer and wider programs than Inductor's at a decode step's few hundred rows (bench/glue_kernels.py)
 TRITON_NORM = True
-# CUDA, one new token per sequence (plain paged decode, no cascade): the decode attention kernel makes q and the
-# new K/V from the qkv GEMM's output itself (q/k norm, RoPE, cache write: ``triton_decode.paged_decode_fused``),
-# one launch a layer instead of ``qkv_to_cache`` + the attention. Read at forward time, as the two above.
-FUSED_DECODE_QKV = True
 
 
 def swiglu(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
@@ -196,14 +192,7 @@ class Attention(nn.Module):
         qn = self.q_norm.weight if self.q_norm is not None else None
         kn = self.k_norm.weight if self.k_norm is not None else None
         qkv = self.qkv_proj(x)
-        if self.fused_kv_write and FUSED_DECODE_QKV and meta.paged_decode and meta.query_len == 1 \
-                and meta.cascade_tiles is None:
-            from asyncrl.engine.triton_decode import FusedQKV, paged_decode_fused  # Triton: only where it runs
-
-            fused = FusedQKV(qkv, positions, rope.cos, rope.sin, qn, kn, self.eps, meta.slot_mapping)
-            o = paged_decode_fused(fused, self.num_heads, self.head_dim, self.k_cache, self.v_cache,
-                                   meta.block_tables, meta.context_lens, self.scale, order=meta.decode_order)
-        elif self.fused_kv_write:
+        if self.fused_kv_write:
             from asyncrl.engine.triton_qkv import qkv_to_cache  # Triton: imported only where it runs
 
             q = qkv_to_cache(qkv, positions, rope.cos, rope.sin, qn, kn, self.eps, self.num_heads,
