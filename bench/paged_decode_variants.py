@@ -121,6 +121,18 @@ VARIANTS = {
     "base prefetch tile32 w1 s3 lpt tiled lazy r168": DecodeLaunch(32, 1, 3, table_prefetch=True,
                                                                    longest_first=True, tiled_loads=True,
                                                                    lazy_rescale=True, max_registers=168),
+    # deeper pipelines and two warps on the one-warp default launches (session 51): the e4m3 kernel waits on memory
+    # latency at ~8 programs an SM (ncu: 232-255 registers a thread), so more tiles in flight a program may pay
+    "base prefetch tile16 w1 s4 lpt tiled lazy": DecodeLaunch(16, 1, 4, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile32 w1 s4 lpt tiled lazy": DecodeLaunch(32, 1, 4, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile32 w1 s5 lpt tiled lazy": DecodeLaunch(32, 1, 5, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile32 w2 s4 lpt tiled lazy": DecodeLaunch(32, 2, 4, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile64 w2 s3 lpt tiled lazy": DecodeLaunch(64, 2, 3, table_prefetch=True, longest_first=True,
+                                                              tiled_loads=True, lazy_rescale=True),
     "base prefetch lpt tiled": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True),
     "base prefetch lpt tiled lazy": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True,
                                                  lazy_rescale=True),
@@ -218,7 +230,7 @@ def pick(rows: list[dict]) -> list[dict]:
     return picks
 
 
-def offline_report() -> int:
+def offline_report(names: list[str]) -> int:
     """Compile each variant's kernel for sm90 without a GPU (``triton.compile`` with an explicit
     target and the 16-byte alignment the launcher gives torch tensors) and print its shared memory,
     registers, spills, and the widest global / async-copy load in its PTX (16-byte = wide vectors)."""
@@ -229,7 +241,7 @@ def offline_report() -> int:
     from asyncrl.engine.triton_decode import _paged_decode_kernel, bt_prefetch
     from asyncrl.engine.triton_decode_packed import _packed_decode_kernel, heads_per_program
 
-    for name, launch in VARIANTS.items():
+    for name, launch in ((n, VARIANTS[n]) for n in names):
         if launch.persistent_per_sm and name != "packed table s3 persistent 2/SM":
             continue  # the same tiles as its non-persistent twin
         for kv in ("bf16", "fp8e4nv"):
@@ -284,7 +296,7 @@ def main() -> int:
     ap.add_argument("--regimes", default=None, help=f"comma-separated of {sorted(REGIMES)} (default: all)")
     args = ap.parse_args()
     if args.offline:
-        return offline_report()
+        return offline_report(args.variants.split(","))
     if args.regimes:
         keep = args.regimes.split(",")
         for name in [r for r in REGIMES if r not in keep]:
