@@ -28,14 +28,15 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from asyncrl.engine import cascade  # noqa: E402
 from asyncrl.engine import triton_decode as td  # noqa: E402
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 LAYERS = 28  # Qwen3-0.6B's layers: calls per graph
 GRPO = dict(groups=16, n=8, prefix=256, suffixes=(1, 64, 256), page=64, Hq=16, Hkv=8, Dh=128)
@@ -221,9 +222,9 @@ def main(argv=None) -> int:
         ap.error("--tiny runs the kernels through the Triton interpreter: set TRITON_INTERPRET=1")
     if args.tiny:
         _interpreter_index_on_numpy_2()
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__,
-               device="cpu (interpreter)" if args.tiny else torch.cuda.get_device_name(),
-               env=os.environ.get("ASYNCRL_CASCADE_LAUNCH", ""), command=" ".join(sys.argv))
+    out = dict(provenance(" ".join(sys.argv)), env=os.environ.get("ASYNCRL_CASCADE_LAUNCH", ""))
+    if args.tiny:
+        out["device"] = "cpu (interpreter)"
     t0 = time.time()
     if not args.skip_kernel:
         shape, dtype, device = (TINY, torch.float32, "cpu") if args.tiny else (GRPO, torch.bfloat16, "cuda")
@@ -238,9 +239,7 @@ def main(argv=None) -> int:
                for s, row in out.get("kernel", {}).get("per_suffix", {}).items()}
     print("summary", json.dumps(dict(kernel=summary, **{k: v for k, v in out.get("engine", {}).items()
                                                         if k != "runs"})), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 

@@ -37,13 +37,14 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.cascade import CascadeLaunchRule  # noqa: E402
 
 SHAPES = {"b": dict(groups=32, n=16, prefix=1024, suffixes=(1, 64, 128)),
@@ -372,8 +373,7 @@ def main() -> int:
     if unknown:
         ap.error(f"--shape: unknown {unknown}; the shapes are {', '.join(SHAPES)}")
     t0 = time.time()
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
-               torch=torch.__version__, env=os.environ.get("ASYNCRL_CASCADE_LAUNCH", ""))
+    out = dict(provenance(" ".join(sys.argv)), env=os.environ.get("ASYNCRL_CASCADE_LAUNCH", ""))
     if not args.skip_kernel:
         out["kernel"] = [sweep_shape(x) for x in shapes]
         out["pick"] = pick(out["kernel"])
@@ -382,9 +382,7 @@ def main() -> int:
     if not args.skip_engine and "b" in shapes:
         out["engine_b"] = engine_b(args.repeats)
         print("engine_b", json.dumps({k: v for k, v in out["engine_b"].items() if not isinstance(v, list)}), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 

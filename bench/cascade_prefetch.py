@@ -24,15 +24,16 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cascade_decode import D, H, HKV, PAGE, SHAPES, kernel_case, per_layer_us  # noqa: E402
 
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.cascade import CascadeLaunchRule  # noqa: E402
 
 DEFAULT = CascadeLaunchRule()
@@ -119,8 +120,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     t0 = time.time()
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
-               torch=torch.__version__, rows=[])
+    out = dict(provenance(" ".join(sys.argv)), rows=[])
     for shape in args.shape.split(","):
         for kv in KV_DTYPES:
             out["rows"].extend(kernel_rows(shape, kv))
@@ -137,9 +137,7 @@ def main() -> int:
     print(f"kernels: {time.time() - t0:.0f} s", flush=True)
     if args.engine:
         out["engine_b"] = engine_rows(args.repeats)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 

@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 # (name, in_features, out_features) of Qwen3-0.6B's decoder linears (q/k/v and gate/up merged as
 # the engine merges them)
@@ -64,10 +69,7 @@ def main() -> None:
     for m, (c, best) in per_m.items():
         print(f"M={m}: four GEMMs per layer cuBLAS {c:.1f} us, best of both {best:.1f} us "
               f"(x28 layers: {(c - best) * 28 / 1000:.3f} ms per decode step to gain)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                           device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
+    write_json(args.json, dict(provenance(" ".join(sys.argv)), rows=rows))
 
 
 if __name__ == "__main__":

@@ -14,14 +14,18 @@ vs an untrained head and n-gram drafting, and what acceptance does as RL moves t
 """
 import argparse
 import json
+import os
+import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from asyncrl.config import load_config
-from asyncrl.runtime.draft_job import run_train_draft
-from asyncrl.training.checkpoint import complete_checkpoints
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.config import load_config  # noqa: E402
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
+from asyncrl.runtime.draft_job import run_train_draft  # noqa: E402
+from asyncrl.training.checkpoint import complete_checkpoints  # noqa: E402
 
 
 def train_draft(overrides: list[str]) -> dict:
@@ -43,7 +47,7 @@ def main(argv=None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="eagle_quickstart_"))
     common = [f"draft.prompts={args.prompts}", f"draft.eval_prompts={args.eval_prompts}", "trainer.device=cpu",
               "trainer.torch_threads=1"]
-    results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": {}}
+    results = dict(provenance(" ".join(sys.argv)), device="cpu", rows={})  # trainer.device=cpu
     results["rows"]["v0"] = train_draft(common + [f"draft.output={out / 'v0'}", f"draft.steps={args.steps}"])
     print("v0", json.dumps(results["rows"]["v0"]), flush=True)
     for ckpt in complete_checkpoints(Path(args.rl_run)) if args.rl_run else []:
@@ -51,8 +55,7 @@ def main(argv=None) -> int:
         results["rows"][name] = train_draft(common + [f"model.path={ckpt}", f"draft.init={out / 'v0'}",
                                                       f"draft.output={out / name}", f"draft.steps={args.refresh_steps}"])
         print(name, json.dumps(results["rows"][name]), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
     return 0
 
 

@@ -24,13 +24,15 @@ import os
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from paged_decode_variants import D, H, HKV, PAGE, REGIMES, cases, timed_row  # noqa: E402
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 
 def flashinfer_inputs(bt: torch.Tensor, lens: torch.Tensor):
@@ -102,15 +104,11 @@ def main() -> int:
         flashinfer, version = None, None
     print(f"flashinfer {version}; torch {torch.__version__}; {torch.cuda.get_device_name()}", flush=True)
     rows = measure(flashinfer)
-    result = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  command="python bench/flashinfer_decode.py " + " ".join(sys.argv[1:]),
-                  device=torch.cuda.get_device_name(), torch=torch.__version__, flashinfer=version,
+    result = dict(provenance("python bench/flashinfer_decode.py " + " ".join(sys.argv[1:])), flashinfer=version,
                   rows=rows, summary=summary(rows), seconds=round(time.perf_counter() - started, 1))
     for line in result["summary"]:
         print("SUMMARY", json.dumps(line), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json, result)
     return 0
 
 

@@ -36,16 +36,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from asyncrl.engine import fp8, fp8_channel
-from asyncrl.engine.triton_fp8 import quantize_rows_cuda, quantize_tokens_cuda
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine import fp8, fp8_channel  # noqa: E402
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
+from asyncrl.engine.triton_fp8 import quantize_rows_cuda, quantize_tokens_cuda  # noqa: E402
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}  # (N, K)
 
@@ -222,8 +226,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
-                   torch=torch.__version__, triton=triton.__version__, gemms={}, layer_us={})
+    results = dict(provenance(" ".join(sys.argv)), triton=triton.__version__, gemms={}, layer_us={})
     ms = [int(m) for m in args.ms.split(",")]
     for lname, (n, k) in SHAPES.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -253,9 +256,7 @@ def main(argv=None) -> int:
             results["kv"] = dict(error=f"{type(err).__name__}: {str(err)[:300]}")
         results["step_ms"] = step_estimate(results)
     print(json.dumps({k: results.get(k) for k in ("layer_us", "step_ms")}, indent=1), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

@@ -30,14 +30,17 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 
-from asyncrl.engine import LLM
-from asyncrl.engine.bench import SHAPES, build_random_hf, workload_c
-from asyncrl.types import SamplingParams
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine import LLM  # noqa: E402
+from asyncrl.engine.bench import SHAPES, build_random_hf, provenance, workload_c, write_json  # noqa: E402
+from asyncrl.types import SamplingParams  # noqa: E402
 
 
 ROWS = {  # engine options of each row
@@ -182,9 +185,9 @@ def main(argv=None) -> int:
     a_prompts = torch.randint(1, vocab, (args.a_batch, args.a_len), generator=g).tolist()
     a_params = SamplingParams(temperature=1.0, max_tokens=args.a_len, ignore_eos=True, logprobs=True, seed=0)
     c_prompts, c_params = workload_c(vocab, args.c_seqs, args.c_max, args.c_max)
-    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   device=torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu", torch=torch.__version__,
-                   model=args.model or f"random {args.shape} ({dtype})", rows={})
+    results = dict(provenance(" ".join(sys.argv)), model=args.model or f"random {args.shape} ({dtype})", rows={})
+    if not dev.startswith("cuda"):
+        results["device"] = "cpu"
     if dev.startswith("cuda") and not args.no_gemm:
         try:
             results["gemm"] = gemm_times(dev)
@@ -203,9 +206,7 @@ def main(argv=None) -> int:
     if "bf16" in ok:
         results["over_bf16"] = {name: {w: round(r[w]["tokens_per_s"] / ok["bf16"][w]["tokens_per_s"], 3)
                                        for w in ("a", "c") if w in r} for name, r in ok.items() if name != "bf16"}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     print(json.dumps({"over_bf16": results.get("over_bf16"),
                       "mean_abs_mismatch": {n: r["mismatch_vs_hf"]["mean_abs"] for n, r in ok.items()
                                             if "mismatch_vs_hf" in r}}), flush=True)

@@ -16,12 +16,16 @@ queue, whichever graph, 2026-12-04 session 46: it could not tell the two apart.)
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
+import sys
 import time
-from datetime import datetime, timezone
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 
 def capture(work) -> torch.cuda.CUDAGraph:
@@ -82,11 +86,9 @@ def main() -> int:
         rows[name] = dict(host_us_second_replay=round(host_us, 1), ms_per_pair=round(pair_ms, 3))
         print(f"{name:20s} host {host_us:8.1f} us for the replay issued while one runs; {pair_ms:.3f} ms the pair",
               flush=True)
-    result = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
-                  torch=torch.__version__, kernels=args.kernels, matmuls=args.matmuls, replays=args.replays, rows=rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    result = dict(provenance(" ".join(sys.argv)), kernels=args.kernels, matmuls=args.matmuls, replays=args.replays,
+                  rows=rows)
+    write_json(args.json, result)
     return 0
 
 

@@ -32,14 +32,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 
-from asyncrl.engine import bench as engine_bench
-from asyncrl.engine.bench import _rand_prompts, profile_steps, run_engine, run_hf
-from asyncrl.types import SamplingParams
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine import bench as engine_bench  # noqa: E402
+from asyncrl.engine.bench import (_rand_prompts, profile_steps, provenance, run_engine, run_hf,  # noqa: E402
+                                  write_json)
+from asyncrl.types import SamplingParams  # noqa: E402
 
 SHAPES = {
     "qwen3.5-0.8b": ("Qwen3_5TextConfig", dict(
@@ -246,10 +250,10 @@ def main() -> int:
     args = ap.parse_args()
     engine_bench.WARMUP_RUNS = args.warmup_runs  # run_engine / run_hf read the module's setting
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__,
-               device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-               workload=f"a: {args.batch} x ({args.prompt} in, {args.response} out)",
+    out = dict(provenance(" ".join(sys.argv)), workload=f"a: {args.batch} x ({args.prompt} in, {args.response} out)",
                warmup_runs=args.warmup_runs, results=[])
+    if not args.device.startswith("cuda"):
+        out["device"] = "cpu"
     try:
         import fla  # noqa: F401
         out["fla"] = getattr(fla, "__version__", "installed")
@@ -257,9 +261,7 @@ def main() -> int:
         out["fla"] = None
     for shape in args.shapes.split(","):
         out["results"].append(bench_shape(shape, args, args.device, dtype))
-        if args.json:  # after each shape: a later shape's failure keeps the earlier ones
-            with open(args.json, "w") as f:
-                f.write(json.dumps(out, indent=1))
+        write_json(args.json, out)  # after each shape: a later shape's failure keeps the earlier ones
     print(json.dumps(out, indent=1))
     print(summary(out["results"]))
     return 0

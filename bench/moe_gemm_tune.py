@@ -23,10 +23,9 @@ magnitude); the other variants still run and are written.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +33,13 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from asyncrl.engine.models.moe import moe_experts_torch, route
-from asyncrl.engine.triton_moe import (align_pairs, experts_grouped_mm, experts_triton, fused_moe,
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
+from asyncrl.engine.models.moe import moe_experts_torch, route  # noqa: E402
+from asyncrl.engine.triton_moe import (align_pairs, experts_grouped_mm, experts_triton, fused_moe,  # noqa: E402
                                        grouped_mm_supported)
-from asyncrl.engine.triton_moe_tiles import GemmTile, MoeTiles, pick_tiles
+from asyncrl.engine.triton_moe_tiles import GemmTile, MoeTiles, pick_tiles  # noqa: E402
 
 E, TOP_K, H, INTER = 128, 8, 2048, 768
 DEVICE = "cuda"
@@ -256,16 +258,13 @@ def main() -> int:
         print(f"  T={r['tokens']}: table row {table} us vs old {old} us: {old / table:.2f}x; {paste_row(r)}")
     # out of bf16's range, or failed (error: NaN)
     bad = [(r["tokens"], x["variant"]) for r in results for x in r["rows"] if not x["mean_err"] <= 2e-2]
-    out = {"bench": "moe_gemm_tune", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    out = {"bench": "moe_gemm_tune", **provenance(" ".join(sys.argv)), "triton": triton.__version__,
            "shape": {"experts": E, "top_k": TOP_K, "hidden": H, "moe_intermediate": INTER},
            "seconds": round(time.time() - start, 1), "results": results, "errors_out_of_range": bad}
     for r in results:
         for x in r["rows"]:
             x["tiles"] = x["tiles"] if x["tiles"] in (None, "grouped_mm") else repr(x["tiles"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.json, out)
     print(f"done in {out['seconds']} s" + (f"; FAILED or error out of range: {bad}" if bad else ""))
     return 1 if bad else 0
 

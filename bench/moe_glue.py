@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from asyncrl.engine.models.moe import route_torch
-from asyncrl.engine.triton_moe import align_pairs
-from asyncrl.engine.triton_moe_align import fused_route, moe_align_block_size
-from asyncrl.engine.triton_moe_tiles import pick_tiles
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
+from asyncrl.engine.models.moe import route_torch  # noqa: E402
+from asyncrl.engine.triton_moe import align_pairs  # noqa: E402
+from asyncrl.engine.triton_moe_align import fused_route, moe_align_block_size  # noqa: E402
+from asyncrl.engine.triton_moe_tiles import pick_tiles  # noqa: E402
 
 HIDDEN, EXPERTS, TOP_K, INTER = 2048, 128, 8, 768
 
@@ -128,9 +132,7 @@ def main() -> int:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/moe_glue.py needs a CUDA GPU")
-    out = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__,
-               device=torch.cuda.get_device_name(), shape=f"hidden {HIDDEN}, {EXPERTS} experts, top-{TOP_K}",
-               rows=[])
+    out = dict(provenance(" ".join(sys.argv)), shape=f"hidden {HIDDEN}, {EXPERTS} experts, top-{TOP_K}", rows=[])
     for T in (int(t) for t in args.tokens.split(",")):
         out["rows"].append(bench_tokens(T, args.iters, args.warmup))
         r = out["rows"][-1]
@@ -138,9 +140,7 @@ def main() -> int:
               f"new {r['new_graph_us']:>7} us graph / {r['new_eager_us']:>7} eager; "
               f"x{r['speedup_graph']} graph, x{r['speedup_eager']} eager; check {json.dumps(r['check'])}",
               flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(json.dumps(out, indent=1))
+    write_json(args.json, out)
     ok = all(r["check"]["expert_sets_equal"] and r["check"]["align_equal"] and r["check"]["records_equal"]
              for r in out["rows"])
     print("outputs equal (expert sets, align):", ok)

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-from datetime import datetime, timezone
+import os
+import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 SHAPES = [(256, 260), (256, 384), (256, 512), (256, 1000), (64, 1400), (16, 1500), (4, 1500)]
 H, HKV, D, PAGE = 16, 8, 128, 64
@@ -106,12 +110,8 @@ def main():
     if args.best_file:
         with open(args.best_file, "w") as f:
             f.write(",".join(map(str, best)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "kv_dtype": args.kv_dtype, "shapes": SHAPES, "rows": rows, "best": best,
-                       "summed_us": {",".join(map(str, k)): v * 1e3 for k, v in totals.items()}}, f, indent=1)
+    write_json(args.json, {**provenance(" ".join(sys.argv)), "kv_dtype": args.kv_dtype, "shapes": SHAPES, "rows": rows,
+                           "best": best, "summed_us": {",".join(map(str, k)): v * 1e3 for k, v in totals.items()}})
 
 
 if __name__ == "__main__":

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.triton_decode import PACKED_LAUNCH, DecodeLaunch  # noqa: E402
 
 H, HKV, D, PAGE = 16, 8, 128, 64
@@ -322,14 +322,10 @@ def main() -> int:
             base_ms, best_ms = (LAYERS * per_layer[k] / 1e3 for k in ("base", "best"))
             print(f"(a) attention per decode step, {LAYERS} layers, kv {p['kv']}: base {base_ms:.2f} ms, "
                   f"{p['best']} {best_ms:.2f} ms (the whole step took 5.36 ms at 47.8k tok/s)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bench": "paged_decode_variants",
-                       "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "seconds": round(time.time() - t0, 1), "shape": dict(H=H, HKV=HKV, D=D, PAGE=PAGE),
-                       "variants": {k: dataclasses.asdict(v) for k, v in VARIANTS.items()},
-                       "rows": rows, "picks": picks}, f, indent=1)
+    write_json(args.json, {"bench": "paged_decode_variants", **provenance(" ".join(sys.argv)),
+                           "seconds": round(time.time() - t0, 1), "shape": dict(H=H, HKV=HKV, D=D, PAGE=PAGE),
+                           "variants": {k: dataclasses.asdict(v) for k, v in VARIANTS.items()},
+                           "rows": rows, "picks": picks})
     bad = [r for r in rows if r.get("max_abs_diff", 0) >= 5e-2]
     print(f"done in {time.time() - t0:.0f} s" + (f"; DISAGREE with base: {bad}" if bad else ""))
     return 1 if bad else 0

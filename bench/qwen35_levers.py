@@ -29,18 +29,19 @@ import gc
 import json
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from asyncrl.engine import LLM  # noqa: E402
 from asyncrl.engine import bench as engine_bench  # noqa: E402
-from asyncrl.engine.bench import _rand_prompts, profile_steps, run_engine, run_hf  # noqa: E402
+from asyncrl.engine.bench import (_rand_prompts, profile_steps, provenance, run_engine, run_hf,  # noqa: E402
+                                  write_json)
 from asyncrl.types import SamplingParams  # noqa: E402
 from fp8_rollout import mismatch  # noqa: E402
 from model_families import build_hf  # noqa: E402
@@ -133,12 +134,6 @@ def conv_kernel_times(cfg, batch: int, prompt: int, device: str) -> dict:
     return out
 
 
-def save(result: dict, path) -> None:
-    """Write the result so far (a later part's failure keeps the earlier numbers)."""
-    if path:
-        Path(path).write_text(json.dumps(result, indent=1))
-
-
 def engine_rows(hf, prompts, params, args, device: str, dtype, result: dict) -> list[dict]:
     """Each row of ``ROWS``: one engine per state dtype (the pool's dtype is fixed at build), the
     conv lever switched on the built engine (prefill runs eagerly: no graph to recapture)."""
@@ -164,7 +159,7 @@ def engine_rows(hf, prompts, params, args, device: str, dtype, result: dict) -> 
                 row["profile_ms_per_decode_step"] = profile_steps(llm, prompts, params, device, trace_steps=5, rows=20)
             print(json.dumps(row), flush=True)
             rows.append(row)
-            save(result, args.json)
+            write_json(args.json, result)  # after each row: a later failure keeps the earlier numbers
         free(llm)
     return rows
 
@@ -207,9 +202,10 @@ def main(argv=None) -> int:
     hf = build_hf(args.shape, dtype, device, args.prompt + args.response + 16)
     prompts = _rand_prompts(args.batch, args.prompt, hf.config.vocab_size, 1)
     params = SamplingParams(temperature=1.0, max_tokens=args.response, ignore_eos=True)
-    result = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__,
-                  device=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", shape=args.shape,
+    result = dict(provenance(" ".join(sys.argv)), shape=args.shape,
                   workload=f"{args.batch} x ({args.prompt} in, {args.response} out), T = 1, EOS ignored")
+    if not device.startswith("cuda"):
+        result["device"] = "cpu"
     if device.startswith("cuda"):
         result["kernels"] = dict(decode=decode_kernel_times(hf.config, args.batch, device),
                                  conv=conv_kernel_times(hf.config, args.batch, args.prompt, device))
@@ -217,7 +213,7 @@ def main(argv=None) -> int:
     if not args.no_hf:
         result["hf_generate"] = run_hf(hf, prompts, 1, [args.response] * args.batch, 1.0, args.batch, device)
         print("hf", json.dumps(result["hf_generate"]), flush=True)
-    save(result, args.json)
+    write_json(args.json, result)
     engine_rows(hf, prompts, params, args, device, dtype, result)
     print(table(result))
     return 0

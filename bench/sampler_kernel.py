@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
+import os
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 BATCHES = (1, 16, 64, 256, 512)
 VOCAB = 151936
@@ -230,12 +233,9 @@ def main() -> int:
     elapsed = time.perf_counter() - t_start
     print(f"torch compile+warmup {t_compile if t_compile is None else round(t_compile, 1)} s; total {elapsed:.1f} s; "
           f"{'OK' if ok else 'DISAGREEMENT'}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"date": datetime.now(timezone.utc).isoformat(), "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__, "triton": __import__("triton").__version__, "vocab": VOCAB,
-                       "dtype": "bfloat16", "rows": rows, "sweep": sweep_rows, "checks": checks,
-                       "torch_compile_s": t_compile, "elapsed_s": elapsed, "ok": ok}, fh, indent=1)
+    write_json(args.json, {**provenance(" ".join(sys.argv)), "triton": __import__("triton").__version__, "vocab": VOCAB,
+                           "dtype": "bfloat16", "rows": rows, "sweep": sweep_rows, "checks": checks,
+                           "torch_compile_s": t_compile, "elapsed_s": elapsed, "ok": ok})
     return 0 if ok else 1
 
 
@@ -244,11 +244,8 @@ def _print_waves(rows: list[dict], path) -> int:
         print(f"waves B={r['batch']:>3}{' peaked' if r['peaked'] else '       '} tile={r['tile']:>4} "
               f"warps={r['warps']} {'waves  ' if r['waves'] else 'default'} splits={r['splits']:>3}: "
               f"{r['ms']:.4f} ms same_tokens={r['same_tokens']}")
-    if path:
-        with open(path, "w") as fh:
-            json.dump({"date": datetime.now(timezone.utc).isoformat(), "device": torch.cuda.get_device_name(),
-                       "triton": __import__("triton").__version__, "vocab": VOCAB, "dtype": "float32",
-                       "waves": rows}, fh, indent=1)
+    write_json(path, {**provenance(" ".join(sys.argv)), "triton": __import__("triton").__version__, "vocab": VOCAB,
+                      "dtype": "float32", "waves": rows})
     return 0 if all(r["same_tokens"] for r in rows) else 1
 
 

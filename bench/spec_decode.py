@@ -29,14 +29,15 @@ import os
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 
 import torch
 
-import asyncrl.engine.spec.draft_model as draft_model_module
-from asyncrl.engine import LLM
-from asyncrl.engine.bench import SHAPES, build_random_hf
-from asyncrl.types import SamplingParams
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import asyncrl.engine.spec.draft_model as draft_model_module  # noqa: E402
+from asyncrl.engine import LLM  # noqa: E402
+from asyncrl.engine.bench import SHAPES, build_random_hf, provenance, write_json  # noqa: E402
+from asyncrl.types import SamplingParams  # noqa: E402
 
 
 def draft_from_target(target, layers: int):
@@ -168,11 +169,12 @@ def main(argv=None) -> int:
         copy_head(hf).save(head_dir)
         specs["eagle"] = {"method": "eagle", "model": head_dir, "num_speculative_tokens": args.k,
                           "draft_sampling": args.draft_sampling}
-    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   device=torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu", torch=torch.__version__,
-                   shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, tail=f"{args.tail_batch} x {args.tail_tokens} greedy",
+    results = dict(provenance(" ".join(sys.argv)), shape=args.shape, k=args.k, quiet_upper=args.quiet_upper,
+                   tail=f"{args.tail_batch} x {args.tail_tokens} greedy",
                    a=f"{args.a_batch} x {args.a_len}+{args.a_len} sampled", draft_sampling=args.draft_sampling,
                    rows={})
+    if not dev.startswith("cuda"):
+        results["device"] = "cpu"
     reference = None
     for name in rows:
         spec = specs[name.removesuffix("+q")]
@@ -206,9 +208,7 @@ def main(argv=None) -> int:
         if "a" in off and "a" in results["rows"].get("ngram", {}):
             results["speedup_a_ngram"] = round(results["rows"]["ngram"]["a"]["tokens_per_s"] / off["a"]["tokens_per_s"], 3)
         print(json.dumps({k: results[k] for k in ("speedup_tail", "speedup_a_ngram") if k in results}), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

@@ -63,22 +63,26 @@ is not agree_1 (every draft after a miss is lost): compare the rows with ``repla
 import argparse
 import gc
 import json
+import os
+import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 
 import torch
-from spec_decode import quiet_upper_layers, repetitive_prompt, timed
-from spec_round_profile import profile_rounds
 
-import asyncrl.engine.spec.eagle as eagle_module
-from asyncrl.engine import LLM
-from asyncrl.engine.bench import SHAPES, build_random_hf
-from asyncrl.engine.models.config import ModelConfig
-from asyncrl.engine.spec.eagle_head import load_head, new_head
-from asyncrl.training.draft_head import DraftSample, train_head
-from asyncrl.training.draft_replay import replay_acceptance
-from asyncrl.types import SamplingParams
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from spec_decode import quiet_upper_layers, repetitive_prompt, timed  # noqa: E402
+from spec_round_profile import profile_rounds  # noqa: E402
+
+import asyncrl.engine.spec.eagle as eagle_module  # noqa: E402
+from asyncrl.engine import LLM  # noqa: E402
+from asyncrl.engine.bench import SHAPES, build_random_hf, provenance, write_json  # noqa: E402
+from asyncrl.engine.models.config import ModelConfig  # noqa: E402
+from asyncrl.engine.spec.eagle_head import load_head, new_head  # noqa: E402
+from asyncrl.training.draft_head import DraftSample, train_head  # noqa: E402
+from asyncrl.training.draft_replay import replay_acceptance  # noqa: E402
+from asyncrl.types import SamplingParams  # noqa: E402
 
 
 ROWS = ("off", "ngram", "eagle_untrained", "eagle_copy", "eagle_eager", "eagle")
@@ -292,9 +296,9 @@ def main(argv=None) -> int:
         quiet_upper_layers(hf, 2, args.quiet_upper)
     engine_kw = dict(dtype=dtype, device=dev, max_model_len=max_len, block_size=64 if cuda else 16)
     head_dir = tempfile.mkdtemp(prefix="eagle_head_")
-    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   device=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
-                   shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, rows={})
+    results = dict(provenance(" ".join(sys.argv)), shape=args.shape, k=args.k, quiet_upper=args.quiet_upper, rows={})
+    if not cuda:
+        results["device"] = "cpu"
     vocab = hf.config.vocab_size
     tails = {"repetitive": [repetitive_prompt(vocab, seed=TAIL_SEEDS["repetitive"], offset=i)
                             for i in range(args.tail_batch)],
@@ -364,9 +368,7 @@ def main(argv=None) -> int:
                 temperature=0, max_tokens=min(args.tail_tokens, (rounds + 1) * (args.k + 1)), ignore_eos=True), rounds)
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
-        if args.json:  # after every row: a later failure keeps what was measured
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        write_json(args.json, results)  # after every row: a later failure keeps what was measured
         llm.close()
         del llm
         gc.collect()
@@ -379,9 +381,7 @@ def main(argv=None) -> int:
         a_eagle = results["rows"]["eagle"]["a"]["tokens_per_s"]
         results["speedup"]["a/eagle"] = round(a_eagle / off["a"]["tokens_per_s"], 3)
     print(json.dumps(results["speedup"]), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_json(args.json, results)
     return 0
 
 

@@ -47,17 +47,17 @@ import json
 import random
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))  # text_lm, spec_decode; appended: nothing shadowed
 from spec_decode import timed  # noqa: E402
 from text_lm import (chunk, distinct_ngrams, document, eval_loss, gsm8k_rows, longest_repeat_suffix,  # noqa: E402
                      new_lm, prompt_text, token_stream, train_lm, train_tokenizer)
 
-from asyncrl.engine.bench import SHAPES  # noqa: E402
+from asyncrl.engine.bench import SHAPES, provenance, write_json  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 
 # timed in this order (off first: the reference); n-gram after the drafters, its row is met elsewhere
@@ -270,9 +270,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     t_start = time.perf_counter()
     random.seed(0)
-    results = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), shape=args.shape,
-                   device=torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                   torch=torch.__version__, k=args.k, draft_sampling=args.draft_sampling, rows={})
+    results = dict(provenance(" ".join(sys.argv)), shape=args.shape, k=args.k, draft_sampling=args.draft_sampling,
+                   rows={})
+    if not args.device.startswith("cuda"):
+        results["device"] = "cpu"
     phase = PhaseClock()
     text = build_text(args)
     results["text"] = text["record"]
@@ -355,8 +356,7 @@ def main(argv=None) -> dict:
         phase(f"row_{name}")
         results["phase_s"] = phase.record
         print(name, json.dumps(row), flush=True)
-        if args.json:  # after every row: a later failure keeps what was measured
-            Path(args.json).write_text(json.dumps(results, indent=1))
+        write_json(args.json, results)  # after every row: a later failure keeps what was measured
         llm.close()
         del llm
         free_cuda()
@@ -385,8 +385,7 @@ def main(argv=None) -> dict:
     results["total_s"] = round(time.perf_counter() - t_start, 1)
     print("summary", json.dumps(results["summary"]), json.dumps(results["bars"]), "total_s", results["total_s"],
           flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
     return results
 
 

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-from datetime import datetime, timezone
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 
 SHAPES = [("o", 2048, 1024), ("down", 3072, 1024), ("qkv", 1024, 4096), ("gate_up", 1024, 6144)]
 MS = (128, 188, 256)
@@ -123,11 +127,8 @@ def main() -> int:
                             best=round(sum(min(r["cublas_us"], r["atomic"]["us"], r["partials"]["us"]) for r in got), 2))
         print(f"M={m}: the timed GEMMs of one layer: cuBLAS {per_layer[m]['cublas']} us, best of the three "
               f"{per_layer[m]['best']} us")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                           device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           command="python bench/splitk_gemm.py", rows=rows, per_layer_us=per_layer), f, indent=1)
+    write_json(args.json, dict(provenance("python bench/splitk_gemm.py " + " ".join(sys.argv[1:])),
+                               triton=triton.__version__, rows=rows, per_layer_us=per_layer))
     return 0
 
 
