@@ -11,6 +11,7 @@ it) over a small sweep of tiles, warps and stages against cuBLAS (``F.linear``),
                              writes ``silu(gate) * up`` (the engine's roundings: gate and up rounded to bf16 first)
   down / o / qkv             the plain Triton GEMM vs cuBLAS at those shapes
 
+each Triton kernel with pointer loads and with TMA loads (``_gemm_tma_kernel``, host-made tensor descriptors),
 and reports each one's best configuration and its max abs difference from the cuBLAS path.
 
     python bench/fused_mlp_gemm.py --json bench/results/fused_mlp_gemm.json   # ~3 min on an H200
@@ -68,14 +69,44 @@ def _gemm_kernel(A, W, C, K, stride_a, stride_w, stride_c, INTER,
     tl.store(C + m.to(tl.int64)[:, None] * stride_c + n[None, :], out)
 
 
-def triton_linear(x: torch.Tensor, w: torch.Tensor, config: tuple, swiglu: bool = False) -> torch.Tensor:
+@triton.jit
+def _gemm_tma_kernel(a_desc, w_desc, C, K, stride_c, INTER,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWIGLU: tl.constexpr):
+    """``_gemm_kernel`` with A and W tiles fetched by the tensor-memory accelerator (host-made descriptors)."""
+    m0 = tl.program_id(0) * BM
+    n0 = tl.program_id(1) * BN
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    if SWIGLU:
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = a_desc.load([m0, k])
+        acc = tl.dot(a, w_desc.load([n0, k]).T, acc)
+        if SWIGLU:
+            acc_u = tl.dot(a, w_desc.load([INTER + n0, k]).T, acc_u)
+    DT: tl.constexpr = C.dtype.element_ty
+    out = acc.to(DT)
+    if SWIGLU:
+        act = cast_rn(_silu(out.to(tl.float32)), DT)
+        out = cast_rn(act.to(tl.float32) * acc_u.to(DT).to(tl.float32), DT)
+    m = m0 + tl.arange(0, BM)
+    tl.store(C + m.to(tl.int64)[:, None] * stride_c + (n0 + tl.arange(0, BN))[None, :], out)
+
+
+def triton_linear(x: torch.Tensor, w: torch.Tensor, config: tuple, swiglu: bool = False,
+                  tma: bool = False) -> torch.Tensor:
     bm, bn, bk, warps, stages = config
     M, K = x.shape
     N = w.shape[0] // 2 if swiglu else w.shape[0]
     assert M % bm == 0 and N % bn == 0 and K % bk == 0, (M, N, K, config)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _gemm_kernel[(M // bm, N // bn)](x, w, out, K, x.stride(0), w.stride(0), out.stride(0), N,
-                                     BM=bm, BN=bn, BK=bk, SWIGLU=swiglu, num_warps=warps, num_stages=stages)
+    meta = dict(BM=bm, BN=bn, BK=bk, SWIGLU=swiglu, num_warps=warps, num_stages=stages)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc, w_desc = TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk])
+        _gemm_tma_kernel[(M // bm, N // bn)](a_desc, w_desc, out, K, out.stride(0), N, **meta)
+    else:
+        _gemm_kernel[(M // bm, N // bn)](x, w, out, K, x.stride(0), w.stride(0), out.stride(0), N, **meta)
     return out
 
 
@@ -120,16 +151,23 @@ def main() -> int:
         ref = cublas().float()
         row = dict(m=M, shape="gate_up+silu", cublas_us=round(do_bench_cudagraph(cublas, rep=30) * 1e3, 2),
                    cublas_gemm_only_us=round(do_bench_cudagraph(lambda: F.linear(x, w), rep=30) * 1e3, 2))
-        row["fused"] = sweep(f"M={M} gate_up+silu fused", lambda c: (lambda: triton_linear(x, w, c, True)), ref)
-        row["triton_gemm_only"] = sweep(f"M={M} gate_up gemm", lambda c: (lambda: triton_linear(x, w, c)),
-                                        F.linear(x, w).float())
+        for tma in (False, True):
+            tag = "_tma" if tma else ""
+            row["fused" + tag] = sweep(f"M={M} gate_up+silu fused{tag}",
+                                       lambda c: (lambda: triton_linear(x, w, c, True, tma)), ref)
+            row["triton_gemm_only" + tag] = sweep(f"M={M} gate_up gemm{tag}",
+                                                  lambda c: (lambda: triton_linear(x, w, c, tma=tma)),
+                                                  F.linear(x, w).float())
         print(row, flush=True)
         out["rows"].append(row)
         for name, (k, n) in SHAPES.items():
             a = torch.randn(M, k, device="cuda", dtype=torch.bfloat16, generator=g)
             b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
             row = dict(m=M, shape=name, cublas_us=round(do_bench_cudagraph(lambda: F.linear(a, b), rep=30) * 1e3, 2))
-            row["triton"] = sweep(f"M={M} {name}", lambda c: (lambda: triton_linear(a, b, c)), F.linear(a, b).float())
+            for tma in (False, True):
+                row["triton_tma" if tma else "triton"] = sweep(f"M={M} {name}{' tma' if tma else ''}",
+                                                               lambda c: (lambda: triton_linear(a, b, c, tma=tma)),
+                                                               F.linear(a, b).float())
             print(row, flush=True)
             out["rows"].append(row)
     write_json(args.json, out)
