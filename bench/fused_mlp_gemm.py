@@ -10,6 +10,8 @@ it) over a small sweep of tiles, warps and stages against cuBLAS (``F.linear``),
   gate_up + SiLU, fused      one Triton kernel: each program holds the gate and the up tile of its columns and
                              writes ``silu(gate) * up`` (the engine's roundings: gate and up rounded to bf16 first)
   down / o / qkv             the plain Triton GEMM vs cuBLAS at those shapes
+  add + RMSNorm + qkv        the engine's residual add + RMSNorm kernel then cuBLAS, against one Triton kernel with
+                             the add and the norm in its prologue (``_norm_gemm_tma_kernel``; TMA loads only)
 
 each Triton kernel with pointer loads and with TMA loads (``_gemm_tma_kernel``, host-made tensor descriptors),
 and reports each one's best configuration and its max abs difference from the cuBLAS path.
@@ -31,7 +33,8 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.engine.bench import provenance, write_json  # noqa: E402
-from asyncrl.engine.triton_qkv import cast_rn  # noqa: E402
+from asyncrl.engine.triton_norm import rms_norm  # noqa: E402
+from asyncrl.engine.triton_qkv import cast_rn, rsqrt_f32  # noqa: E402
 from asyncrl.engine.triton_silu import _silu, silu_and_mul  # noqa: E402
 
 HIDDEN, INTER = 1024, 3072
@@ -90,6 +93,53 @@ def _gemm_tma_kernel(a_desc, w_desc, C, K, stride_c, INTER,
         out = cast_rn(act.to(tl.float32) * acc_u.to(DT).to(tl.float32), DT)
     m = m0 + tl.arange(0, BM)
     tl.store(C + m.to(tl.int64)[:, None] * stride_c + (n0 + tl.arange(0, BN))[None, :], out)
+
+
+@triton.jit
+def _norm_gemm_tma_kernel(X, RES, NW, w_desc, C, RES_OUT, K, eps, stride_x, stride_c,
+                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """``C = rmsnorm(X + RES) @ W^T`` with the residual add + RMSNorm in the prologue (``triton_norm``'s roundings):
+    a first pass over the program's rows sums ``h^2`` (``h = round(X + RES)``; column block 0 also writes h to
+    RES_OUT, the new residual), the K loop then feeds ``round(round(h * rsqrt(mean + eps)) * NW)`` to the dot from
+    registers, W's tiles by TMA. X, RES, RES_OUT share ``stride_x``."""
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    n0 = tl.program_id(1) * BN
+    k = tl.arange(0, BK)
+    rows = m.to(tl.int64)[:, None] * stride_x
+    DT: tl.constexpr = C.dtype.element_ty
+    ss = tl.zeros([BM], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        h = cast_rn(tl.load(X + rows + k0 + k[None, :]).to(tl.float32)
+                    + tl.load(RES + rows + k0 + k[None, :]).to(tl.float32), DT)
+        if tl.program_id(1) == 0:
+            tl.store(RES_OUT + rows + k0 + k[None, :], h)
+        hf = h.to(tl.float32)
+        ss += tl.sum(hf * hf, 1)
+    r = rsqrt_f32(ss / K + eps)[:, None]
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        h = cast_rn(tl.load(X + rows + k0 + k[None, :]).to(tl.float32)
+                    + tl.load(RES + rows + k0 + k[None, :]).to(tl.float32), DT)
+        nw = tl.load(NW + k0 + k).to(tl.float32)[None, :]
+        a = cast_rn(cast_rn(h.to(tl.float32) * r, DT).to(tl.float32) * nw, DT)
+        acc = tl.dot(a, w_desc.load([n0, k0]).T, acc)
+    tl.store(C + m.to(tl.int64)[:, None] * stride_c + (n0 + tl.arange(0, BN))[None, :], acc.to(DT))
+
+
+def triton_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_w: torch.Tensor, w: torch.Tensor,
+                       config: tuple, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``rmsnorm(x + residual) @ w^T``, ``x + residual``) in one kernel (``_norm_gemm_tma_kernel``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, warps, stages = config
+    (M, K), N = x.shape, w.shape[0]
+    assert M % bm == 0 and N % bn == 0 and K % bk == 0 and x.stride() == residual.stride(), (M, N, K, config)
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x)
+    _norm_gemm_tma_kernel[(M // bm, N // bn)](x, residual, norm_w, TensorDescriptor.from_tensor(w, [bn, bk]), out,
+                                              res_out, K, eps, x.stride(0), out.stride(0), BM=bm, BN=bn, BK=bk,
+                                              num_warps=warps, num_stages=stages)
+    return out, res_out
 
 
 def triton_linear(x: torch.Tensor, w: torch.Tensor, config: tuple, swiglu: bool = False,
@@ -158,6 +208,15 @@ def main() -> int:
             row["triton_gemm_only" + tag] = sweep(f"M={M} gate_up gemm{tag}",
                                                   lambda c: (lambda: triton_linear(x, w, c, tma=tma)),
                                                   F.linear(x, w).float())
+        print(row, flush=True)
+        out["rows"].append(row)
+        res = torch.randn(M, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=g)
+        nw = (1 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=g)).to(torch.bfloat16)
+        wq = torch.randn(SHAPES["qkv"][1], HIDDEN, device="cuda", dtype=torch.bfloat16, generator=g) / HIDDEN ** 0.5
+        two = lambda: F.linear(rms_norm(x, nw, 1e-6, res)[0], wq)  # noqa: E731 - the engine: norm kernel + cuBLAS
+        row = dict(m=M, shape="add+rmsnorm+qkv", cublas_us=round(do_bench_cudagraph(two, rep=30) * 1e3, 2))
+        row["fused_tma"] = sweep(f"M={M} add+rmsnorm+qkv fused", lambda c: (
+            lambda: triton_norm_linear(x, res, nw, wq, c)[0]), two().float())
         print(row, flush=True)
         out["rows"].append(row)
         for name, (k, n) in SHAPES.items():
