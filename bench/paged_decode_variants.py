@@ -46,6 +46,14 @@ REGIMES = {"a": [(256, 260), (256, 384), (256, 512)],
            "tail": [(128, (300, 2048)), (64, (600, 2048)), (32, (1000, 2048))]}
 _P = DecodeLaunch(16, 8, 2, variant="packed", fp8_block_n=16)  # the packed kernel, table looked up per tile
 _T = PACKED_LAUNCH  # _P + the block table in registers, 3 stages (2 tiles ahead): the env's default
+
+
+def _tiled_lazy(block_n: int, warps: int, stages: int, **extra) -> DecodeLaunch:
+    """A prefetching, longest-first launch with tiled loads and the lazy rescale (session 50's default launches
+    are ``_tiled_lazy(32, 1, 3)`` and, on dense e4m3 grids, ``_tiled_lazy(16, 1, 3)``)."""
+    return DecodeLaunch(block_n, warps, stages, table_prefetch=True, longest_first=True, tiled_loads=True,
+                        lazy_rescale=True, **extra)
+
 VARIANTS = {
     "base": DecodeLaunch(),
     "base bf16 dots": DecodeLaunch(fp8_f16_dots=False),  # e4m3 tiles upcast to bf16 (the kernel before 2026-12-04)
@@ -105,34 +113,20 @@ VARIANTS = {
                                                          tiled_loads=True),
     "base prefetch tile16 w1 s3 lpt lazy": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True,
                                                         lazy_rescale=True),
-    "base prefetch tile16 w1 s3 lpt tiled lazy": DecodeLaunch(16, 1, 3, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
-    "base prefetch tile16 w1 s3 lpt tiled lazy r128": DecodeLaunch(16, 1, 3, table_prefetch=True,
-                                                                   longest_first=True, tiled_loads=True,
-                                                                   lazy_rescale=True, max_registers=128),
-    "base prefetch tile32 w1 s3 lpt tiled lazy": DecodeLaunch(32, 1, 3, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
-    "base prefetch tile32 w2 s3 lpt tiled lazy": DecodeLaunch(32, 2, 3, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile16 w1 s3 lpt tiled lazy": _tiled_lazy(16, 1, 3),
+    "base prefetch tile16 w1 s3 lpt tiled lazy r128": _tiled_lazy(16, 1, 3, max_registers=128),
+    "base prefetch tile32 w1 s3 lpt tiled lazy": _tiled_lazy(32, 1, 3),
+    "base prefetch tile32 w2 s3 lpt tiled lazy": _tiled_lazy(32, 2, 3),
     # the default launches (session 50) capped at 168 registers a thread: 12 one-warp programs an SM instead of 9 / 8
-    "base prefetch tile16 w1 s3 lpt tiled lazy r168": DecodeLaunch(16, 1, 3, table_prefetch=True,
-                                                                   longest_first=True, tiled_loads=True,
-                                                                   lazy_rescale=True, max_registers=168),
-    "base prefetch tile32 w1 s3 lpt tiled lazy r168": DecodeLaunch(32, 1, 3, table_prefetch=True,
-                                                                   longest_first=True, tiled_loads=True,
-                                                                   lazy_rescale=True, max_registers=168),
+    "base prefetch tile16 w1 s3 lpt tiled lazy r168": _tiled_lazy(16, 1, 3, max_registers=168),
+    "base prefetch tile32 w1 s3 lpt tiled lazy r168": _tiled_lazy(32, 1, 3, max_registers=168),
     # deeper pipelines and two warps on the one-warp default launches (session 51): the e4m3 kernel waits on memory
     # latency at ~8 programs an SM (ncu: 232-255 registers a thread), so more tiles in flight a program may pay
-    "base prefetch tile16 w1 s4 lpt tiled lazy": DecodeLaunch(16, 1, 4, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
-    "base prefetch tile32 w1 s4 lpt tiled lazy": DecodeLaunch(32, 1, 4, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
-    "base prefetch tile32 w1 s5 lpt tiled lazy": DecodeLaunch(32, 1, 5, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
-    "base prefetch tile32 w2 s4 lpt tiled lazy": DecodeLaunch(32, 2, 4, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
-    "base prefetch tile64 w2 s3 lpt tiled lazy": DecodeLaunch(64, 2, 3, table_prefetch=True, longest_first=True,
-                                                              tiled_loads=True, lazy_rescale=True),
+    "base prefetch tile16 w1 s4 lpt tiled lazy": _tiled_lazy(16, 1, 4),
+    "base prefetch tile32 w1 s4 lpt tiled lazy": _tiled_lazy(32, 1, 4),
+    "base prefetch tile32 w1 s5 lpt tiled lazy": _tiled_lazy(32, 1, 5),
+    "base prefetch tile32 w2 s4 lpt tiled lazy": _tiled_lazy(32, 2, 4),
+    "base prefetch tile64 w2 s3 lpt tiled lazy": _tiled_lazy(64, 2, 3),
     "base prefetch lpt tiled": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True),
     "base prefetch lpt tiled lazy": DecodeLaunch(table_prefetch=True, longest_first=True, tiled_loads=True,
                                                  lazy_rescale=True),

@@ -798,6 +798,7 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     so = torch.empty(splits, B, H, D, dtype=torch.float32, device=q.device)
     sl = torch.empty(splits, B, H, dtype=torch.float32, device=q.device)
     bt_regs = table_regs(block_tables, page, launch.block_n, launch)
+    block_d = max(16, triton.next_power_of_2(D))
     # O, NSP, PO and PL are not read (no prefix merge, partial output): so / sl fill their slots
     _paged_decode_kernel[(B, hkv, splits)](
         q, k_cache, v_cache, so, block_tables, context_lens, suffix_start, context_lens, so, sl, so, sl, context_lens,
@@ -806,10 +807,10 @@ def launch_suffix_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0), so.stride(1), so.stride(2),
         so.stride(0), so.stride(1), so.stride(2), sl.stride(0), sl.stride(1),
         GROUP=H // hkv, BLOCK_G=max(16, triton.next_power_of_2(H // hkv)), D=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, BLOCK_N=launch.block_n,
+        BLOCK_D=block_d, PAGE=page, BLOCK_N=launch.block_n,
         IEEE=q.dtype == torch.float32, CASCADE=True, KV_SPLITS=splits, QLEN=1,
         BT_REGS=bt_regs, EARLY_PREFIX=False, PREFIX_MERGE=False, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
-        F16_DOTS=f16_dots(q, k_cache, launch), TILED=tiled(page, max(16, triton.next_power_of_2(D)), D, launch),
+        F16_DOTS=f16_dots(q, k_cache, launch), TILED=tiled(page, block_d, D, launch),
         LAZY_RESCALE=launch.lazy_rescale, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return so, sl
 
