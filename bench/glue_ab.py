@@ -5,7 +5,8 @@
 Variants (the first is the baseline): ``before``: one token per qkv program on one warp, the compiled torch
 SiLU and RMSNorm (Inductor), the engine until 2026-12-04 session 48; ``silu``: the Triton SiLU only;
 ``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, the engine's
-default now. One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
+default now; ``gemm``: ``all`` with the decode layers' GEMMs through ``triton_gemm`` (``decoder.TRITON_GEMM``: the
+norms, residual adds and SwiGLU inside the GEMMs; opt-in). One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
 its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads after
 one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 
@@ -30,17 +31,19 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
     return (1, 1)
 
 
-def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool):
+def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
         decoder.TRITON_SILU = triton_silu
         decoder.TRITON_NORM = triton_norm
+        decoder.TRITON_GEMM = triton_gemm
     return apply
 
 
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
-            "both": variant(True, True, False), "all": variant(True, True, True)}
+            "both": variant(True, True, False), "all": variant(True, True, True),
+            "gemm": variant(True, True, True, True)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:

@@ -124,6 +124,11 @@ TRITON_SILU = True
 # CUDA: RMSNorm (and the residual add before it) of [T, N] rows through triton_norm's kernel: whole rows per
 # program, fewer and wider programs than Inductor's at a decode step's few hundred rows (bench/glue_kernels.py)
 TRITON_NORM = True
+# CUDA, decode-sized batches: the layer's GEMMs as triton_gemm's kernels with the residual adds, RMSNorms and SwiGLU
+# inside them (six kernels a layer instead of nine). Off until an H200 A/B shows it faster (bench/RESULTS.md, issue
+# 23); read at each forward, so CUDA graphs keep the choice made at capture.
+TRITON_GEMM = False
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # the Triton interpreter runs the kernels on CPU (tests)
 
 
 def swiglu(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
@@ -188,10 +193,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 meta: AttentionMetadata) -> torch.Tensor:
-        T = x.shape[0]
+        return self.o_proj(self.attend(self.qkv_proj(x), positions, rope, meta))
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+               meta: AttentionMetadata) -> torch.Tensor:
+        """The qkv projection's output ``[T, (H + 2 Hkv) D]`` -> attention's output ``[T, H D]`` (before o_proj):
+        q/k norm + RoPE, this step's K/V into the cache, attention over the cached keys."""
+        T = qkv.shape[0]
         qn = self.q_norm.weight if self.q_norm is not None else None
         kn = self.k_norm.weight if self.k_norm is not None else None
-        qkv = self.qkv_proj(x)
         if self.fused_kv_write:
             from asyncrl.engine.triton_qkv import qkv_to_cache  # Triton: imported only where it runs
 
@@ -202,7 +212,7 @@ class Attention(nn.Module):
             q, k, v = qkv_prepare(qkv, positions, rope.cos, rope.sin, qn, kn, self.eps,
                                   self.num_heads, self.num_kv_heads, self.head_dim)
             o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
-        return self.o_proj(o.reshape(T, self.q_size))
+        return o.reshape(T, self.q_size)
 
 
 class MLP(nn.Module):
@@ -235,6 +245,34 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
+    def forward_fused(self, h, ss, positions, rope, meta):
+        """``forward`` through ``triton_gemm``: ``h [T, hidden]`` the hidden state (residual stream included),
+        ``ss [T, P]`` its row sums of squares in partials -> the next layer's (h, ss)."""
+        from asyncrl.engine.triton_gemm import linear_residual, norm_linear  # Triton: only where it runs
+
+        attn, mlp = self.self_attn, self.mlp
+        qkv = norm_linear(h, ss, self.input_layernorm.weight, attn.qkv_proj.weight, self.input_layernorm.eps)
+        h, ss = linear_residual(attn.attend(qkv, positions, rope, meta), attn.o_proj.weight, h)
+        norm = self.post_attention_layernorm
+        act = norm_linear(h, ss, norm.weight, mlp.gate_up_proj.weight, norm.eps, inter=mlp.inter)
+        return linear_residual(act, mlp.down_proj.weight, h)
+
+    def fits_fused_gemms(self, dtype: torch.dtype) -> bool:
+        """Whether ``forward_fused`` computes this layer: a plain dense layer (no MoE / hybrid subclass), its four
+        projections the unwrapped tp = 1 layers (no LoRA, FP8 or bias) in ``dtype``, its norms plain RMSNorms."""
+        from asyncrl.engine.triton_gemm import launch, tma_ready
+
+        attn, mlp = self.self_attn, self.mlp
+        projections = ((attn.qkv_proj, "norm"), (attn.o_proj, "residual"), (mlp.gate_up_proj, "swiglu"),
+                       (mlp.down_proj, "residual"))
+        return (type(self) is DecoderLayer and type(self.input_layernorm) is RMSNorm
+                and type(self.post_attention_layernorm) is RMSNorm
+                and all(type(m) in (QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear)
+                        and m.bias is None and getattr(m, "tp", SINGLE).size == 1 and m.weight.dtype == dtype
+                        and tma_ready(m.weight)
+                        and launch(kind, m.in_features, m.out_features // (2 if kind == "swiglu" else 1))
+                        for m, kind in projections))
+
 
 class DecoderModel(nn.Module):
     def __init__(self, c: ModelConfig, tp: TensorParallel = SINGLE):
@@ -246,9 +284,31 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids, positions, meta):
         x, residual = self.embed_tokens(input_ids), None
+        if self.fits_fused_gemms(x):
+            return self.forward_fused(x, positions, meta)
         for layer in self.layers:
             x, residual = layer(x, residual, positions, self.rotary_emb, meta)
         return self.norm(x, residual)[0]
+
+    def fits_fused_gemms(self, x: torch.Tensor) -> bool:
+        """Whether this forward takes ``forward_fused``: ``TRITON_GEMM`` on, the embedding ``x [T, hidden]`` on
+        CUDA (or the Triton interpreter) with at most ``triton_gemm.MAX_ROWS`` rows, every layer fitting."""
+        if not (TRITON_GEMM and (x.is_cuda or _INTERPRET) and x.dim() == 2):
+            return False
+        from asyncrl.engine.triton_gemm import MAX_ROWS, tma_ready
+
+        return (0 < x.shape[0] <= MAX_ROWS and tma_ready(x) and type(self.norm) is RMSNorm
+                and all(isinstance(layer, DecoderLayer) and layer.fits_fused_gemms(x.dtype) for layer in self.layers))
+
+    def forward_fused(self, x, positions, meta):
+        """``forward`` with every layer through ``DecoderLayer.forward_fused`` (the embedding's row sums of squares
+        from torch: the first norm has no GEMM before it)."""
+        from asyncrl.engine.triton_gemm import sum_squares  # Triton: only where it runs
+
+        h, ss = x, sum_squares(x)
+        for layer in self.layers:
+            h, ss = layer.forward_fused(h, ss, positions, self.rotary_emb, meta)
+        return self.norm(h)
 
 
 # HF name fragment -> (our fused parameter fragment, shard name)

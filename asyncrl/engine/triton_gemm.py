@@ -1,0 +1,178 @@
+"""A decode layer's four GEMMs with its glue inside them: the residual add and the RMSNorm statistics in the epilogue
+of the GEMM that ends a sub-block (o_proj, down_proj), the RMSNorm itself in the prologue of the GEMM that starts the
+next one (qkv_proj, gate_up_proj), SwiGLU in gate_up's epilogue. Opt-in (``decoder.TRITON_GEMM``) until it is timed.
+
+Why: at a decode step's few hundred rows every GEMM is latency-bound (~6-7 us on an H200 for Qwen3-0.6B's shapes,
+``bench/blas_choice.py``) and a layer runs three glue kernels beside its four GEMMs (two residual add + RMSNorm,
+SwiGLU; ~2 us each plus a ~1 us gap before each, bench/RESULTS.md session 48). cuBLAS takes no prologue or
+epilogue, so the glue needs GEMMs of our own; fed by the tensor-memory accelerator (host-made tensor descriptors) a
+Triton GEMM matched cuBLAS at these shapes (0.97-1.08x, ``bench/fused_mlp_gemm.py``, session 51). A layer is then
+
+    qkv  = norm_linear(h, ss, input_layernorm.weight, W_qkv)          # RMSNorm in the prologue
+    o    = attention(qkv)                                               # triton_qkv + the paged kernels, unchanged
+    h, ss = linear_residual(o, W_o, h)                                  # h + o_proj(o); row sums of h^2 per tile
+    act  = norm_linear(h, ss, post_attention_layernorm.weight, W_gate_up, inter=I)  # RMSNorm + SwiGLU
+    h, ss = linear_residual(act, W_down, h)
+
+six kernels where the engine runs nine. ``h [T, N]`` is the hidden state itself (the residual stream with the
+sub-block's output added), ``ss [T, P]`` fp32 holds each row's sum of ``h^2`` in ``P`` column-tile partials
+(written by the producing GEMM's ``P`` column programs, summed in a fixed order by the consumer: deterministic, no
+atomics), so the consumer normalizes in one pass over ``h`` and no program re-reads a row to find its norm.
+
+Numbers: the engine's (``triton_norm``, ``triton_silu``, torch's linear): the GEMM output rounded to the model dtype
+before the residual add, the sum rounded once; ``round(round(h * rsqrt(mean(h^2) + eps)) * w)`` fed to the next
+GEMM; SwiGLU's ``round(round(silu(round(gate))) * round(up))``. Left to differ: the order of the mean's sum (P
+partials of N / P values; a few fp32 ulps of rsqrt, inside one rounding of the model dtype) and the GEMMs' K order.
+fp32 models multiply in IEEE fp32 (``input_precision="ieee"``), as torch does by default, not in TF32.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from asyncrl.engine.triton_qkv import cast_rn, rsqrt_f32  # libdevice's rsqrtf and nearest-even casts (interpreter too)
+from asyncrl.engine.triton_silu import _silu  # torch's CUDA silu: expf and an IEEE division
+
+# (row tile, column tile, K tile, warps, stages) per kernel kind. The residual and SwiGLU tiles are the fastest of
+# bench/fused_mlp_gemm.py's 24-config sweep at 256 rows on an H200 (session 51: o / down 64 x 32 x 128, gate_up +
+# SiLU 64 x 32 x 64, qkv 64 x 128 x 128, 4 warps, 4 stages); the norm prologue's own sweep is still to run.
+LAUNCH = {"norm": (64, 128, 128, 4, 4), "swiglu": (64, 32, 64, 4, 4), "residual": (64, 32, 128, 4, 4)}
+MAX_ROWS = 512  # above it (prefill) cuBLAS's large-tile kernels win; the engine keeps its torch GEMMs there
+
+
+@triton.jit
+def _linear_residual_kernel(a_desc, w_desc, RES, H, SS, M, N, K, stride_res, stride_h, stride_ss,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """Program (row tile, column tile j): ``H = round(round(A @ W^T) + RES)`` on its tile, ``SS[:, j]`` = the tile's
+    row sums of ``H^2`` (fp32). A ``[M, K]`` and W ``[N, K]`` by TMA (out-of-range rows and columns read as 0)."""
+    m0 = tl.program_id(0) * BM
+    j = tl.program_id(1)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        acc = tl.dot(a_desc.load([m0, k0]), w_desc.load([j * BN, k0]).T, acc, input_precision=PREC)
+    m = m0 + tl.arange(0, BM)
+    n = j * BN + tl.arange(0, BN)
+    rows = m.to(tl.int64)[:, None]
+    mask = (m < M)[:, None] & (n < N)[None, :]
+    DT: tl.constexpr = H.dtype.element_ty
+    res = tl.load(RES + rows * stride_res + n[None, :], mask=mask, other=0.0).to(tl.float32)
+    h = cast_rn(cast_rn(acc, DT).to(tl.float32) + res, DT)
+    tl.store(H + rows * stride_h + n[None, :], h, mask=mask)
+    hf = h.to(tl.float32)  # 0 outside the tile's live rows and columns: W's and RES's masked values are 0
+    tl.store(SS + m.to(tl.int64) * stride_ss + j, tl.sum(hf * hf, 1), mask=m < M)
+
+
+@triton.jit
+def _norm_linear_kernel(h_desc, SS, NW, w_desc, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
+                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr,
+                        SWIGLU: tl.constexpr, PREC: tl.constexpr):
+    """Program (row tile, column tile): ``C = rmsnorm(H) @ W^T`` on its tile, the row's ``rsqrt(mean(h^2) + eps)``
+    from ``SS``'s P partials, the normed rows built in registers tile by tile of K; H's and W's tiles by TMA (so
+    Triton's pipeliner prefetches both; H's pointer loads were not). SWIGLU: W is gate_up ``[2 INTER, K]``; the
+    program also multiplies the up rows ``INTER + n`` and writes SwiGLU's product to C ``[M, INTER]``."""
+    m0 = tl.program_id(0) * BM
+    m = m0 + tl.arange(0, BM)
+    n0 = tl.program_id(1) * BN
+    rows = m.to(tl.int64)[:, None]
+    live = (m < M)[:, None]
+    p = tl.arange(0, BP)
+    ss = tl.sum(tl.load(SS + rows * stride_ss + p[None, :], mask=live & (p < P)[None, :], other=0.0), 1)
+    r = rsqrt_f32(ss / K + eps)[:, None]
+    k = tl.arange(0, BK)
+    DT: tl.constexpr = C.dtype.element_ty
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    if SWIGLU:
+        acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        h = h_desc.load([m0, k0]).to(tl.float32)
+        a = cast_rn(cast_rn(h * r, DT).to(tl.float32) * tl.load(NW + k0 + k).to(tl.float32)[None, :], DT)
+        acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
+        if SWIGLU:
+            acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
+    out = cast_rn(acc, DT)
+    if SWIGLU:
+        act = cast_rn(_silu(out.to(tl.float32)), DT)
+        out = cast_rn(act.to(tl.float32) * cast_rn(acc_up, DT).to(tl.float32), DT)
+    n = n0 + tl.arange(0, BN)
+    tl.store(C + rows * stride_c + n[None, :], out, mask=live & (n < N)[None, :])
+
+
+def _k_tile(K: int, preferred: int) -> Optional[int]:
+    """The largest power-of-two K tile <= ``preferred`` (and >= 16, ``tl.dot``'s least) that divides K."""
+    bk = preferred
+    while bk >= 16 and K % bk:
+        bk //= 2
+    return bk if bk >= 16 else None
+
+
+def launch(kind: str, K: int, N: int) -> Optional[tuple[int, int, int, int, int]]:
+    """(BM, BN, BK, warps, stages) of ``kind`` ("norm", "swiglu", "residual") for K -> N, or None where no K tile
+    divides K. The column tile shrinks to N's largest power of two below it (a small model's few columns)."""
+    bm, bn, bk, warps, stages = LAUNCH[kind]
+    bk = _k_tile(K, bk)
+    if bk is None or N < 16:
+        return None
+    return bm, min(bn, 1 << (N.bit_length() - 1)), bk, warps, stages
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor  # Triton's host descriptors: only where it runs
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is Triton's default and means nothing to bf16 / fp16
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether ``t`` (2-D) can back a TMA descriptor: contiguous columns, 16-byte aligned base and row stride."""
+    return (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * t.element_size()) % 16 == 0)
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                    config: Optional[tuple] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = residual + x @ weight^T`` (the GEMM's output rounded to the model dtype first) and ``ss [T, P]`` fp32,
+    the row sums of ``h^2`` in ``P`` column-tile partials. ``x [T, K]``, ``weight [N, K]`` TMA-ready (``tma_ready``),
+    ``residual [T, N]`` with contiguous columns. ``config``: (BM, BN, BK, warps, stages), default
+    ``launch("residual", K, N)``."""
+    (T, K), N = x.shape, weight.shape[0]
+    bm, bn, bk, warps, stages = config or launch("residual", K, N)
+    x = x if tma_ready(x) else x.clone(memory_format=torch.contiguous_format)  # a view off 16-byte alignment
+    h = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    ss = torch.empty(T, triton.cdiv(N, bn), dtype=torch.float32, device=x.device)
+    if T:
+        _linear_residual_kernel[(triton.cdiv(T, bm), ss.shape[1])](
+            _descriptor(x, [bm, bk]), _descriptor(weight, [bn, bk]), residual, h, ss, T, N, K, residual.stride(0),
+            h.stride(0), ss.stride(0), BM=bm, BN=bn, BK=bk, PREC=_precision(x.dtype), num_warps=warps,
+            num_stages=stages)
+    return h, ss
+
+
+def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
+                inter: Optional[int] = None, config: Optional[tuple] = None) -> torch.Tensor:
+    """``rmsnorm(h) @ weight^T`` with ``mean(h^2)`` from ``ss [T, P]`` (``linear_residual``'s partials, or any
+    split of the row sums); with ``inter``: SwiGLU of a gate_up ``weight [2 inter, K]`` -> ``[T, inter]``.
+    ``h [T, K]`` and ``weight [N, K]`` TMA-ready, ``norm_weight [K]`` in h's dtype. ``config``:
+    (BM, BN, BK, warps, stages), default ``launch("swiglu" if inter else "norm", K, N)``."""
+    (T, K), N = h.shape, inter or weight.shape[0]
+    bm, bn, bk, warps, stages = config or launch("swiglu" if inter else "norm", K, N)
+    out = torch.empty(T, N, dtype=h.dtype, device=h.device)
+    if T:
+        P = ss.shape[1]
+        _norm_linear_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
+            _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]), out, T, N, K, P, eps,
+            ss.stride(0), out.stride(0), inter or 0, BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None,
+            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
+    return out
+
+
+def sum_squares(x: torch.Tensor) -> torch.Tensor:
+    """``[T, 1]`` fp32 row sums of ``x^2``: the ``ss`` of a hidden state no GEMM wrote (the embedding's, which
+    feeds the first layer's norm)."""
+    xf = x.float()
+    return (xf * xf).sum(-1, keepdim=True)

@@ -1,0 +1,186 @@
+"""``triton_gemm``: the decode layer's GEMMs with the residual add, RMSNorm and SwiGLU inside them, against the torch
+path (``F.linear`` and ``decoder``'s glue), alone and as the engine's layer (``decoder.TRITON_GEMM``).
+
+On a GPU it runs natively; on CPU with ``TRITON_INTERPRET=1`` (and triton installed) through the Triton interpreter,
+in fp32 (the interpreter's bf16 ``tl.dot`` is not the GPU's); otherwise the module is skipped.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_llm, prompts_for, skip_unless_triton_runs
+
+CUDA = skip_unless_triton_runs()
+
+from test_triton_decode import _interpreter_index_on_numpy_2  # noqa: E402,F401 (autouse: numpy 2 in the interpreter)
+
+from asyncrl.engine.models import decoder  # noqa: E402
+from asyncrl.engine.models.decoder import _rms_norm, _silu_and_mul  # noqa: E402
+from asyncrl.engine.triton_gemm import launch, linear_residual, norm_linear, sum_squares  # noqa: E402
+from asyncrl.types import SamplingParams  # noqa: E402
+
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+
+
+def _close(new: torch.Tensor, ref: torch.Tensor) -> None:
+    """fp32: a few ulps (sum orders); bf16: within two rounding steps where they differ, and few differ."""
+    if new.dtype == torch.float32:
+        torch.testing.assert_close(new, ref, rtol=1e-5, atol=1e-5)
+        return
+    differ = new != ref
+    assert differ.float().mean().item() <= 0.02
+    step = torch.finfo(ref.dtype).eps
+    assert ((new.float() - ref.float()).abs()[differ] <= 4 * step * ref.float().abs()[differ] + 1e-6).all()
+
+
+def _tensors(T, K, N, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, K, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(DEVICE, dtype)
+    res = (torch.randn(T, N, generator=g) * 2).to(DEVICE, dtype)
+    return x, w, res
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K,N", [(1, 64, 64), (5, 48, 96), (70, 128, 64)])
+def test_linear_residual_is_the_residual_plus_the_rounded_gemm(dtype, T, K, N):
+    """h = residual + round(x W^T) (rows not a multiple of the row tile, a last column tile half out of range, K
+    tiles of 16); the partials sum to the row sums of h^2, one partial per column tile."""
+    x, w, res = _tensors(T, K, N, dtype, T * K + N)
+    h, ss = linear_residual(x, w, res)
+    ref = (F.linear(x, w).float() + res.float()).to(dtype)
+    _close(h, ref)
+    assert ss.shape == (T, -(-N // launch("residual", K, N)[1])) and ss.dtype == torch.float32
+    torch.testing.assert_close(ss.sum(1), (h.float() ** 2).sum(1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K,N,partials", [(3, 64, 128, "gemm"), (33, 96, 80, "torch"), (70, 128, 32, "gemm")])
+def test_norm_linear_is_rmsnorm_then_the_gemm(dtype, T, K, N, partials):
+    """rmsnorm(h) W^T with the norm from row-sum partials (a producing GEMM's, or ``sum_squares``' single one)."""
+    x, w_in, res = _tensors(T, K, K, dtype, 7 + T)
+    h, ss = linear_residual(x, w_in, res)
+    if partials == "torch":
+        ss = sum_squares(h)
+    g = torch.Generator().manual_seed(T)
+    nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE, dtype)
+    w = (torch.randn(N, K, generator=g) / K ** 0.5).to(DEVICE, dtype)
+    _close(norm_linear(h, ss, nw, w, 1e-6), F.linear(_rms_norm(h, nw, 1e-6), w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K,inter", [(4, 64, 64), (37, 128, 48)])
+def test_norm_linear_swiglu_is_the_mlps_first_half(dtype, T, K, inter):
+    """silu(gate) * up of rmsnorm(h) [W_gate; W_up]^T in one kernel (a last column tile past ``inter``: masked)."""
+    h, _, _ = _tensors(T, K, 8, dtype, 11 + T)
+    g = torch.Generator().manual_seed(inter)
+    nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE, dtype)
+    w = (torch.randn(2 * inter, K, generator=g) / K ** 0.5).to(DEVICE, dtype)
+    out = norm_linear(h, sum_squares(h), nw, w, 1e-6, inter=inter)
+    assert out.shape == (T, inter)
+    _close(out, _silu_and_mul(F.linear(_rms_norm(h, nw, 1e-6), w), inter))
+
+
+def test_launch_fits_k_and_n():
+    assert launch("residual", 1024, 1024) == (64, 32, 128, 4, 4)
+    assert launch("norm", 48, 96)[1:3] == (64, 16)  # 96 columns: 64-wide tiles; K 48: 16-deep tiles
+    assert launch("norm", 40, 64) is None  # no power-of-two K tile >= 16 divides 40
+    assert launch("swiglu", 64, 8) is None
+
+
+def _engine(path):
+    """A tiny fp32 engine: the CPU one (kernels through the interpreter), or on a GPU one with its CUDA graphs."""
+    if not CUDA:
+        return make_llm(path)
+    from asyncrl.engine import LLM
+
+    return LLM(path, dtype=torch.float32, device="cuda", compile_sampler=False, block_size=16, max_num_seqs=8,
+               max_model_len=256)
+
+
+def _greedy(llm):
+    prompts = prompts_for(5, [9, 13, 6])
+    return llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, logprobs=True, ignore_eos=True))
+
+
+def _same_completions(off, on) -> None:
+    for a, b in zip(off, on):
+        assert a.completions[0].token_ids == b.completions[0].token_ids
+        torch.testing.assert_close(torch.tensor(b.completions[0].logprobs), torch.tensor(a.completions[0].logprobs),
+                                   rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_engine_layers_through_the_fused_gemms_give_the_same_tokens(tiny_dirs, monkeypatch, arch):
+    """The engine with ``TRITON_GEMM`` on runs every layer through ``forward_fused`` (a prefill of 28 rows and the
+    decode steps) and gives the torch path's greedy tokens, log-probs within 1e-5 (fp32; on a GPU through its
+    CUDA graphs)."""
+    from asyncrl.engine import triton_gemm
+
+    calls = []
+    made = triton_gemm.norm_linear
+    monkeypatch.setattr(triton_gemm, "norm_linear", lambda *a, **k: calls.append(a[0].shape[0]) or made(*a, **k))
+    off = _greedy(_engine(tiny_dirs[arch]))
+    assert calls == []
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    llm = _engine(tiny_dirs[arch])
+    on = _greedy(llm)
+    layers = len(llm.runner.model.model.layers)
+    assert calls[:2 * layers] == [9 + 13 + 6] * (2 * layers)  # the prefill: two norm_linear calls per layer
+    if not CUDA:  # then the 9 decode steps of 3 rows (a GPU replays its CUDA graphs instead: no Python calls)
+        assert calls[2 * layers:] == [3] * (2 * layers * 9)
+    _same_completions(off, on)
+
+
+@pytest.mark.skipif(CUDA, reason="a GPU engine is on this path already")
+def test_fused_gemms_on_the_gpu_host_path(tiny_dirs, monkeypatch):
+    """On CPU, the engine switched onto its GPU host path (paged decode kernels, the fused q/k norm + RoPE + K/V
+    write feeding them: ``Attention.attend``'s other branch) with ``TRITON_GEMM``: the torch path's tokens."""
+    from asyncrl.engine.cascade import CascadeBuffers
+
+    off = _greedy(make_llm(tiny_dirs["qwen3"]))
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    llm = make_llm(tiny_dirs["qwen3"])
+    r = llm.runner
+    r.cascade = CascadeBuffers(r.num_heads, r.num_kv_heads, r.block_size, llm.config.max_num_seqs, r.device)
+    r.is_cuda = True
+    for layer in r.model.model.layers:
+        layer.self_attn.fused_kv_write = True
+    _same_completions(off, _greedy(llm))
+
+
+def test_layers_the_kernels_cannot_run_keep_the_torch_path(tiny_dirs, monkeypatch):
+    """q/k/v biases (Qwen2), a projection replaced by another module (LoRA, FP8), too many rows: the torch path."""
+    from torch import nn
+
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    qwen2 = make_llm(tiny_dirs["qwen2"]).runner.model.model
+    x = torch.zeros(4, 64, device=DEVICE)
+    assert not qwen2.fits_fused_gemms(x) and not qwen2.layers[0].fits_fused_gemms(torch.float32)
+    qwen3 = make_llm(tiny_dirs["qwen3"]).runner.model.model.to(DEVICE)
+    assert qwen3.fits_fused_gemms(x)
+    assert not qwen3.fits_fused_gemms(torch.zeros(513, 64, device=DEVICE))
+    assert not qwen3.fits_fused_gemms(x.to(torch.bfloat16))  # weights in another dtype
+    qwen3.layers[1].mlp.down_proj = nn.Sequential(qwen3.layers[1].mlp.down_proj)
+    assert not qwen3.fits_fused_gemms(x)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
+    assert not make_llm(tiny_dirs["qwen3"]).runner.model.model.fits_fused_gemms(x)
+
+
+def test_the_benchs_two_chains_compute_the_same_layers(monkeypatch):
+    """``bench/fused_layer.py`` times the engine's kernels against the fused ones: at a small shape in fp32 its two
+    chains give the same last hidden state."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "bench" / "fused_layer.py"
+    spec = importlib.util.spec_from_file_location("fused_layer", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setitem(bench.SHAPES, "tiny", (64, 96, 128, 64))
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    layers = bench.layer_weights("tiny", 3, g, torch.float32)
+    x, attn_out = torch.randn(5, 64, device=DEVICE, generator=g), torch.randn(5, 64, device=DEVICE, generator=g)
+    torch.testing.assert_close(bench.fused_chain(x, attn_out, layers), bench.engine_chain(x, attn_out, layers),
+                               rtol=1e-5, atol=1e-5)
