@@ -33,13 +33,17 @@ import torch
 import triton
 import triton.language as tl
 
-from asyncrl.engine.triton_qkv import cast_rn, rsqrt_f32  # libdevice's rsqrtf and nearest-even casts (interpreter too)
+from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
+from asyncrl.engine.triton_qkv import _head_norm, _rope, _to_cache, cast_rn, check_caches, rsqrt_f32
 from asyncrl.engine.triton_silu import _silu  # torch's CUDA silu: expf and an IEEE division
 
 # (row tile, column tile, K tile, warps, stages) per kernel kind. The residual and SwiGLU tiles are the fastest of
 # bench/fused_mlp_gemm.py's 24-config sweep at 256 rows on an H200 (session 51: o / down 64 x 32 x 128, gate_up +
-# SiLU 64 x 32 x 64, qkv 64 x 128 x 128, 4 warps, 4 stages); the norm prologue's own sweep is still to run.
-LAUNCH = {"norm": (64, 128, 128, 4, 4), "swiglu": (64, 32, 64, 4, 4), "residual": (64, 32, 128, 4, 4)}
+# SiLU 64 x 32 x 64, qkv 64 x 128 x 128, 4 warps, 4 stages); the norm prologue's own sweep is still to run. The
+# qkv epilogue kernel ("qkv_cache", column tile = the head) on 8 warps: on 4 its RoPE tiles spill (sm90 offline
+# compile: 255 registers and a 56-byte stack; 165 and none on 8; bench/fused_layer.py --offline).
+LAUNCH = {"norm": (64, 128, 128, 4, 4), "swiglu": (64, 32, 64, 4, 4), "residual": (64, 32, 128, 4, 4),
+          "qkv_cache": (64, 128, 128, 8, 4)}
 MAX_ROWS = 512  # above it (prefill) cuBLAS's large-tile kernels win; the engine keeps its torch GEMMs there
 
 
@@ -66,6 +70,23 @@ def _linear_residual_kernel(a_desc, w_desc, RES, H, SS, M, N, K, stride_res, str
 
 
 @triton.jit
+def _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP: tl.constexpr):
+    """``[BM, 1]`` fp32 ``rsqrt(mean(h^2) + eps)`` of rows ``m`` (K columns) from SS's P partials (fixed order)."""
+    p = tl.arange(0, BP)
+    parts = tl.load(SS + m.to(tl.int64)[:, None] * stride_ss + p[None, :], mask=live & (p < P)[None, :], other=0.0)
+    return rsqrt_f32(tl.sum(parts, 1) / K + eps)[:, None]
+
+
+@triton.jit
+def _normed_tile(h_desc, NW, m0, k0, r, BK: tl.constexpr, DT: tl.constexpr):
+    """The ``[BM, BK]`` tile (rows ``m0 ...``, columns ``k0 ...``) of ``rmsnorm(H)`` in DT, as ``triton_norm``
+    rounds: ``round(round(h * r) * w)``. H's tile by TMA (rows past the end read as 0)."""
+    h = h_desc.load([m0, k0]).to(tl.float32)
+    w = tl.load(NW + k0 + tl.arange(0, BK)).to(tl.float32)[None, :]
+    return cast_rn(cast_rn(h * r, DT).to(tl.float32) * w, DT)
+
+
+@triton.jit
 def _norm_linear_kernel(h_desc, SS, NW, w_desc, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr,
                         SWIGLU: tl.constexpr, PREC: tl.constexpr):
@@ -76,19 +97,14 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, C, M, N, K, P, eps, stride_ss, s
     m0 = tl.program_id(0) * BM
     m = m0 + tl.arange(0, BM)
     n0 = tl.program_id(1) * BN
-    rows = m.to(tl.int64)[:, None]
     live = (m < M)[:, None]
-    p = tl.arange(0, BP)
-    ss = tl.sum(tl.load(SS + rows * stride_ss + p[None, :], mask=live & (p < P)[None, :], other=0.0), 1)
-    r = rsqrt_f32(ss / K + eps)[:, None]
-    k = tl.arange(0, BK)
+    r = _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP)
     DT: tl.constexpr = C.dtype.element_ty
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     if SWIGLU:
         acc_up = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        h = h_desc.load([m0, k0]).to(tl.float32)
-        a = cast_rn(cast_rn(h * r, DT).to(tl.float32) * tl.load(NW + k0 + k).to(tl.float32)[None, :], DT)
+        a = _normed_tile(h_desc, NW, m0, k0, r, BK, DT)
         acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
         if SWIGLU:
             acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
@@ -97,7 +113,57 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, C, M, N, K, P, eps, stride_ss, s
         act = cast_rn(_silu(out.to(tl.float32)), DT)
         out = cast_rn(act.to(tl.float32) * cast_rn(acc_up, DT).to(tl.float32), DT)
     n = n0 + tl.arange(0, BN)
-    tl.store(C + rows * stride_c + n[None, :], out, mask=live & (n < N)[None, :])
+    tl.store(C + m.to(tl.int64)[:, None] * stride_c + n[None, :], out, mask=live & (n < N)[None, :])
+
+
+@triton.jit
+def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, M, K, P, eps, head_eps,
+                           stride_ss, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
+                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                           BM: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, NORM: tl.constexpr,
+                           FP8: tl.constexpr, FP8_MAX: tl.constexpr, PREC: tl.constexpr):
+    """Program (row tile, head j): head j's D columns of ``rmsnorm(H) @ W_qkv^T`` as its two halves (two dots of
+    HALF columns: rotate-half RoPE pairs column i with i + HALF, so each pair sits at one place of the two
+    accumulators), then ``triton_qkv._qkv_cache_kernel``'s work on them: j < H a q head (q/k norm, RoPE, to Q
+    ``[M, H, D]``), j < H + HKV a k head (norm, RoPE, into KC at SLOT), else a v head (into VC)."""
+    m0 = tl.program_id(0) * BM
+    j = tl.program_id(1)
+    m = m0 + tl.arange(0, BM)
+    tmask = m < M
+    r = _row_rsqrt(SS, m, tmask[:, None], stride_ss, P, K, eps, BP)
+    DT: tl.constexpr = Q.dtype.element_ty
+    acc1 = tl.zeros([BM, HALF], dtype=tl.float32)
+    acc2 = tl.zeros([BM, HALF], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = _normed_tile(h_desc, NW, m0, k0, r, BK, DT)
+        acc1 = tl.dot(a, w_desc.load([j * D, k0]).T, acc1, input_precision=PREC)
+        acc2 = tl.dot(a, w_desc.load([j * D + HALF, k0]).T, acc2, input_precision=PREC)
+    i = tl.arange(0, HALF)
+    col = i[None, :]
+    mask = tmask[:, None] & (i < HALF)[None, :]
+    x1, x2 = cast_rn(acc1, DT), cast_rn(acc2, DT)  # the qkv GEMM's output, rounded as torch's linear rounds it
+    CT: tl.constexpr = KC.dtype.element_ty
+    if j < H + HKV:
+        y1, y2 = x1.to(tl.float32), x2.to(tl.float32)
+        if NORM:
+            if j < H:
+                y1, y2 = _head_norm(y1, y2, QW, i, i < HALF, head_eps, D, HALF, DT)
+            else:
+                y1, y2 = _head_norm(y1, y2, KW, i, i < HALF, head_eps, D, HALF, DT)
+        o1, o2 = _rope(y1, y2, COS, SIN, POS, m, tmask, col, mask, stride_rope, HALF, DT)
+        if j < H:
+            out = Q + m.to(tl.int64)[:, None] * stride_qt + j * stride_qh + col
+            tl.store(out, o1, mask=mask)
+            tl.store(out + HALF, o2, mask=mask)
+        else:
+            slot = tl.load(SLOT + m, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + (j - H) * stride_ch + col
+            tl.store(KC + slot, _to_cache(o1, CT, FP8, FP8_MAX), mask=mask)
+            tl.store(KC + slot + HALF, _to_cache(o2, CT, FP8, FP8_MAX), mask=mask)
+    else:
+        kh = j - H - HKV
+        slot = tl.load(SLOT + m, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + kh * stride_ch + col
+        tl.store(VC + slot, _to_cache(x1, CT, FP8, FP8_MAX), mask=mask)
+        tl.store(VC + slot + HALF, _to_cache(x2, CT, FP8, FP8_MAX), mask=mask)
 
 
 def _k_tile(K: int, preferred: int) -> Optional[int]:
@@ -109,7 +175,7 @@ def _k_tile(K: int, preferred: int) -> Optional[int]:
 
 
 def launch(kind: str, K: int, N: int) -> Optional[tuple[int, int, int, int, int]]:
-    """(BM, BN, BK, warps, stages) of ``kind`` ("norm", "swiglu", "residual") for K -> N, or None where no K tile
+    """(BM, BN, BK, warps, stages) of ``kind`` (a ``LAUNCH`` key) for K -> N, or None where no K tile
     divides K. The column tile shrinks to N's largest power of two below it (a small model's few columns)."""
     bm, bn, bk, warps, stages = LAUNCH[kind]
     bk = _k_tile(K, bk)
@@ -169,6 +235,43 @@ def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, we
             ss.stride(0), out.stride(0), inter or 0, BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None,
             PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
     return out
+
+
+def qkv_epilogue_fits(head_dim: int) -> bool:
+    """Whether ``norm_qkv_to_cache`` takes heads of ``head_dim``: each half a power of two ``tl.dot`` can make."""
+    half = head_dim // 2
+    return head_dim % 2 == 0 and half >= 16 and half & (half - 1) == 0
+
+
+def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
+                      positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm_w: Optional[torch.Tensor],
+                      k_norm_w: Optional[torch.Tensor], head_eps: float, num_heads: int, num_kv_heads: int,
+                      head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      config: Optional[tuple] = None) -> torch.Tensor:
+    """``triton_qkv.qkv_to_cache(norm_linear(h, ss, norm_weight, weight, eps), ...)`` in one kernel: the layer's
+    RMSNorm in the qkv GEMM's prologue, the q/k norm + RoPE + K/V cache write in its epilogue -> q ``[T, H, D]``;
+    k and v land in the caches at ``slot_mapping``. ``h`` and ``weight [(H + 2 Hkv) D, K]`` TMA-ready, heads as
+    ``qkv_epilogue_fits`` says, the rest as ``qkv_to_cache`` takes them. ``config``: (BM, -, BK, warps, stages),
+    default ``launch("qkv_cache", K, N)`` (the column tile is the head)."""
+    (T, K), D = h.shape, head_dim
+    if not qkv_epilogue_fits(D) or weight.shape[0] != (num_heads + 2 * num_kv_heads) * D:
+        raise ValueError(f"norm_qkv_to_cache: weight {tuple(weight.shape)} is not [(H + 2 Hkv) * D, K] with D / 2 a "
+                         f"power of two >= 16 (H={num_heads}, Hkv={num_kv_heads}, D={D})")
+    check_caches("norm_qkv_to_cache", h.dtype, k_cache, v_cache)
+    q = torch.empty(T, num_heads, D, dtype=h.dtype, device=h.device)
+    if T == 0:
+        return q
+    bm, _, bk, warps, stages = config or launch("qkv_cache", K, weight.shape[0])
+    norm = q_norm_w is not None
+    P, half = ss.shape[1], D // 2
+    _norm_qkv_cache_kernel[(triton.cdiv(T, bm), num_heads + 2 * num_kv_heads)](
+        _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [half, bk]), positions, cos, sin,
+        q_norm_w if norm else cos, k_norm_w if norm else cos, q, k_cache, v_cache, slot_mapping, T, K, P, eps,
+        head_eps, ss.stride(0), q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2),
+        H=num_heads, HKV=num_kv_heads, D=D, HALF=half, BM=bm, BK=bk, BP=triton.next_power_of_2(P), NORM=norm,
+        FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PREC=_precision(h.dtype), num_warps=warps,
+        num_stages=stages)
+    return q
 
 
 def sum_squares(x: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,18 @@ def _head_norm(x1, x2, W, i, imask, eps, D: tl.constexpr, HALF: tl.constexpr, DT
 
 
 @triton.jit
+def _rope(x1, x2, COS, SIN, POS, t, tmask, col, mask, stride_rope, HALF: tl.constexpr, DT: tl.constexpr):
+    """``decoder._rotate`` of one head's halves ``[BLOCK_T, BLOCK_HALF]`` fp32 at tokens ``t``' positions ->
+    the rotated halves rounded to ``DT``: ``x * cos + cat(-x2, x1) * sin``."""
+    pos = tl.load(POS + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_rope
+    cos1 = tl.load(COS + pos + col, mask=mask, other=0.0)
+    cos2 = tl.load(COS + pos + HALF + col, mask=mask, other=0.0)
+    sin1 = tl.load(SIN + pos + col, mask=mask, other=0.0)
+    sin2 = tl.load(SIN + pos + HALF + col, mask=mask, other=0.0)
+    return cast_rn(x1 * cos1 + (-x2) * sin1, DT), cast_rn(x2 * cos2 + x1 * sin2, DT)
+
+
+@triton.jit
 def _to_cache(x, CT: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
     """``attention._to_cache``: a value in the model dtype, in the cache's (the same, or e4m3 saturated)."""
     if FP8:
@@ -116,14 +128,7 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
             x1, x2 = _head_norm(x1, x2, QW, i, imask, eps, D, HALF, DT)
         else:
             x1, x2 = _head_norm(x1, x2, KW, i, imask, eps, D, HALF, DT)
-    pos = tl.load(POS + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_rope
-    cos1 = tl.load(COS + pos + col, mask=mask, other=0.0)
-    cos2 = tl.load(COS + pos + HALF + col, mask=mask, other=0.0)
-    sin1 = tl.load(SIN + pos + col, mask=mask, other=0.0)
-    sin2 = tl.load(SIN + pos + HALF + col, mask=mask, other=0.0)
-    # decoder._rotate: x * cos + cat(-x2, x1) * sin
-    o1 = cast_rn(x1 * cos1 + (-x2) * sin1, DT)
-    o2 = cast_rn(x2 * cos2 + x1 * sin2, DT)
+    o1, o2 = _rope(x1, x2, COS, SIN, POS, t, tmask, col, mask, stride_rope, HALF, DT)
     if h < H:
         out = Q + t.to(tl.int64)[:, None] * stride_qt + h * stride_qh + col
         tl.store(out, o1, mask=mask)
@@ -138,6 +143,18 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
         v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
         tl.store(VC + slot, _to_cache(v1, CT, FP8, FP8_MAX), mask=mask)
         tl.store(VC + slot + HALF, _to_cache(v2, CT, FP8, FP8_MAX), mask=mask)
+
+
+def check_caches(caller: str, dtype: torch.dtype, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Raise unless the caches ``[num_blocks + 1, block_size, Hkv, D]`` hold ``dtype`` (or FP8 e4m3) in one layout a
+    slot index addresses (``slot * stride(1) + head * stride(2) + d``)."""
+    if k_cache.dtype not in (dtype, FP8_KV):
+        raise ValueError(f"{caller}: a {k_cache.dtype} cache for a {dtype} model (the model's dtype or "
+                         "float8_e4m3fn)")
+    if (k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1
+            or k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1)):
+        raise ValueError(f"{caller}: caches of strides {k_cache.stride()}, {v_cache.stride()} are not "
+                         "one slot-addressable layout")
 
 
 def qkv_launch(tokens: int) -> tuple[int, int]:
@@ -166,16 +183,10 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     if cos.shape[1] != D or cos.stride(1) != 1 or sin.stride() != cos.stride():
         raise ValueError(f"qkv_to_cache: RoPE tables {tuple(cos.shape)} (strides {cos.stride()}, {sin.stride()}) are "
                          f"not [max_pos, D={D}] rows with contiguous columns")
-    if k_cache.dtype not in (qkv.dtype, FP8_KV):
-        raise ValueError(f"qkv_to_cache: a {k_cache.dtype} cache for a {qkv.dtype} model (the model's dtype or "
-                         "float8_e4m3fn)")
+    check_caches("qkv_to_cache", qkv.dtype, k_cache, v_cache)
     q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
     if T == 0:
         return q
-    if (k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1
-            or k_cache.stride(0) != k_cache.shape[1] * k_cache.stride(1)):
-        raise ValueError(f"qkv_to_cache: caches of strides {k_cache.stride()}, {v_cache.stride()} are not "
-                         "one slot-addressable layout")
     norm = q_norm_w is not None
     qw = q_norm_w if norm else cos  # unused pointers when there is no norm
     kw = k_norm_w if norm else cos

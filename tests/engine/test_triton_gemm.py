@@ -82,6 +82,48 @@ def test_norm_linear_swiglu_is_the_mlps_first_half(dtype, T, K, inter):
     _close(out, _silu_and_mul(F.linear(_rms_norm(h, nw, 1e-6), w), inter))
 
 
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, None), (torch.float32, "fp8")]
+                         + ([(torch.bfloat16, None), (torch.bfloat16, "fp8")] if CUDA else []))
+@pytest.mark.parametrize("H,Hkv,D,norm,T", [(4, 2, 32, True, 7), (2, 1, 64, False, 70)])
+def test_norm_qkv_to_cache_is_the_gemm_then_the_qkv_kernel(dtype, cache_dtype, H, Hkv, D, norm, T):
+    """The RMSNorm + qkv GEMM + q/k norm + RoPE + K/V write kernel against ``norm_linear`` then ``triton_qkv``'s
+    kernel: q and both caches (bf16 / e4m3 within one rounding step: the two dots' K order), slots not written keep
+    their bytes; a partial row tile (70 rows)."""
+    from asyncrl.engine.attention import FP8_KV, raw
+    from asyncrl.engine.triton_gemm import norm_qkv_to_cache
+    from asyncrl.engine.triton_qkv import qkv_to_cache
+
+    cdt = FP8_KV if cache_dtype else dtype
+    K, blocks, page = 64, 40, 4
+    x, w_o, res = _tensors(T, K, K, dtype, H * D + T)
+    h, ss = linear_residual(x, w_o, res)
+    g = torch.Generator().manual_seed(D)
+    nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE, dtype)
+    w = (torch.randn((H + 2 * Hkv) * D, K, generator=g) / K ** 0.5 * 3).to(DEVICE, dtype)
+    qw, kw = ((torch.rand(2, D, generator=g) + 0.5).to(DEVICE, dtype) if norm else (None, None))
+    positions = torch.randint(0, 64, (T,), generator=g).to(DEVICE)
+    slots = torch.randperm((blocks + 1) * page, generator=g)[:T].to(DEVICE)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float) / D))
+    emb = torch.outer(torch.arange(64, dtype=torch.float), inv).repeat(1, 2)
+    cos, sin = emb.cos().to(DEVICE), emb.sin().to(DEVICE)
+    old_k, old_v = (torch.randn(2, blocks + 1, page, Hkv, D, generator=g) * 2).to(DEVICE, cdt)
+    k_ref, v_ref, k_new, v_new = old_k.clone(), old_v.clone(), old_k.clone(), old_v.clone()
+    qkv = norm_linear(h, ss, nw, w, 1e-6, config=launch("norm", K, D))
+    q_ref = qkv_to_cache(qkv, positions, cos, sin, qw, kw, 1e-5, H, Hkv, D, k_ref, v_ref, slots)
+    q = norm_qkv_to_cache(h, ss, nw, w, 1e-6, positions, cos, sin, qw, kw, 1e-5, H, Hkv, D, k_new, v_new, slots)
+    assert q.shape == (T, H, D) and q.dtype == dtype
+    for new, ref in ((q, q_ref), (k_new, k_ref), (v_new, v_ref)):
+        if cdt == torch.float32:
+            torch.testing.assert_close(new, ref, rtol=1e-5, atol=1e-5)
+        else:  # bf16 or e4m3: the same roundings after a GEMM whose K order may differ
+            _close(new.float().to(torch.bfloat16) if new.dtype == FP8_KV else new,
+                   ref.float().to(torch.bfloat16) if ref.dtype == FP8_KV else ref)
+    untouched = torch.ones((blocks + 1) * page, dtype=torch.bool, device=DEVICE)
+    untouched[slots] = False
+    assert torch.equal(raw(k_new).flatten(0, 1)[untouched], raw(old_k).flatten(0, 1)[untouched])
+    assert torch.equal(raw(v_new).flatten(0, 1)[untouched], raw(old_v).flatten(0, 1)[untouched])
+
+
 def test_launch_fits_k_and_n():
     assert launch("residual", 1024, 1024) == (64, 32, 128, 4, 4)
     assert launch("norm", 48, 96)[1:3] == (64, 16)  # 96 columns: 64-wide tiles; K 48: 16-deep tiles
@@ -133,21 +175,48 @@ def test_engine_layers_through_the_fused_gemms_give_the_same_tokens(tiny_dirs, m
     _same_completions(off, on)
 
 
-@pytest.mark.skipif(CUDA, reason="a GPU engine is on this path already")
-def test_fused_gemms_on_the_gpu_host_path(tiny_dirs, monkeypatch):
-    """On CPU, the engine switched onto its GPU host path (paged decode kernels, the fused q/k norm + RoPE + K/V
-    write feeding them: ``Attention.attend``'s other branch) with ``TRITON_GEMM``: the torch path's tokens."""
+@pytest.fixture(scope="module")
+def qwen3_head32(tmp_path_factory):
+    """A tiny Qwen3 with 32-wide heads: the smallest the qkv epilogue (``norm_qkv_to_cache``) takes."""
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(3)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=512,
+                      rms_norm_eps=1e-6, eos_token_id=3, bos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5 if p.shape[0] == 97 else 0.15)
+    path = tmp_path_factory.mktemp("qwen3_head32")
+    model.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("epilogue", [True, False])
+def test_the_qkv_epilogue_gives_the_same_tokens(qwen3_head32, monkeypatch, epilogue):
+    """With the K/V write fused (a GPU engine's default; on CPU the engine switched onto its GPU host path: paged
+    decode kernels), ``TRITON_GEMM`` runs the q/k norm + RoPE + K/V write in the qkv GEMM's epilogue
+    (``TRITON_GEMM_QKV``, or ``triton_qkv``'s kernel after ``norm_linear`` without it): the torch path's tokens."""
+    from asyncrl.engine import triton_gemm
     from asyncrl.engine.cascade import CascadeBuffers
 
-    off = _greedy(make_llm(tiny_dirs["qwen3"]))
+    off = _greedy(_engine(qwen3_head32))
+    calls = []
+    made = triton_gemm.norm_qkv_to_cache
+    monkeypatch.setattr(triton_gemm, "norm_qkv_to_cache", lambda *a, **k: calls.append(1) or made(*a, **k))
     monkeypatch.setattr(decoder, "TRITON_GEMM", True)
-    llm = make_llm(tiny_dirs["qwen3"])
-    r = llm.runner
-    r.cascade = CascadeBuffers(r.num_heads, r.num_kv_heads, r.block_size, llm.config.max_num_seqs, r.device)
-    r.is_cuda = True
-    for layer in r.model.model.layers:
-        layer.self_attn.fused_kv_write = True
+    monkeypatch.setattr(decoder, "TRITON_GEMM_QKV", epilogue)
+    llm = _engine(qwen3_head32)
+    if not CUDA:
+        r = llm.runner
+        r.cascade = CascadeBuffers(r.num_heads, r.num_kv_heads, r.block_size, llm.config.max_num_seqs, r.device)
+        r.is_cuda = True
+        for layer in r.model.model.layers:
+            layer.self_attn.fused_kv_write = True
     _same_completions(off, _greedy(llm))
+    assert (len(calls) > 0) == epilogue
 
 
 def test_layers_the_kernels_cannot_run_keep_the_torch_path(tiny_dirs, monkeypatch):
@@ -168,9 +237,9 @@ def test_layers_the_kernels_cannot_run_keep_the_torch_path(tiny_dirs, monkeypatc
     assert not make_llm(tiny_dirs["qwen3"]).runner.model.model.fits_fused_gemms(x)
 
 
-def test_the_benchs_two_chains_compute_the_same_layers(monkeypatch):
-    """``bench/fused_layer.py`` times the engine's kernels against the fused ones: at a small shape in fp32 its two
-    chains give the same last hidden state."""
+def test_the_benchs_chains_compute_the_same_layers(monkeypatch):
+    """``bench/fused_layer.py`` times the engine's kernels against the fused ones: at a small shape in fp32 its
+    chains give the same last hidden state and q."""
     import importlib.util
     import pathlib
 
@@ -178,9 +247,12 @@ def test_the_benchs_two_chains_compute_the_same_layers(monkeypatch):
     spec = importlib.util.spec_from_file_location("fused_layer", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    monkeypatch.setitem(bench.SHAPES, "tiny", (64, 96, 128, 64))
+    monkeypatch.setitem(bench.SHAPES, "tiny", (64, 96, 4, 2, 32))
     g = torch.Generator(device=DEVICE).manual_seed(0)
     layers = bench.layer_weights("tiny", 3, g, torch.float32)
-    x, attn_out = torch.randn(5, 64, device=DEVICE, generator=g), torch.randn(5, 64, device=DEVICE, generator=g)
-    torch.testing.assert_close(bench.fused_chain(x, attn_out, layers), bench.engine_chain(x, attn_out, layers),
-                               rtol=1e-5, atol=1e-5)
+    step = bench.Step("tiny", 5, g, torch.float32)
+    want_h, want_q = bench.engine_chain(step, layers)
+    for chain in bench.CHAINS.values():
+        h, q = chain(step, layers)
+        torch.testing.assert_close(h, want_h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-5)

@@ -128,6 +128,9 @@ TRITON_NORM = True
 # inside them (six kernels a layer instead of nine). Off until an H200 A/B shows it faster (bench/RESULTS.md, issue
 # 23); read at each forward, so CUDA graphs keep the choice made at capture.
 TRITON_GEMM = False
+# With TRITON_GEMM and the fused K/V write: the q/k norm + RoPE + K/V write in the qkv GEMM's epilogue (five kernels a
+# layer); off: triton_qkv's own kernel after the GEMM (benchmarks flip it to time the epilogue alone)
+TRITON_GEMM_QKV = True
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # the Triton interpreter runs the kernels on CPU (tests)
 
 
@@ -195,6 +198,23 @@ class Attention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         return self.o_proj(self.attend(self.qkv_proj(x), positions, rope, meta))
 
+    def attend_normed(self, h: torch.Tensor, ss: torch.Tensor, norm: "RMSNorm", positions: torch.Tensor,
+                      rope: RotaryEmbedding, meta: AttentionMetadata) -> torch.Tensor:
+        """``attend(qkv_proj(norm(h)))`` with the norm in the qkv GEMM's prologue (``triton_gemm``; ``ss [T, P]``:
+        h's row sums of squares in partials) and, where the K/V write is fused (``fused_kv_write``) and
+        ``TRITON_GEMM_QKV`` is on, the q/k norm + RoPE + cache write in its epilogue -> ``[T, H D]``."""
+        from asyncrl.engine import triton_gemm  # Triton: only where it runs
+
+        if not (self.fused_kv_write and TRITON_GEMM_QKV and triton_gemm.qkv_epilogue_fits(self.head_dim)):
+            qkv = triton_gemm.norm_linear(h, ss, norm.weight, self.qkv_proj.weight, norm.eps)
+            return self.attend(qkv, positions, rope, meta)
+        qn = self.q_norm.weight if self.q_norm is not None else None
+        kn = self.k_norm.weight if self.k_norm is not None else None
+        q = triton_gemm.norm_qkv_to_cache(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, positions, rope.cos,
+                                          rope.sin, qn, kn, self.eps, self.num_heads, self.num_kv_heads,
+                                          self.head_dim, self.k_cache, self.v_cache, meta.slot_mapping)
+        return attend_cached(q, self.k_cache, self.v_cache, meta, self.scale).reshape(h.shape[0], self.q_size)
+
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                meta: AttentionMetadata) -> torch.Tensor:
         """The qkv projection's output ``[T, (H + 2 Hkv) D]`` -> attention's output ``[T, H D]`` (before o_proj):
@@ -251,8 +271,8 @@ class DecoderLayer(nn.Module):
         from asyncrl.engine.triton_gemm import linear_residual, norm_linear  # Triton: only where it runs
 
         attn, mlp = self.self_attn, self.mlp
-        qkv = norm_linear(h, ss, self.input_layernorm.weight, attn.qkv_proj.weight, self.input_layernorm.eps)
-        h, ss = linear_residual(attn.attend(qkv, positions, rope, meta), attn.o_proj.weight, h)
+        o = attn.attend_normed(h, ss, self.input_layernorm, positions, rope, meta)
+        h, ss = linear_residual(o, attn.o_proj.weight, h)
         norm = self.post_attention_layernorm
         act = norm_linear(h, ss, norm.weight, mlp.gate_up_proj.weight, norm.eps, inter=mlp.inter)
         return linear_residual(act, mlp.down_proj.weight, h)
