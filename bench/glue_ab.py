@@ -6,7 +6,8 @@ Variants (the first is the baseline): ``before``: one token per qkv program on o
 SiLU and RMSNorm (Inductor), the engine until 2026-12-04 session 48; ``silu``: the Triton SiLU only;
 ``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, the engine's
 default now; ``gemm``: ``all`` with the decode layers' GEMMs through ``triton_gemm`` (``decoder.TRITON_GEMM``: the
-norms, residual adds and SwiGLU inside the GEMMs; opt-in). One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
+norms, residual adds, SwiGLU and the q/k norm + RoPE + K/V write inside the GEMMs; opt-in); ``gemm_noqkv``: the same
+with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off). One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
 its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads after
 one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 
@@ -31,19 +32,21 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
     return (1, 1)
 
 
-def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False):
+def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False,
+            qkv_epilogue: bool = True):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
         decoder.TRITON_SILU = triton_silu
         decoder.TRITON_NORM = triton_norm
         decoder.TRITON_GEMM = triton_gemm
+        decoder.TRITON_GEMM_QKV = qkv_epilogue
     return apply
 
 
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
             "both": variant(True, True, False), "all": variant(True, True, True),
-            "gemm": variant(True, True, True, True)}
+            "gemm": variant(True, True, True, True), "gemm_noqkv": variant(True, True, True, True, False)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:
