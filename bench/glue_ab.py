@@ -7,9 +7,11 @@ SiLU and RMSNorm (Inductor), the engine until 2026-12-04 session 48; ``silu``: t
 ``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, the engine's
 default now; ``gemm``: ``all`` with the decode layers' GEMMs through ``triton_gemm`` (``decoder.TRITON_GEMM``: the
 norms, residual adds, SwiGLU and the q/k norm + RoPE + K/V write inside the GEMMs; opt-in); ``gemm_noqkv``: the same
-with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off). One engine per variant (fixed KV pools, all held at once), the variant set while its engine captures
-its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads after
-one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
+with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off); ``lmhead``: ``all`` with the
+sampling decode graphs' LM head + sampler as one kernel (``model_runner.FUSED_LM_HEAD_SAMPLER``, opt-in);
+``gemm_lmhead``: both. One engine per variant (fixed KV pools, all held at once), the variant set while its engine
+captures its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads
+after one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 
     python bench/glue_ab.py --json bench/results/glue_ab_h200.json   # ~4 min on an H200
 """
@@ -21,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asyncrl.engine import triton_qkv  # noqa: E402
+from asyncrl.engine import model_runner, triton_qkv  # noqa: E402
 from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.models import decoder  # noqa: E402
 
@@ -33,7 +35,7 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
 
 
 def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False,
-            qkv_epilogue: bool = True):
+            qkv_epilogue: bool = True, fused_head: bool = False):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
@@ -41,12 +43,15 @@ def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: 
         decoder.TRITON_NORM = triton_norm
         decoder.TRITON_GEMM = triton_gemm
         decoder.TRITON_GEMM_QKV = qkv_epilogue
+        model_runner.FUSED_LM_HEAD_SAMPLER = fused_head
     return apply
 
 
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
             "both": variant(True, True, False), "all": variant(True, True, True),
-            "gemm": variant(True, True, True, True), "gemm_noqkv": variant(True, True, True, True, False)}
+            "gemm": variant(True, True, True, True), "gemm_noqkv": variant(True, True, True, True, False),
+            "lmhead": variant(True, True, True, fused_head=True),
+            "gemm_lmhead": variant(True, True, True, True, fused_head=True)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:

@@ -39,12 +39,18 @@ from asyncrl.engine.fp8 import check_fp8_device
 from asyncrl.engine.kv_budget import KvBudget, activation_bytes, device_memory, module_bytes
 from asyncrl.engine.models.gated_delta import fla_available
 from asyncrl.engine.models.decoder import CausalLM
+from asyncrl.engine.parallel.layers import ParallelLMHead
 from asyncrl.engine.sampler import Sampler, position_keys, sequence_keys
 from asyncrl.engine.scheduler import ScheduledBatch
 from asyncrl.engine.staging import DeviceToHost, HostToDevice
 from asyncrl.engine.state_pool import StatePool, attach_state, fork_slots, ssm_state_dtype, state_host_arrays
 
 logger = logging.getLogger(__name__)
+
+# Rows the one-pass sampler takes (no top-k / top-p): the LM head's GEMM with the sampler in its epilogue
+# (``triton_lm_sampler``: the [B, V] logits never written) instead of ``F.linear`` then ``triton_sampler``. Off until
+# an H200 A/B shows it faster (issue 23); read at each step (and, for the sampling graphs, at their capture).
+FUSED_LM_HEAD_SAMPLER = False
 
 
 @dataclass
@@ -393,11 +399,23 @@ class ModelRunner:
                                  **(self._cascade_views(bs) if cascade else {}))
         g["hidden"][:bs] = self.model(g["input_ids"][:bs], g["positions"][:bs], meta)
         if sampling:
-            tokens, logprobs = self.sampler.fast(self.model.lm_head(g["hidden"][:bs]), g["temp"][:bs], g["keys"][:bs])
+            tokens, logprobs = self._sample_unfiltered(g["hidden"][:bs], g["temp"][:bs], g["keys"][:bs])
             g["tokens"][:bs] = tokens
             packed = g["sampled"][:2 * bs].view(2, bs)
             packed[0] = tokens  # int64 -> fp64: exact below 2^53 (as DeviceToHost.start)
             packed[1] = logprobs
+
+    def _sample_unfiltered(self, hidden: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor):
+        """The LM head + one-pass sampler (``sampler.fast``) of ``hidden [S, H]`` at tp = 1: (tokens, log-probs),
+        through ``triton_lm_sampler`` where ``FUSED_LM_HEAD_SAMPLER`` is on and the head is the plain one it
+        takes (the sampling graphs and the steps after a forward alike)."""
+        head = self.model.lm_head
+        if FUSED_LM_HEAD_SAMPLER and type(head) is ParallelLMHead and head.tp.size == 1:
+            from asyncrl.engine import triton_lm_sampler  # Triton: only where it runs
+
+            if triton_lm_sampler.fits(hidden, head.weight):
+                return triton_lm_sampler.lm_head_sample(hidden, head.weight, temperature, keys)
+        return self.sampler.fast(head(hidden), temperature, keys)
 
     def _cascade_views(self, bs: int) -> dict:
         """The cascade metadata fields of bucket ``bs``: views of the plan buffer, made once per bucket."""
@@ -580,6 +598,8 @@ class ModelRunner:
         log-prob) per row, on the device: tokens ``[S]`` int64, logprobs ``[S]`` fp32.
         TP: rank 0 samples from the gathered full-vocabulary logits and broadcasts the
         tokens; the other ranks get the tokens and no log-probs (None)."""
+        if self.tp.size == 1 and self.sampler.fast is not None and not use_filter:
+            return self._sample_unfiltered(hidden, floats[0], ints[0])
         logits = self.model.lm_head(hidden)  # cast to fp32 inside the (fused) sampler
         if self.tp.size == 1:
             return self.sampler(logits, floats, ints, use_filter)

@@ -152,6 +152,32 @@ def test_graphed_host_path_equals_gathered_path(tiny_dirs, monkeypatch):
     assert graphed.runner.cascade.plans_reused > 0
 
 
+def test_sampling_graphs_with_the_fused_lm_head_sampler(tiny_dirs, monkeypatch):
+    """``model_runner.FUSED_LM_HEAD_SAMPLER``: the sampling decode graphs and the prefills' samples run
+    ``triton_lm_sampler`` (the LM head's GEMM with the sampler in its epilogue) and give the unfused engine's tokens,
+    log-probs within fp32 sums."""
+    from asyncrl.engine import model_runner, triton_lm_sampler
+
+    calls = []
+    fused = triton_lm_sampler.lm_head_sample
+    monkeypatch.setattr(triton_lm_sampler, "lm_head_sample",
+                        lambda *a, **k: calls.append(a[0].shape[0]) or fused(*a, **k))
+    prompts = prompts_for(6, [9, 13, 6])
+    unfused = _graphed(make_llm(tiny_dirs["qwen3"], async_scheduling=True), monkeypatch, sampler=True,
+                       graph_sampler=True)
+    monkeypatch.setattr(model_runner, "FUSED_LM_HEAD_SAMPLER", True)
+    inside = _graphed(make_llm(tiny_dirs["qwen3"], async_scheduling=True), monkeypatch, sampler=True,
+                      graph_sampler=True)
+    for params in (SamplingParams(temperature=0.0, max_tokens=10, logprobs=True, ignore_eos=True),
+                   SamplingParams(n=4, temperature=0.8, max_tokens=10, seed=2, logprobs=True, ignore_eos=True)):
+        want, got = unfused.generate(prompts, params), inside.generate(prompts, params)
+        for a, b in zip((c for o in want for c in o.completions), (c for o in got for c in o.completions)):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    # the prefills' sample rows (3 prompts; 3 x 4 samples) eagerly, the decode steps in graph buckets of 4 and 16
+    assert inside.runner.sampling_graph_steps > 0 and set(calls) == {3, 12, 4, 16}
+
+
 def test_graphed_host_path_with_concurrent_cascade_equals_gathered_path(tiny_dirs, monkeypatch):
     """``CascadeLaunchRule.concurrent_prefix`` in the engine (the suffix partials and the merge kernel;
     on CPU the two kernels run in sequence): through the graph buckets, greedy and sampled tokens equal
