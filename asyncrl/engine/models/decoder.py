@@ -288,7 +288,7 @@ class DecoderLayer(nn.Module):
         return (type(self) is DecoderLayer and type(self.input_layernorm) is RMSNorm
                 and type(self.post_attention_layernorm) is RMSNorm
                 and all(type(m) in (QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear)
-                        and m.bias is None and getattr(m, "tp", SINGLE).size == 1 and m.weight.dtype == dtype
+                        and m.bias is None and m.tp.size == 1 and m.weight.dtype == dtype
                         and tma_ready(m.weight)
                         and launch(kind, m.in_features, m.out_features // (2 if kind == "swiglu" else 1))
                         for m, kind in projections))
