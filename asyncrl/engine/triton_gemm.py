@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
-from asyncrl.engine.triton_qkv import _head_norm, _rope, _to_cache, cast_rn, check_caches, rsqrt_f32
+from asyncrl.engine.triton_qkv import _cache_slots, _norm_rope_head, _store_halves, cast_rn, check_tables, rsqrt_f32
 from asyncrl.engine.triton_silu import _silu  # torch's CUDA silu: expf and an IEEE division
 
 # (row tile, column tile, K tile, warps, stages) per kernel kind. The residual and SwiGLU tiles are the fastest of
@@ -142,28 +142,19 @@ def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, POS, COS, SIN, QW, KW, Q, KC,
     col = i[None, :]
     mask = tmask[:, None] & (i < HALF)[None, :]
     x1, x2 = cast_rn(acc1, DT), cast_rn(acc2, DT)  # the qkv GEMM's output, rounded as torch's linear rounds it
-    CT: tl.constexpr = KC.dtype.element_ty
     if j < H + HKV:
-        y1, y2 = x1.to(tl.float32), x2.to(tl.float32)
-        if NORM:
-            if j < H:
-                y1, y2 = _head_norm(y1, y2, QW, i, i < HALF, head_eps, D, HALF, DT)
-            else:
-                y1, y2 = _head_norm(y1, y2, KW, i, i < HALF, head_eps, D, HALF, DT)
-        o1, o2 = _rope(y1, y2, COS, SIN, POS, m, tmask, col, mask, stride_rope, HALF, DT)
+        o1, o2 = _norm_rope_head(x1.to(tl.float32), x2.to(tl.float32), j, m, tmask, i, i < HALF, col, mask, POS, COS,
+                                 SIN, QW, KW, head_eps, stride_rope, H, D, HALF, NORM, DT)
         if j < H:
             out = Q + m.to(tl.int64)[:, None] * stride_qt + j * stride_qh + col
             tl.store(out, o1, mask=mask)
             tl.store(out + HALF, o2, mask=mask)
         else:
-            slot = tl.load(SLOT + m, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + (j - H) * stride_ch + col
-            tl.store(KC + slot, _to_cache(o1, CT, FP8, FP8_MAX), mask=mask)
-            tl.store(KC + slot + HALF, _to_cache(o2, CT, FP8, FP8_MAX), mask=mask)
+            _store_halves(KC, _cache_slots(SLOT, m, tmask, j - H, col, stride_cs, stride_ch), o1, o2, mask, HALF, FP8,
+                          FP8_MAX)
     else:
-        kh = j - H - HKV
-        slot = tl.load(SLOT + m, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + kh * stride_ch + col
-        tl.store(VC + slot, _to_cache(x1, CT, FP8, FP8_MAX), mask=mask)
-        tl.store(VC + slot + HALF, _to_cache(x2, CT, FP8, FP8_MAX), mask=mask)
+        _store_halves(VC, _cache_slots(SLOT, m, tmask, j - H - HKV, col, stride_cs, stride_ch), x1, x2, mask, HALF,
+                      FP8, FP8_MAX)
 
 
 def _k_tile(K: int, preferred: int) -> Optional[int]:
@@ -232,8 +223,8 @@ def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, we
         P = ss.shape[1]
         _norm_linear_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
             _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]), out, T, N, K, P, eps,
-            ss.stride(0), out.stride(0), inter or 0, BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None,
-            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
+            ss.stride(0), out.stride(0), inter or 0, BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P),
+            SWIGLU=inter is not None, PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
     return out
 
 
@@ -257,7 +248,7 @@ def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tens
     if not qkv_epilogue_fits(D) or weight.shape[0] != (num_heads + 2 * num_kv_heads) * D:
         raise ValueError(f"norm_qkv_to_cache: weight {tuple(weight.shape)} is not [(H + 2 Hkv) * D, K] with D / 2 a "
                          f"power of two >= 16 (H={num_heads}, Hkv={num_kv_heads}, D={D})")
-    check_caches("norm_qkv_to_cache", h.dtype, k_cache, v_cache)
+    check_tables("norm_qkv_to_cache", h.dtype, D, cos, sin, k_cache, v_cache)
     q = torch.empty(T, num_heads, D, dtype=h.dtype, device=h.device)
     if T == 0:
         return q

@@ -102,6 +102,33 @@ def _to_cache(x, CT: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
+def _cache_slots(SLOT, t, tmask, head, col, stride_cs, stride_ch):
+    """Offsets ``[BLOCK_T, BLOCK_HALF]`` into a cache of kv head ``head``'s first half at tokens ``t``' slots."""
+    return tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + head * stride_ch + col
+
+
+@triton.jit
+def _store_halves(C, offs, y1, y2, mask, HALF: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+    """A head's halves (model dtype) into cache C at ``offs`` (``_cache_slots``), as ``_to_cache`` casts them."""
+    CT: tl.constexpr = C.dtype.element_ty
+    tl.store(C + offs, _to_cache(y1, CT, FP8, FP8_MAX), mask=mask)
+    tl.store(C + offs + HALF, _to_cache(y2, CT, FP8, FP8_MAX), mask=mask)
+
+
+@triton.jit
+def _norm_rope_head(x1, x2, h, t, tmask, i, imask, col, mask, POS, COS, SIN, QW, KW, eps, stride_rope,
+                    H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
+    """Head h's halves ``[BLOCK_T, BLOCK_HALF]`` (fp32 values of the model dtype) of tokens t, normed (q heads h < H
+    by QW, kv heads by KW; NORM) and rotated -> the halves in the model dtype ``DT``."""
+    if NORM:
+        if h < H:
+            x1, x2 = _head_norm(x1, x2, QW, i, imask, eps, D, HALF, DT)
+        else:
+            x1, x2 = _head_norm(x1, x2, KW, i, imask, eps, D, HALF, DT)
+    return _rope(x1, x2, COS, SIN, POS, t, tmask, col, mask, stride_rope, HALF, DT)
+
+
+@triton.jit
 def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
                       stride_qkv, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
@@ -112,7 +139,6 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
     tb = tl.program_id(0)
     h = tl.program_id(1)
     DT: tl.constexpr = Q.dtype.element_ty
-    CT: tl.constexpr = KC.dtype.element_ty
     i = tl.arange(0, BLOCK_HALF)
     t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
@@ -123,31 +149,28 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
     row = QKV + t.to(tl.int64)[:, None] * stride_qkv + h * D
     x1 = tl.load(row + col, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(row + HALF + col, mask=mask, other=0.0).to(tl.float32)
-    if NORM:
-        if h < H:
-            x1, x2 = _head_norm(x1, x2, QW, i, imask, eps, D, HALF, DT)
-        else:
-            x1, x2 = _head_norm(x1, x2, KW, i, imask, eps, D, HALF, DT)
-    o1, o2 = _rope(x1, x2, COS, SIN, POS, t, tmask, col, mask, stride_rope, HALF, DT)
+    o1, o2 = _norm_rope_head(x1, x2, h, t, tmask, i, imask, col, mask, POS, COS, SIN, QW, KW, eps, stride_rope, H, D,
+                             HALF, NORM, DT)
     if h < H:
         out = Q + t.to(tl.int64)[:, None] * stride_qt + h * stride_qh + col
         tl.store(out, o1, mask=mask)
         tl.store(out + HALF, o2, mask=mask)
     else:
-        kh = h - H
-        slot = tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + kh * stride_ch + col
-        tl.store(KC + slot, _to_cache(o1, CT, FP8, FP8_MAX), mask=mask)
-        tl.store(KC + slot + HALF, _to_cache(o2, CT, FP8, FP8_MAX), mask=mask)
-        v_src = row + HKV * D + col  # v head kh: column (H + HKV + kh) * D = (h + HKV) * D
-        v1 = tl.load(v_src, mask=mask, other=0.0)
-        v2 = tl.load(v_src + HALF, mask=mask, other=0.0)
-        tl.store(VC + slot, _to_cache(v1, CT, FP8, FP8_MAX), mask=mask)
-        tl.store(VC + slot + HALF, _to_cache(v2, CT, FP8, FP8_MAX), mask=mask)
+        slot = _cache_slots(SLOT, t, tmask, h - H, col, stride_cs, stride_ch)
+        _store_halves(KC, slot, o1, o2, mask, HALF, FP8, FP8_MAX)
+        v_src = row + HKV * D + col  # v head h - H: column (H + HKV + h - H) * D = (h + HKV) * D
+        _store_halves(VC, slot, tl.load(v_src, mask=mask, other=0.0), tl.load(v_src + HALF, mask=mask, other=0.0),
+                      mask, HALF, FP8, FP8_MAX)
 
 
-def check_caches(caller: str, dtype: torch.dtype, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    """Raise unless the caches ``[num_blocks + 1, block_size, Hkv, D]`` hold ``dtype`` (or FP8 e4m3) in one layout a
-    slot index addresses (``slot * stride(1) + head * stride(2) + d``)."""
+def check_tables(caller: str, dtype: torch.dtype, head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Raise unless the RoPE tables are ``[max_pos, head_dim]`` rows with contiguous columns and the caches
+    ``[num_blocks + 1, block_size, Hkv, D]`` hold ``dtype`` (or FP8 e4m3) in one layout a slot index addresses
+    (``slot * stride(1) + head * stride(2) + d``)."""
+    if cos.shape[1] != head_dim or cos.stride(1) != 1 or sin.stride() != cos.stride():
+        raise ValueError(f"{caller}: RoPE tables {tuple(cos.shape)} (strides {cos.stride()}, {sin.stride()}) are "
+                         f"not [max_pos, D={head_dim}] rows with contiguous columns")
     if k_cache.dtype not in (dtype, FP8_KV):
         raise ValueError(f"{caller}: a {k_cache.dtype} cache for a {dtype} model (the model's dtype or "
                          "float8_e4m3fn)")
@@ -180,10 +203,7 @@ def qkv_to_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
         raise ValueError(f"qkv_to_cache: qkv {tuple(qkv.shape)} (stride {qkv.stride()}) is not "
                          f"[T, (H + 2 Hkv) * D] with contiguous columns and an even D "
                          f"(H={num_heads}, Hkv={num_kv_heads}, D={D})")
-    if cos.shape[1] != D or cos.stride(1) != 1 or sin.stride() != cos.stride():
-        raise ValueError(f"qkv_to_cache: RoPE tables {tuple(cos.shape)} (strides {cos.stride()}, {sin.stride()}) are "
-                         f"not [max_pos, D={D}] rows with contiguous columns")
-    check_caches("qkv_to_cache", qkv.dtype, k_cache, v_cache)
+    check_tables("qkv_to_cache", qkv.dtype, D, cos, sin, k_cache, v_cache)
     q = torch.empty(T, num_heads, D, dtype=qkv.dtype, device=qkv.device)
     if T == 0:
         return q
