@@ -1,29 +1,32 @@
 """A decode layer's four GEMMs with its glue inside them: the residual add and the RMSNorm statistics in the epilogue
 of the GEMM that ends a sub-block (o_proj, down_proj), the RMSNorm itself in the prologue of the GEMM that starts the
-next one (qkv_proj, gate_up_proj), SwiGLU in gate_up's epilogue. Opt-in (``decoder.TRITON_GEMM``) until it is timed.
+next one (qkv_proj, gate_up_proj), SwiGLU in gate_up's epilogue, and the q/k norm + RoPE + K/V cache write in qkv's
+epilogue. Opt-in (``decoder.TRITON_GEMM``) until it is timed.
 
 Why: at a decode step's few hundred rows every GEMM is latency-bound (~6-7 us on an H200 for Qwen3-0.6B's shapes,
-``bench/blas_choice.py``) and a layer runs three glue kernels beside its four GEMMs (two residual add + RMSNorm,
-SwiGLU; ~2 us each plus a ~1 us gap before each, bench/RESULTS.md session 48). cuBLAS takes no prologue or
-epilogue, so the glue needs GEMMs of our own; fed by the tensor-memory accelerator (host-made tensor descriptors) a
-Triton GEMM matched cuBLAS at these shapes (0.97-1.08x, ``bench/fused_mlp_gemm.py``, session 51). A layer is then
+``bench/blas_choice.py``) and a layer runs four glue kernels beside its four GEMMs (two residual add + RMSNorm,
+SwiGLU, the q/k norm + RoPE + K/V write; ~2-3 us each plus a ~1 us gap before each, bench/RESULTS.md session 48).
+cuBLAS takes no prologue or epilogue, so the glue needs GEMMs of our own; fed by the tensor-memory accelerator
+(host-made tensor descriptors) a Triton GEMM matched cuBLAS at these shapes (0.97-1.08x, ``bench/fused_mlp_gemm.py``,
+session 51). A layer is then
 
-    qkv  = norm_linear(h, ss, input_layernorm.weight, W_qkv)          # RMSNorm in the prologue
-    o    = attention(qkv)                                               # triton_qkv + the paged kernels, unchanged
-    h, ss = linear_residual(o, W_o, h)                                  # h + o_proj(o); row sums of h^2 per tile
-    act  = norm_linear(h, ss, post_attention_layernorm.weight, W_gate_up, inter=I)  # RMSNorm + SwiGLU
+    q     = norm_qkv_to_cache(h, ss, input_layernorm.weight, W_qkv, ...)   # RMSNorm prologue; q/k norm, RoPE, K/V
+    o     = attention(q)                                                     # the paged kernels, unchanged
+    h, ss = linear_residual(o, W_o, h)                                       # h + o_proj(o); row sums of h^2 per tile
+    act   = norm_linear(h, ss, post_attention_layernorm.weight, W_gate_up, inter=I)   # RMSNorm + SwiGLU
     h, ss = linear_residual(act, W_down, h)
 
-six kernels where the engine runs nine. ``h [T, N]`` is the hidden state itself (the residual stream with the
-sub-block's output added), ``ss [T, P]`` fp32 holds each row's sum of ``h^2`` in ``P`` column-tile partials
-(written by the producing GEMM's ``P`` column programs, summed in a fixed order by the consumer: deterministic, no
-atomics), so the consumer normalizes in one pass over ``h`` and no program re-reads a row to find its norm.
+five kernels where the engine runs nine (``norm_linear`` + ``triton_qkv`` in place of the first: six). ``h [T, N]``
+is the hidden state itself (the residual stream with the sub-block's output added), ``ss [T, P]`` fp32 holds each
+row's sum of ``h^2`` in ``P`` column-tile partials (written by the producing GEMM's ``P`` column programs, summed in
+a fixed order by the consumer: deterministic, no atomics), so the consumer normalizes in one pass over ``h`` and no
+program re-reads a row to find its norm.
 
-Numbers: the engine's (``triton_norm``, ``triton_silu``, torch's linear): the GEMM output rounded to the model dtype
-before the residual add, the sum rounded once; ``round(round(h * rsqrt(mean(h^2) + eps)) * w)`` fed to the next
-GEMM; SwiGLU's ``round(round(silu(round(gate))) * round(up))``. Left to differ: the order of the mean's sum (P
-partials of N / P values; a few fp32 ulps of rsqrt, inside one rounding of the model dtype) and the GEMMs' K order.
-fp32 models multiply in IEEE fp32 (``input_precision="ieee"``), as torch does by default, not in TF32.
+Numbers: the engine's (``triton_norm``, ``triton_silu``, ``triton_qkv``, torch's linear): the GEMM output rounded to
+the model dtype before the residual add, the sum rounded once; ``round(round(h * rsqrt(mean(h^2) + eps)) * w)`` fed
+to the next GEMM; SwiGLU's ``round(round(silu(round(gate))) * round(up))``. Left to differ: the order of the mean's
+sum (P partials of N / P values; a few fp32 ulps of rsqrt, inside one rounding of the model dtype) and the GEMMs' K
+order. fp32 models multiply in IEEE fp32 (``input_precision="ieee"``), as torch does by default, not in TF32.
 """
 from __future__ import annotations
 
