@@ -188,16 +188,17 @@ def offline(shape: str) -> list[dict]:
                        M="i32", N="i32", K="i32", stride_res="i32", stride_h="i32", stride_ss="i32")
         elif name == "qkv epilogue":
             kernel, bn = tg._norm_qkv_cache_kernel, D
-            consts |= dict(H=H, HKV=Hkv, D=D, HALF=D // 2, BP=32, NORM=True, FP8=False, FP8_MAX=448.0)
-            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{D // 2}, {bk}]>", POS="*i64",
-                       COS="*fp32", SIN="*fp32", QW="*bf16", KW="*bf16", Q="*bf16", KC="*bf16", VC="*bf16",
+            consts |= dict(H=H, HKV=Hkv, D=D, HALF=D // 2, BP=32, NORM=True, BIAS=False, FP8=False, FP8_MAX=448.0)
+            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{D // 2}, {bk}]>", B="*bf16",
+                       POS="*i64", COS="*fp32", SIN="*fp32", QW="*bf16", KW="*bf16", Q="*bf16", KC="*bf16", VC="*bf16",
                        SLOT="*i64", M="i32", K="i32", P="i32", eps="fp32", head_eps="fp32", stride_ss="i32",
                        stride_qt="i32", stride_qh="i32", stride_rope="i32", stride_cs="i32", stride_ch="i32")
         else:
             kernel = tg._norm_linear_kernel
-            consts |= dict(BN=bn, BP=32, SWIGLU=kind == "swiglu")
-            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{bn}, {bk}]>", C="*bf16",
-                       M="i32", N="i32", K="i32", P="i32", eps="fp32", stride_ss="i32", stride_c="i32", INTER="i32")
+            consts |= dict(BN=bn, BP=32, SWIGLU=kind == "swiglu", BIAS=False)
+            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{bn}, {bk}]>", B="*bf16",
+                       C="*bf16", M="i32", N="i32", K="i32", P="i32", eps="fp32", stride_ss="i32", stride_c="i32",
+                       INTER="i32")
         sig |= {k: "constexpr" for k in consts}
         compiled = compile_sm90(kernel, sig, consts, {}, warps, stages)
         rows.append(dict(kernel=name, launch=(bm, bn, bk, warps, stages), usage=register_usage(compiled),

@@ -90,16 +90,18 @@ def _normed_tile(h_desc, NW, m0, k0, r, BK: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _norm_linear_kernel(h_desc, SS, NW, w_desc, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
+def _norm_linear_kernel(h_desc, SS, NW, w_desc, B, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr,
-                        SWIGLU: tl.constexpr, PREC: tl.constexpr):
+                        SWIGLU: tl.constexpr, BIAS: tl.constexpr, PREC: tl.constexpr):
     """Program (row tile, column tile): ``C = rmsnorm(H) @ W^T`` on its tile, the row's ``rsqrt(mean(h^2) + eps)``
     from ``SS``'s P partials, the normed rows built in registers tile by tile of K; H's and W's tiles by TMA (so
     Triton's pipeliner prefetches both; H's pointer loads were not). SWIGLU: W is gate_up ``[2 INTER, K]``; the
-    program also multiplies the up rows ``INTER + n`` and writes SwiGLU's product to C ``[M, INTER]``."""
+    program also multiplies the up rows ``INTER + n`` and writes SwiGLU's product to C ``[M, INTER]``. BIAS (not
+    with SWIGLU): ``B [N]`` added to the fp32 product before its rounding, as cuBLAS's bias epilogue adds it."""
     m0 = tl.program_id(0) * BM
     m = m0 + tl.arange(0, BM)
     n0 = tl.program_id(1) * BN
+    n = n0 + tl.arange(0, BN)
     live = (m < M)[:, None]
     r = _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP)
     DT: tl.constexpr = C.dtype.element_ty
@@ -111,24 +113,26 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, C, M, N, K, P, eps, stride_ss, s
         acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
         if SWIGLU:
             acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
+    if BIAS:
+        acc += tl.load(B + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     out = cast_rn(acc, DT)
     if SWIGLU:
         act = cast_rn(_silu(out.to(tl.float32)), DT)
         out = cast_rn(act.to(tl.float32) * cast_rn(acc_up, DT).to(tl.float32), DT)
-    n = n0 + tl.arange(0, BN)
     tl.store(C + m.to(tl.int64)[:, None] * stride_c + n[None, :], out, mask=live & (n < N)[None, :])
 
 
 @triton.jit
-def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, M, K, P, eps, head_eps,
-                           stride_ss, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
+def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, B, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, M, K, P, eps,
+                           head_eps, stride_ss, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                            BM: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, NORM: tl.constexpr,
-                           FP8: tl.constexpr, FP8_MAX: tl.constexpr, PREC: tl.constexpr):
+                           BIAS: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PREC: tl.constexpr):
     """Program (row tile, head j): head j's D columns of ``rmsnorm(H) @ W_qkv^T`` as its two halves (two dots of
     HALF columns: rotate-half RoPE pairs column i with i + HALF, so each pair sits at one place of the two
     accumulators), then ``triton_qkv._qkv_cache_kernel``'s work on them: j < H a q head (q/k norm, RoPE, to Q
-    ``[M, H, D]``), j < H + HKV a k head (norm, RoPE, into KC at SLOT), else a v head (into VC)."""
+    ``[M, H, D]``), j < H + HKV a k head (norm, RoPE, into KC at SLOT), else a v head (into VC). BIAS: the qkv
+    bias ``B`` (Qwen2) added before the GEMM output's rounding."""
     m0 = tl.program_id(0) * BM
     j = tl.program_id(1)
     m = m0 + tl.arange(0, BM)
@@ -144,6 +148,9 @@ def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, POS, COS, SIN, QW, KW, Q, KC,
     i = tl.arange(0, HALF)
     col = i[None, :]
     mask = tmask[:, None] & (i < HALF)[None, :]
+    if BIAS:
+        acc1 += tl.load(B + j * D + i).to(tl.float32)[None, :]
+        acc2 += tl.load(B + j * D + HALF + i).to(tl.float32)[None, :]
     x1, x2 = cast_rn(acc1, DT), cast_rn(acc2, DT)  # the qkv GEMM's output, rounded as torch's linear rounds it
     if j < H + HKV:
         o1, o2 = _norm_rope_head(x1.to(tl.float32), x2.to(tl.float32), j, m, tmask, i, i < HALF, col, mask, POS, COS,
@@ -214,20 +221,24 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
 
 
 def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
-                inter: Optional[int] = None, config: Optional[tuple] = None) -> torch.Tensor:
-    """``rmsnorm(h) @ weight^T`` with ``mean(h^2)`` from ``ss [T, P]`` (``linear_residual``'s partials, or any
-    split of the row sums); with ``inter``: SwiGLU of a gate_up ``weight [2 inter, K]`` -> ``[T, inter]``.
-    ``h [T, K]`` and ``weight [N, K]`` TMA-ready, ``norm_weight [K]`` in h's dtype. ``config``:
-    (BM, BN, BK, warps, stages), default ``launch("swiglu" if inter else "norm", K, N)``."""
+                inter: Optional[int] = None, bias: Optional[torch.Tensor] = None,
+                config: Optional[tuple] = None) -> torch.Tensor:
+    """``rmsnorm(h) @ weight^T (+ bias)`` with ``mean(h^2)`` from ``ss [T, P]`` (``linear_residual``'s partials, or
+    any split of the row sums); with ``inter``: SwiGLU of a gate_up ``weight [2 inter, K]`` -> ``[T, inter]`` (no
+    bias). ``h [T, K]`` and ``weight [N, K]`` TMA-ready, ``norm_weight [K]`` and ``bias [N]`` in h's dtype.
+    ``config``: (BM, BN, BK, warps, stages), default ``launch("swiglu" if inter else "norm", K, N)``."""
+    if inter is not None and bias is not None:
+        raise ValueError("norm_linear: a SwiGLU projection with a bias is not supported")
     (T, K), N = h.shape, inter or weight.shape[0]
     bm, bn, bk, warps, stages = config or launch("swiglu" if inter else "norm", K, N)
     out = torch.empty(T, N, dtype=h.dtype, device=h.device)
     if T:
         P = ss.shape[1]
         _norm_linear_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
-            _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]), out, T, N, K, P, eps,
-            ss.stride(0), out.stride(0), inter or 0, BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P),
-            SWIGLU=inter is not None, PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
+            _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]),
+            norm_weight if bias is None else bias, out, T, N, K, P, eps, ss.stride(0), out.stride(0), inter or 0,
+            BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None, BIAS=bias is not None,
+            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
     return out
 
 
@@ -241,12 +252,12 @@ def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tens
                       positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm_w: Optional[torch.Tensor],
                       k_norm_w: Optional[torch.Tensor], head_eps: float, num_heads: int, num_kv_heads: int,
                       head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      config: Optional[tuple] = None) -> torch.Tensor:
+                      bias: Optional[torch.Tensor] = None, config: Optional[tuple] = None) -> torch.Tensor:
     """``triton_qkv.qkv_to_cache(norm_linear(h, ss, norm_weight, weight, eps), ...)`` in one kernel: the layer's
     RMSNorm in the qkv GEMM's prologue, the q/k norm + RoPE + K/V cache write in its epilogue -> q ``[T, H, D]``;
-    k and v land in the caches at ``slot_mapping``. ``h`` and ``weight [(H + 2 Hkv) D, K]`` TMA-ready, heads as
-    ``qkv_epilogue_fits`` says, the rest as ``qkv_to_cache`` takes them. ``config``: (BM, -, BK, warps, stages),
-    default ``launch("qkv_cache", K, N)`` (the column tile is the head)."""
+    k and v land in the caches at ``slot_mapping``. ``bias``: the qkv bias (Qwen2) or None. ``h`` and ``weight [(H
+    + 2 Hkv) D, K]`` TMA-ready, heads as ``qkv_epilogue_fits`` says, the rest as ``qkv_to_cache`` takes them.
+    ``config``: (BM, -, BK, warps, stages), default ``launch("qkv_cache", K, N)`` (the column tile is the head)."""
     (T, K), D = h.shape, head_dim
     if not qkv_epilogue_fits(D) or weight.shape[0] != (num_heads + 2 * num_kv_heads) * D:
         raise ValueError(f"norm_qkv_to_cache: weight {tuple(weight.shape)} is not [(H + 2 Hkv) * D, K] with D / 2 a "
@@ -259,12 +270,13 @@ def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tens
     norm = q_norm_w is not None
     P, half = ss.shape[1], D // 2
     _norm_qkv_cache_kernel[(triton.cdiv(T, bm), num_heads + 2 * num_kv_heads)](
-        _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [half, bk]), positions, cos, sin,
-        q_norm_w if norm else cos, k_norm_w if norm else cos, q, k_cache, v_cache, slot_mapping, T, K, P, eps,
-        head_eps, ss.stride(0), q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2),
-        H=num_heads, HKV=num_kv_heads, D=D, HALF=half, BM=bm, BK=bk, BP=triton.next_power_of_2(P), NORM=norm,
-        FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PREC=_precision(h.dtype), num_warps=warps,
-        num_stages=stages)
+        _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [half, bk]),
+        norm_weight if bias is None else bias, positions, cos, sin, q_norm_w if norm else cos,
+        k_norm_w if norm else cos, q, k_cache, v_cache, slot_mapping, T, K, P, eps, head_eps, ss.stride(0),
+        q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2), H=num_heads,
+        HKV=num_kv_heads, D=D, HALF=half, BM=bm, BK=bk, BP=triton.next_power_of_2(P), NORM=norm,
+        BIAS=bias is not None, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PREC=_precision(h.dtype),
+        num_warps=warps, num_stages=stages)
     return q
 
 

@@ -56,9 +56,11 @@ def test_linear_residual_is_the_residual_plus_the_rounded_gemm(dtype, T, K, N):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,K,N,partials", [(3, 64, 128, "gemm"), (33, 96, 80, "torch"), (70, 128, 32, "gemm")])
-def test_norm_linear_is_rmsnorm_then_the_gemm(dtype, T, K, N, partials):
-    """rmsnorm(h) W^T with the norm from row-sum partials (a producing GEMM's, or ``sum_squares``' single one)."""
+@pytest.mark.parametrize("T,K,N,partials,bias", [(3, 64, 128, "gemm", False), (33, 96, 80, "torch", True),
+                                                 (70, 128, 32, "gemm", True)])
+def test_norm_linear_is_rmsnorm_then_the_gemm(dtype, T, K, N, partials, bias):
+    """rmsnorm(h) W^T (+ b) with the norm from row-sum partials (a producing GEMM's, or ``sum_squares``' single
+    one)."""
     x, w_in, res = _tensors(T, K, K, dtype, 7 + T)
     h, ss = linear_residual(x, w_in, res)
     if partials == "torch":
@@ -66,7 +68,8 @@ def test_norm_linear_is_rmsnorm_then_the_gemm(dtype, T, K, N, partials):
     g = torch.Generator().manual_seed(T)
     nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE, dtype)
     w = (torch.randn(N, K, generator=g) / K ** 0.5).to(DEVICE, dtype)
-    _close(norm_linear(h, ss, nw, w, 1e-6), F.linear(_rms_norm(h, nw, 1e-6), w))
+    b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+    _close(norm_linear(h, ss, nw, w, 1e-6, bias=b), F.linear(_rms_norm(h, nw, 1e-6), w, b))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -84,11 +87,11 @@ def test_norm_linear_swiglu_is_the_mlps_first_half(dtype, T, K, inter):
 
 @pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, None), (torch.float32, "fp8")]
                          + ([(torch.bfloat16, None), (torch.bfloat16, "fp8")] if CUDA else []))
-@pytest.mark.parametrize("H,Hkv,D,norm,T", [(4, 2, 32, True, 7), (2, 1, 64, False, 70)])
-def test_norm_qkv_to_cache_is_the_gemm_then_the_qkv_kernel(dtype, cache_dtype, H, Hkv, D, norm, T):
+@pytest.mark.parametrize("H,Hkv,D,norm,T,bias", [(4, 2, 32, True, 7, False), (2, 1, 64, False, 70, True)])
+def test_norm_qkv_to_cache_is_the_gemm_then_the_qkv_kernel(dtype, cache_dtype, H, Hkv, D, norm, T, bias):
     """The RMSNorm + qkv GEMM + q/k norm + RoPE + K/V write kernel against ``norm_linear`` then ``triton_qkv``'s
     kernel: q and both caches (bf16 / e4m3 within one rounding step: the two dots' K order), slots not written keep
-    their bytes; a partial row tile (70 rows)."""
+    their bytes; a partial row tile (70 rows); a qkv bias (Qwen2: no q/k norm)."""
     from asyncrl.engine.attention import FP8_KV, raw
     from asyncrl.engine.triton_gemm import norm_qkv_to_cache
     from asyncrl.engine.triton_qkv import qkv_to_cache
@@ -108,9 +111,11 @@ def test_norm_qkv_to_cache_is_the_gemm_then_the_qkv_kernel(dtype, cache_dtype, H
     cos, sin = emb.cos().to(DEVICE), emb.sin().to(DEVICE)
     old_k, old_v = (torch.randn(2, blocks + 1, page, Hkv, D, generator=g) * 2).to(DEVICE, cdt)
     k_ref, v_ref, k_new, v_new = old_k.clone(), old_v.clone(), old_k.clone(), old_v.clone()
-    qkv = norm_linear(h, ss, nw, w, 1e-6, config=launch("norm", K, D))
+    b = torch.randn(w.shape[0], generator=g).to(DEVICE, dtype) if bias else None
+    qkv = norm_linear(h, ss, nw, w, 1e-6, bias=b, config=launch("norm", K, D))
     q_ref = qkv_to_cache(qkv, positions, cos, sin, qw, kw, 1e-5, H, Hkv, D, k_ref, v_ref, slots)
-    q = norm_qkv_to_cache(h, ss, nw, w, 1e-6, positions, cos, sin, qw, kw, 1e-5, H, Hkv, D, k_new, v_new, slots)
+    q = norm_qkv_to_cache(h, ss, nw, w, 1e-6, positions, cos, sin, qw, kw, 1e-5, H, Hkv, D, k_new, v_new, slots,
+                          bias=b)
     assert q.shape == (T, H, D) and q.dtype == dtype
     for new, ref in ((q, q_ref), (k_new, k_ref), (v_new, v_ref)):
         if cdt == torch.float32:
@@ -153,7 +158,7 @@ def _same_completions(off, on) -> None:
                                    rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
 def test_engine_layers_through_the_fused_gemms_give_the_same_tokens(tiny_dirs, monkeypatch, arch):
     """The engine with ``TRITON_GEMM`` on runs every layer through ``forward_fused`` (a prefill of 28 rows and the
     decode steps) and gives the torch path's greedy tokens, log-probs within 1e-5 (fp32; on a GPU through its
@@ -220,12 +225,15 @@ def test_the_qkv_epilogue_gives_the_same_tokens(qwen3_head32, monkeypatch, epilo
 
 
 def test_layers_the_kernels_cannot_run_keep_the_torch_path(tiny_dirs, monkeypatch):
-    """q/k/v biases (Qwen2), a projection replaced by another module (LoRA, FP8), too many rows: the torch path."""
+    """A bias on another projection than qkv, a projection replaced by another module (LoRA, FP8), too many rows,
+    weights in another dtype: the torch path."""
     from torch import nn
 
     monkeypatch.setattr(decoder, "TRITON_GEMM", True)
-    qwen2 = make_llm(tiny_dirs["qwen2"]).runner.model.model
+    qwen2 = make_llm(tiny_dirs["qwen2"]).runner.model.model.to(DEVICE)
     x = torch.zeros(4, 64, device=DEVICE)
+    assert qwen2.fits_fused_gemms(x)  # its q/k/v biases go into the qkv kernels
+    qwen2.layers[0].mlp.down_proj.bias = nn.Parameter(torch.zeros(64, device=DEVICE))
     assert not qwen2.fits_fused_gemms(x) and not qwen2.layers[0].fits_fused_gemms(torch.float32)
     qwen3 = make_llm(tiny_dirs["qwen3"]).runner.model.model.to(DEVICE)
     assert qwen3.fits_fused_gemms(x)

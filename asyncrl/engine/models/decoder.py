@@ -206,13 +206,14 @@ class Attention(nn.Module):
         from asyncrl.engine import triton_gemm  # Triton: only where it runs
 
         if not (self.fused_kv_write and TRITON_GEMM_QKV and triton_gemm.qkv_epilogue_fits(self.head_dim)):
-            qkv = triton_gemm.norm_linear(h, ss, norm.weight, self.qkv_proj.weight, norm.eps)
+            qkv = triton_gemm.norm_linear(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, bias=self.qkv_proj.bias)
             return self.attend(qkv, positions, rope, meta)
         qn = self.q_norm.weight if self.q_norm is not None else None
         kn = self.k_norm.weight if self.k_norm is not None else None
         q = triton_gemm.norm_qkv_to_cache(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, positions, rope.cos,
                                           rope.sin, qn, kn, self.eps, self.num_heads, self.num_kv_heads,
-                                          self.head_dim, self.k_cache, self.v_cache, meta.slot_mapping)
+                                          self.head_dim, self.k_cache, self.v_cache, meta.slot_mapping,
+                                          bias=self.qkv_proj.bias)
         return attend_cached(q, self.k_cache, self.v_cache, meta, self.scale).reshape(h.shape[0], self.q_size)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
@@ -279,7 +280,8 @@ class DecoderLayer(nn.Module):
 
     def fits_fused_gemms(self, dtype: torch.dtype) -> bool:
         """Whether ``forward_fused`` computes this layer: a plain dense layer (no MoE / hybrid subclass), its four
-        projections the unwrapped tp = 1 layers (no LoRA, FP8 or bias) in ``dtype``, its norms plain RMSNorms."""
+        projections the unwrapped tp = 1 layers (no LoRA or FP8) in ``dtype`` with no bias but qkv's (Qwen2), its
+        norms plain RMSNorms."""
         from asyncrl.engine.triton_gemm import launch, tma_ready
 
         attn, mlp = self.self_attn, self.mlp
@@ -288,7 +290,7 @@ class DecoderLayer(nn.Module):
         return (type(self) is DecoderLayer and type(self.input_layernorm) is RMSNorm
                 and type(self.post_attention_layernorm) is RMSNorm
                 and all(type(m) in (QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear)
-                        and m.bias is None and m.tp.size == 1 and m.weight.dtype == dtype
+                        and (m.bias is None or m is attn.qkv_proj) and m.tp.size == 1 and m.weight.dtype == dtype
                         and tma_ready(m.weight)
                         and launch(kind, m.in_features, m.out_features // (2 if kind == "swiglu" else 1))
                         for m, kind in projections))
