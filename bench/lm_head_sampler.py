@@ -41,9 +41,9 @@ def case(B: int, K: int, mixed: bool, g: torch.Generator):
 
 
 def launches() -> list[tuple]:
-    """(BM, BN, BK, warps, stages, programs along the vocabulary per row tile) candidates."""
+    """(BM, BN, BK, warps, stages, programs per SM; 0: one per vocab tile) candidates."""
     return [(bm, bn, bk, w, s, p) for bm, bn, bk, (w, s), p in itertools.product(
-        (64, 128), (64, 128), (64, 128), ((8, 3), (4, 4), (8, 4)), (0, 264, 528))]
+        (64, 128), (64, 128), (64, 128), ((8, 3), (4, 4), (8, 4)), (0, 1, 2))]
 
 
 def measure(B: int, K: int, mixed: bool, sweep: bool, g: torch.Generator) -> dict:

@@ -27,13 +27,15 @@ import triton.language as tl
 
 from asyncrl.engine.sampler import U_MAX
 from asyncrl.engine.triton_gemm import _descriptor, _k_tile, _precision, tma_ready
+from asyncrl.engine.triton_decode import num_sms
 from asyncrl.engine.triton_qkv import cast_rn
 from asyncrl.engine.triton_sampler import _gumbel, _log
 
-# (BM, BN, BK, warps, stages, programs along the vocabulary per row tile; 0: one per vocab tile): a first guess
-# (the epilogue's [64, 128] fp32 tiles at 32 registers a thread on 8 warps: 128 registers, no spills, 147 KB of
-# shared memory on sm90 offline); bench/lm_head_sampler.py sweeps it on a GPU.
-LAUNCH = (64, 128, 128, 8, 3, 0)
+# (BM, BN, BK, warps, stages, programs per SM; 0: one program per vocab tile). A first guess: 128 registers a thread
+# on 8 warps (no spills, 148 KB of shared memory on sm90 offline) fit one program an SM, so one persistent program
+# per SM walks its vocab tiles in one flattened, pipelined loop (the next tile's loads in flight during this tile's
+# epilogue); bench/lm_head_sampler.py sweeps it on a GPU.
+LAUNCH = (64, 128, 128, 8, 3, 1)
 
 
 @triton.jit
@@ -42,7 +44,8 @@ def _lm_head_partial_kernel(h_desc, w_desc, TEMP, KEYS, PART, IPART, M, V, K, n_
                             PREC: tl.constexpr):
     """Program (row tile, p) over vocab tiles ``j = p, p + P, ...`` (P programs along the vocabulary): each tile's
     ``[BM, BN]`` logits ``H @ W^T`` (both by TMA), then each row's partials of the tile (module docstring) at
-    ``PART[:, row, j]``, ``IPART[:, row, j]``."""
+    ``PART[:, row, j]``, ``IPART[:, row, j]``. The tile and K loops are flattened into one for the pipeliner, so
+    the next tile's first loads are in flight while this tile's epilogue runs."""
     m0 = tl.program_id(0) * BM
     m = m0 + tl.arange(0, BM)
     live = m < M
@@ -52,7 +55,7 @@ def _lm_head_partial_kernel(h_desc, w_desc, TEMP, KEYS, PART, IPART, M, V, K, n_
     key = (tl.load(KEYS + m, mask=live, other=0) & 0xFFFFFFFF).to(tl.uint32)
     rows = m.to(tl.int64) * n_tiles
     plane = M * n_tiles
-    for j in range(tl.program_id(1), n_tiles, tl.num_programs(1)):
+    for j in tl.range(tl.program_id(1), n_tiles, tl.num_programs(1), flatten=True):
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, K, BK):
             acc = tl.dot(h_desc.load([m0, k0]), w_desc.load([j * BN, k0]).T, acc, input_precision=PREC)
@@ -131,11 +134,11 @@ def lm_head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: torc
                    config: Optional[tuple] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``triton_sampler.sample_unfiltered(F.linear(hidden, weight), temperature, keys)`` without the logits:
     hidden ``[B, K]``, weight ``[V, K]`` (as ``fits`` says), temperature ``[B]`` fp32 (<= 0: greedy), keys ``[B]``
-    int64 -> (tokens ``[B]`` int64, log-probs ``[B]`` fp32). ``config``: (BM, BN, BK, warps, stages, programs along
-    the vocabulary per row tile, 0 = one per tile), default ``LAUNCH`` (BK shrunk to divide K). Fixed shapes per B,
-    no host sync: CUDA-graph safe."""
+    int64 -> (tokens ``[B]`` int64, log-probs ``[B]`` fp32). ``config``: (BM, BN, BK, warps, stages, programs per
+    SM, 0 = one per vocab tile), default ``LAUNCH`` (BK shrunk to divide K). Fixed shapes per B, no host sync:
+    CUDA-graph safe."""
     (B, K), V = hidden.shape, weight.shape[0]
-    bm, bn, bk, warps, stages, programs = config or LAUNCH
+    bm, bn, bk, warps, stages, per_sm = config or LAUNCH
     bk = _k_tile(K, bk)
     tokens = torch.empty(B, dtype=torch.int64, device=hidden.device)
     logprobs = torch.empty(B, dtype=torch.float32, device=hidden.device)
@@ -146,7 +149,9 @@ def lm_head_sample(hidden: torch.Tensor, weight: torch.Tensor, temperature: torc
     ipart = torch.empty(2, B, n_tiles, dtype=torch.int32, device=hidden.device)
     temperature = temperature.to(torch.float32).contiguous()
     keys = keys.contiguous()
-    _lm_head_partial_kernel[(triton.cdiv(B, bm), min(programs or n_tiles, n_tiles))](
+    row_tiles = triton.cdiv(B, bm)
+    along = triton.cdiv(per_sm * num_sms(hidden.device), row_tiles) if per_sm else n_tiles
+    _lm_head_partial_kernel[(row_tiles, min(along, n_tiles))](
         _descriptor(hidden, [bm, bk]), _descriptor(weight, [bn, bk]), temperature, keys, part, ipart, B, V, K,
         n_tiles, BM=bm, BN=bn, BK=bk, U_HI=U_MAX, PREC=_precision(hidden.dtype), num_warps=warps,
         num_stages=stages)

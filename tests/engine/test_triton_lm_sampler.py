@@ -33,7 +33,7 @@ def _case(B, K, V, dtype, seed, temps=TEMPS):
     return hidden, weight, temp, keys
 
 
-@pytest.mark.parametrize("B,K,V,config", [(5, 64, 1000, (64, 128, 64, 4, 1, 0)), (70, 32, 517, (64, 64, 32, 4, 1, 3)),
+@pytest.mark.parametrize("B,K,V,config", [(5, 64, 1000, (64, 128, 64, 4, 1, 0)), (70, 32, 517, (64, 64, 32, 4, 1, 1)),
                                           (1, 64, 300, None)])
 @pytest.mark.parametrize("all_unit", [False, True])
 def test_equals_the_gemm_then_the_one_pass_sampler(B, K, V, config, all_unit):
