@@ -168,6 +168,7 @@ def test_engine_layers_through_the_fused_gemms_give_the_same_tokens(tiny_dirs, m
     calls = []
     made = triton_gemm.norm_linear
     monkeypatch.setattr(triton_gemm, "norm_linear", lambda *a, **k: calls.append(a[0].shape[0]) or made(*a, **k))
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
     off = _greedy(_engine(tiny_dirs[arch]))
     assert calls == []
     monkeypatch.setattr(decoder, "TRITON_GEMM", True)
@@ -207,6 +208,7 @@ def test_the_qkv_epilogue_gives_the_same_tokens(qwen3_head32, monkeypatch, epilo
     from asyncrl.engine import triton_gemm
     from asyncrl.engine.cascade import CascadeBuffers
 
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
     off = _greedy(_engine(qwen3_head32))
     calls = []
     made = triton_gemm.norm_qkv_to_cache
