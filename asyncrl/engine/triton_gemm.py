@@ -38,7 +38,7 @@ import triton.language as tl
 
 from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
 from asyncrl.engine.triton_qkv import _cache_slots, _norm_rope_head, _store_halves, cast_rn, check_tables, rsqrt_f32
-from asyncrl.engine.triton_silu import _silu  # torch's CUDA silu: expf and an IEEE division
+from asyncrl.engine.triton_silu import swiglu_rn  # torch's CUDA silu (expf, an IEEE division), eager's roundings
 
 # (row tile, column tile, K tile, warps, stages) per kernel kind. The residual and SwiGLU tiles are the fastest of
 # bench/fused_mlp_gemm.py's 24-config sweep at 256 rows on an H200 (session 51: o / down 64 x 32 x 128, gate_up +
@@ -117,8 +117,7 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, B, C, M, N, K, P, eps, stride_ss
         acc += tl.load(B + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     out = cast_rn(acc, DT)
     if SWIGLU:
-        act = cast_rn(_silu(out.to(tl.float32)), DT)
-        out = cast_rn(act.to(tl.float32) * cast_rn(acc_up, DT).to(tl.float32), DT)
+        out = swiglu_rn(out.to(tl.float32), cast_rn(acc_up, DT).to(tl.float32), DT)
     tl.store(C + m.to(tl.int64)[:, None] * stride_c + n[None, :], out, mask=live & (n < N)[None, :])
 
 

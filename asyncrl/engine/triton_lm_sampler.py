@@ -29,7 +29,7 @@ from asyncrl.engine.sampler import U_MAX
 from asyncrl.engine.triton_gemm import _descriptor, _k_tile, _precision, tma_ready
 from asyncrl.engine.triton_decode import num_sms
 from asyncrl.engine.triton_qkv import cast_rn
-from asyncrl.engine.triton_sampler import _gumbel, _log
+from asyncrl.engine.triton_sampler import _gumbel, _log, merge_splits
 
 # (BM, BN, BK, warps, stages, programs per SM; 0: one program per vocab tile). A first guess: 128 registers a thread
 # on 8 warps (no spills, 148 KB of shared memory on sm90 offline) fit one program an SM, so one persistent program
@@ -109,11 +109,7 @@ def _combine_kernel(TEMP, PART, IPART, TOK, LOGP, n_tiles, MAX_TILES: tl.constex
     rs = tl.load(PART + 3 * plane + o, mask=ok, other=neg_inf)
     gi = tl.load(IPART + o, mask=ok, other=big)
     ri = tl.load(IPART + plane + o, mask=ok, other=big)
-    mx = tl.max(m, 0)
-    total = tl.sum(l * tl.exp(m - mx), 0)  # l == 0 on padding tiles
-    g_tok = tl.min(tl.where(m == mx, gi, big), 0)
-    r_best = tl.max(rv, 0)
-    r_tok = tl.min(tl.where(rv == r_best, ri, big), 0)
+    mx, total, g_tok, r_best, r_tok = merge_splits(m, l, rv, gi, ri)
     s_race = tl.max(tl.where((rv == r_best) & (ri == r_tok), rs, neg_inf), 0)
     greedy = tl.load(TEMP + row) <= 0
     tok = tl.where(greedy, g_tok, r_tok)

@@ -159,6 +159,21 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
     tl.store(IPART + n + o, rip)
 
 
+@triton.jit
+def merge_splits(m, l, rv, gi, ri):
+    """A row's partials ``[S]`` (split or vocab-tile order: max of s, sum exp(s - max), best race value, first argmax
+    of s, first race argmax; padding entries -inf / 0 / -inf / big / big) merged, the first maximum winning:
+    (max of s, sum exp(s - max), first argmax of s, best race value, first race argmax)."""
+    neg_inf = float("-inf")
+    big = 2147483647
+    mx = tl.max(m, 0)
+    total = tl.sum(l * tl.exp(m - tl.where(mx == neg_inf, 0.0, mx)), 0)  # l == 0 where m == -inf
+    g_tok = tl.min(tl.where(m == mx, gi, big), 0)
+    r_best = tl.max(rv, 0)
+    r_tok = tl.min(tl.where(rv == r_best, ri, big), 0)
+    return mx, total, g_tok, r_best, r_tok
+
+
 @triton.jit(do_not_specialize=["n_splits"])
 def _combine_kernel(X, stride_x, TEMP, PART, IPART, TOK, LOGP, n_splits, MAX_SPLITS: tl.constexpr):
     """Program per row: merge its splits (in vocab order: the first maximum wins), pick the
@@ -175,11 +190,7 @@ def _combine_kernel(X, stride_x, TEMP, PART, IPART, TOK, LOGP, n_splits, MAX_SPL
     rv = tl.load(PART + 2 * n + o, mask=ok, other=neg_inf)
     gi = tl.load(IPART + o, mask=ok, other=big)
     ri = tl.load(IPART + n + o, mask=ok, other=big)
-    mx = tl.max(m, 0)
-    total = tl.sum(l * tl.exp(m - tl.where(mx == neg_inf, 0.0, mx)), 0)  # l == 0 where m == -inf
-    g_tok = tl.min(tl.where(m == mx, gi, big), 0)
-    r_best = tl.max(rv, 0)
-    r_tok = tl.min(tl.where(rv == r_best, ri, big), 0)
+    mx, total, g_tok, r_best, r_tok = merge_splits(m, l, rv, gi, ri)
     t = tl.load(TEMP + row)
     greedy = t <= 0
     t = tl.where(greedy, 1.0, t)

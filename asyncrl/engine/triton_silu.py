@@ -36,6 +36,14 @@ else:
 
 
 @triton.jit
+def swiglu_rn(gate, up, DT: tl.constexpr):
+    """``round(round(silu(gate)) * up)`` in DT from fp32 values of the model dtype ``DT`` (eager torch's roundings);
+    ``triton_gemm`` applies it in gate_up's epilogue."""
+    act = cast_rn(_silu(gate), DT)
+    return cast_rn(act.to(tl.float32) * up, DT)
+
+
+@triton.jit
 def _silu_mul_kernel(GU, OUT, T, I, stride_gu, stride_out,
                      BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (token block, column block): ``OUT[t, c] = round(round(silu(GU[t, c])) * GU[t, I + c])``."""
@@ -45,9 +53,7 @@ def _silu_mul_kernel(GU, OUT, T, I, stride_gu, stride_out,
     row = GU + t.to(tl.int64)[:, None] * stride_gu + c[None, :]
     gate = tl.load(row, mask=mask, other=0.0)
     up = tl.load(row + I, mask=mask, other=0.0)
-    DT: tl.constexpr = OUT.dtype.element_ty
-    act = cast_rn(_silu(gate.to(tl.float32)), DT)
-    out = cast_rn(act.to(tl.float32) * up.to(tl.float32), DT)
+    out = swiglu_rn(gate.to(tl.float32), up.to(tl.float32), OUT.dtype.element_ty)
     tl.store(OUT + t.to(tl.int64)[:, None] * stride_out + c[None, :], out, mask=mask)
 
 

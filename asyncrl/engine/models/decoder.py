@@ -124,9 +124,10 @@ TRITON_SILU = True
 # CUDA: RMSNorm (and the residual add before it) of [T, N] rows through triton_norm's kernel: whole rows per
 # program, fewer and wider programs than Inductor's at a decode step's few hundred rows (bench/glue_kernels.py)
 TRITON_NORM = True
-# CUDA, decode-sized batches: the layer's GEMMs as triton_gemm's kernels with the residual adds, RMSNorms and SwiGLU
-# inside them (six kernels a layer instead of nine). Off until an H200 A/B shows it faster (bench/RESULTS.md, issue
-# 23); read at each forward, so CUDA graphs keep the choice made at capture.
+# CUDA, decode-sized batches: the layer's GEMMs as triton_gemm's kernels with the residual adds, RMSNorms, SwiGLU and
+# (TRITON_GEMM_QKV) the q/k norm + RoPE + K/V write inside them (five kernels a layer instead of nine). Off until an
+# H200 A/B shows it faster (bench/RESULTS.md, issue 23); read at each forward, so CUDA graphs keep the choice made at
+# capture.
 TRITON_GEMM = False
 # With TRITON_GEMM and the fused K/V write: the q/k norm + RoPE + K/V write in the qkv GEMM's epilogue (five kernels a
 # layer); off: triton_qkv's own kernel after the GEMM (benchmarks flip it to time the epilogue alone)
@@ -198,6 +199,12 @@ class Attention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         return self.o_proj(self.attend(self.qkv_proj(x), positions, rope, meta))
 
+    def qk_norm_weights(self) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """The per-head q and k RMSNorm weights ``[D]`` (Qwen3), or (None, None)."""
+        if self.q_norm is None:
+            return None, None
+        return self.q_norm.weight, self.k_norm.weight
+
     def attend_normed(self, h: torch.Tensor, ss: torch.Tensor, norm: "RMSNorm", positions: torch.Tensor,
                       rope: RotaryEmbedding, meta: AttentionMetadata) -> torch.Tensor:
         """``attend(qkv_proj(norm(h)))`` with the norm in the qkv GEMM's prologue (``triton_gemm``; ``ss [T, P]``:
@@ -208,8 +215,7 @@ class Attention(nn.Module):
         if not (self.fused_kv_write and TRITON_GEMM_QKV and triton_gemm.qkv_epilogue_fits(self.head_dim)):
             qkv = triton_gemm.norm_linear(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, bias=self.qkv_proj.bias)
             return self.attend(qkv, positions, rope, meta)
-        qn = self.q_norm.weight if self.q_norm is not None else None
-        kn = self.k_norm.weight if self.k_norm is not None else None
+        qn, kn = self.qk_norm_weights()
         q = triton_gemm.norm_qkv_to_cache(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, positions, rope.cos,
                                           rope.sin, qn, kn, self.eps, self.num_heads, self.num_kv_heads,
                                           self.head_dim, self.k_cache, self.v_cache, meta.slot_mapping,
@@ -221,8 +227,7 @@ class Attention(nn.Module):
         """The qkv projection's output ``[T, (H + 2 Hkv) D]`` -> attention's output ``[T, H D]`` (before o_proj):
         q/k norm + RoPE, this step's K/V into the cache, attention over the cached keys."""
         T = qkv.shape[0]
-        qn = self.q_norm.weight if self.q_norm is not None else None
-        kn = self.k_norm.weight if self.k_norm is not None else None
+        qn, kn = self.qk_norm_weights()
         if self.fused_kv_write:
             from asyncrl.engine.triton_qkv import qkv_to_cache  # Triton: imported only where it runs
 

@@ -142,8 +142,7 @@ class EagleHead(nn.Module):
         """Self-attention of pass ``j`` over the keys of passes 1..j (``keys`` grows by this pass's)."""
         attn, (B, T, H) = self.layers[0].self_attn, x.shape
         pos = torch.arange(T, device=x.device).repeat(B)
-        qn = attn.q_norm.weight if attn.q_norm is not None else None
-        kn = attn.k_norm.weight if attn.k_norm is not None else None
+        qn, kn = attn.qk_norm_weights()
         q, k, v = _qkv_prepare(attn.qkv_proj(x.reshape(B * T, H)), pos, self.rotary_emb.cos, self.rotary_emb.sin,
                                qn, kn, attn.eps, attn.num_heads, attn.num_kv_heads, attn.head_dim)
         keys.append((k.view(B, T, attn.num_kv_heads, -1), v.view(B, T, attn.num_kv_heads, -1)))
