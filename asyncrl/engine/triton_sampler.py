@@ -91,6 +91,22 @@ def _noise_kernel(KEYS, G, V, BLOCK: tl.constexpr, U_HI: tl.constexpr):
     tl.store(G + row.to(tl.int64) * V + idx, g, mask=idx < V)
 
 
+@triton.jit
+def merge_splits(m, l, rv, gi, ri):
+    """A row's partials ``[S]`` (lanes, splits or vocab tiles in vocab order: max of s, sum exp(s - max), best race
+    value, first argmax of s, first race argmax; padding entries -inf / 0 / -inf / big / big) merged, the first
+    maximum winning:
+    (max of s, sum exp(s - max), first argmax of s, best race value, first race argmax)."""
+    neg_inf = float("-inf")
+    big = 2147483647
+    mx = tl.max(m, 0)
+    total = tl.sum(l * tl.exp(m - tl.where(mx == neg_inf, 0.0, mx)), 0)  # l == 0 where m == -inf
+    g_tok = tl.min(tl.where(m == mx, gi, big), 0)
+    r_best = tl.max(rv, 0)
+    r_tok = tl.min(tl.where(rv == r_best, ri, big), 0)
+    return mx, total, g_tok, r_best, r_tok
+
+
 @triton.jit(do_not_specialize=["n_splits"])
 def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
                     BLOCK: tl.constexpr, U_HI: tl.constexpr):
@@ -144,12 +160,7 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
         win = r > rv  # strict: a lane keeps its first maximum
         rv = tl.where(win, r, rv)
         ri = tl.where(win, idx, ri)
-    big = 2147483647
-    mp = tl.max(m, 0)
-    lp = tl.sum(l * tl.exp(m - tl.where(mp == neg_inf, 0.0, mp)), 0)  # l == 0 where m == -inf
-    gp = tl.min(tl.where(m == mp, gi, big), 0)
-    rp = tl.max(rv, 0)
-    rip = tl.min(tl.where(rv == rp, ri, big), 0)
+    mp, lp, gp, rp, rip = merge_splits(m, l, rv, gi, ri)  # the lanes, as the combine merges the splits
     n = tl.num_programs(0) * n_splits  # B * n_splits: one plane of PART
     o = row * n_splits + split
     tl.store(PART + o, mp)
@@ -157,21 +168,6 @@ def _partial_kernel(X, stride_x, V, TEMP, KEYS, PART, IPART, n_splits, n_tiles,
     tl.store(PART + 2 * n + o, rp)
     tl.store(IPART + o, gp)
     tl.store(IPART + n + o, rip)
-
-
-@triton.jit
-def merge_splits(m, l, rv, gi, ri):
-    """A row's partials ``[S]`` (split or vocab-tile order: max of s, sum exp(s - max), best race value, first argmax
-    of s, first race argmax; padding entries -inf / 0 / -inf / big / big) merged, the first maximum winning:
-    (max of s, sum exp(s - max), first argmax of s, best race value, first race argmax)."""
-    neg_inf = float("-inf")
-    big = 2147483647
-    mx = tl.max(m, 0)
-    total = tl.sum(l * tl.exp(m - tl.where(mx == neg_inf, 0.0, mx)), 0)  # l == 0 where m == -inf
-    g_tok = tl.min(tl.where(m == mx, gi, big), 0)
-    r_best = tl.max(rv, 0)
-    r_tok = tl.min(tl.where(rv == r_best, ri, big), 0)
-    return mx, total, g_tok, r_best, r_tok
 
 
 @triton.jit(do_not_specialize=["n_splits"])
