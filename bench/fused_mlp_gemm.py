@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.triton_norm import rms_norm  # noqa: E402
 from asyncrl.engine.triton_qkv import cast_rn, rsqrt_f32  # noqa: E402
-from asyncrl.engine.triton_silu import _silu, silu_and_mul  # noqa: E402
+from asyncrl.engine.triton_silu import silu_and_mul, swiglu_rn  # noqa: E402
 
 HIDDEN, INTER = 1024, 3072
 SHAPES = {"qkv": (1024, 4096), "o": (2048, 1024), "down": (3072, 1024)}  # name: (K, N)
@@ -67,8 +67,7 @@ def _gemm_kernel(A, W, C, K, stride_a, stride_w, stride_c, INTER,
     DT: tl.constexpr = C.dtype.element_ty
     out = acc.to(DT)
     if SWIGLU:
-        act = cast_rn(_silu(out.to(tl.float32)), DT)
-        out = cast_rn(act.to(tl.float32) * acc_u.to(DT).to(tl.float32), DT)
+        out = swiglu_rn(out.to(tl.float32), acc_u.to(DT).to(tl.float32), DT)
     tl.store(C + m.to(tl.int64)[:, None] * stride_c + n[None, :], out)
 
 
@@ -89,8 +88,7 @@ def _gemm_tma_kernel(a_desc, w_desc, C, K, stride_c, INTER,
     DT: tl.constexpr = C.dtype.element_ty
     out = acc.to(DT)
     if SWIGLU:
-        act = cast_rn(_silu(out.to(tl.float32)), DT)
-        out = cast_rn(act.to(tl.float32) * acc_u.to(DT).to(tl.float32), DT)
+        out = swiglu_rn(out.to(tl.float32), acc_u.to(DT).to(tl.float32), DT)
     m = m0 + tl.arange(0, BM)
     tl.store(C + m.to(tl.int64)[:, None] * stride_c + (n0 + tl.arange(0, BN))[None, :], out)
 
