@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -192,18 +193,35 @@ def cases():
                 yield fields, (q, k, v, bt, lens), 2 * tokens * HKV * D * k.element_size()
 
 
-def measure(names: list[str]) -> dict:
+HND = " @hnd"  # the suffix of a variant timed on head-major caches
+
+
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same values as ``cache [N, PAGE, HKV, D]`` (the engine's token-major layout, NHD), stored head-major
+    (HND: each block holds a head's PAGE x D keys contiguously, as FlashInfer's and TensorRT-LLM's HND caches do)
+    and viewed back as ``[N, PAGE, HKV, D]``: the decode kernels take the cache's strides, so they run unchanged
+    and read one contiguous ``tile x D`` run a program per tile instead of ``tile`` runs of D, HKV x D apart."""
+    return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+
+def measure(names: list[str], layouts: tuple[str, ...] = ("nhd",)) -> dict:
+    """Rows of each named variant on each case, per cache layout (``hnd`` rows named ``<variant> @hnd``), each
+    checked against ``base`` on the engine's NHD caches."""
     from asyncrl.engine.triton_decode import longest_first_order, paged_decode_attention
 
     rows = []
     for fields, (q, k, v, bt, lens), kv_bytes in cases():
         ref = paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=VARIANTS["base"]).float()
         order = longest_first_order(lens)
-        for name in names:
-            launch = VARIANTS[name]
-            fn = lambda: paged_decode_attention(q, k, v, bt, lens, D ** -0.5, launch=launch,  # noqa: E731
-                                                order=lambda: order)
-            rows.append(timed_row(dict(fields, variant=name), lambda: fn, ref, kv_bytes, name))
+        for layout in layouts:
+            kl, vl = (k, v) if layout == "nhd" else (head_major(k), head_major(v))
+            for name in names:
+                launch, label = VARIANTS[name], name + ("" if layout == "nhd" else HND)
+                fn = functools.partial(paged_decode_attention, q, kl, vl, bt, lens, D ** -0.5, launch=launch,
+                                       order=lambda: order)
+                rows.append(timed_row(dict(fields, variant=label, layout=layout), lambda: fn, ref, kv_bytes,
+                                      label))
+            del kl, vl
     return rows
 
 
@@ -220,8 +238,32 @@ def pick(rows: list[dict]) -> list[dict]:
             best = min(totals, key=totals.get)
             picks.append(dict(regime=regime, kv=kv, base_us=round(totals["base"], 1), best=best,
                               best_us=round(totals[best], 1), speedup=round(totals["base"] / totals[best], 3),
-                              env=env_for(VARIANTS[best])))
+                              env=_env_of(best)))
     return picks
+
+
+def _env_of(name: str) -> str:
+    env = env_for(VARIANTS[name.removesuffix(HND)])
+    return env + " (on HND caches: the engine's are NHD)" if name.endswith(HND) else env
+
+
+def layout_ratios(rows: list[dict]) -> list[dict]:
+    """Per (regime, kv dtype, variant) timed on both layouts: summed us over the regime's shapes on NHD and HND
+    caches and NHD / HND (> 1: head-major blocks are faster)."""
+    out = []
+    for regime, shapes in REGIMES.items():
+        for kv in sorted({r["kv"] for r in rows}):
+            def total(name):
+                got = [r for r in rows if r["regime"] == regime and r["kv"] == kv and r["variant"] == name]
+                ok = len(got) == len(shapes) and all("us" in r and r["max_abs_diff"] < 5e-2 for r in got)
+                return sum(r["us"] for r in got) if ok else None
+
+            for name in sorted({r["variant"] for r in rows if r["variant"].endswith(HND)}):
+                nhd, hnd = total(name.removesuffix(HND)), total(name)
+                if nhd and hnd:
+                    out.append(dict(regime=regime, kv=kv, variant=name.removesuffix(HND), nhd_us=round(nhd, 1),
+                                    hnd_us=round(hnd, 1), nhd_over_hnd=round(nhd / hnd, 3)))
+    return out
 
 
 def offline_report(names: list[str]) -> int:
@@ -288,6 +330,8 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated names of VARIANTS to time (base is always timed)")
     ap.add_argument("--regimes", default=None, help=f"comma-separated of {sorted(REGIMES)} (default: all)")
+    ap.add_argument("--layouts", default="nhd", help="comma-separated cache layouts to time each variant on: nhd "
+                    "(the engine's [block, token, head, D]) and / or hnd (head-major blocks, ``head_major``)")
     args = ap.parse_args()
     if args.offline:
         return offline_report(args.variants.split(","))
@@ -300,8 +344,14 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     t0 = time.time()
-    rows = measure(names)
-    picks = pick(rows)
+    layouts = tuple(args.layouts.split(","))
+    if set(layouts) - {"nhd", "hnd"}:
+        ap.error(f"--layouts takes nhd and / or hnd, got {args.layouts}")
+    rows = measure(names, layouts)
+    picks, layouts_cmp = pick(rows), layout_ratios(rows)
+    for c in layouts_cmp:
+        print(f"LAYOUT regime ({c['regime']}) kv {c['kv']} {c['variant']}: NHD {c['nhd_us']} us, HND {c['hnd_us']} us"
+              f" = {c['nhd_over_hnd']}x")
     for p in picks:
         print(f"PICK regime ({p['regime']}) kv {p['kv']}: {p['best']} {p['best_us']} us vs base {p['base_us']} us "
               f"= {p['speedup']}x; {p['env']}")
@@ -319,7 +369,7 @@ def main() -> int:
     write_json(args.json, {"bench": "paged_decode_variants", **provenance(" ".join(sys.argv)),
                            "seconds": round(time.time() - t0, 1), "shape": dict(H=H, HKV=HKV, D=D, PAGE=PAGE),
                            "variants": {k: dataclasses.asdict(v) for k, v in VARIANTS.items()},
-                           "rows": rows, "picks": picks})
+                           "rows": rows, "picks": picks, "layouts": layouts_cmp})
     bad = [r for r in rows if r.get("max_abs_diff", 0) >= 5e-2]
     print(f"done in {time.time() - t0:.0f} s" + (f"; DISAGREE with base: {bad}" if bad else ""))
     return 1 if bad else 0

@@ -110,6 +110,29 @@ def test_tiled_loads_and_lazy_rescale_match_gathered(query_len, kv_splits, prefe
     _assert_matches_gathered(out, q, kc, vc, tables, lens, query_len, page, nb, low_precision=fp8)
 
 
+@pytest.mark.parametrize("tiled", [False, True])
+def test_head_major_caches_give_the_same_attention(tiled):
+    """The kernel addresses K/V through the cache's strides, so the same values stored head-major (HND: a block
+    holds each head's page of keys contiguously; ``bench/paged_decode_variants.py --layouts hnd`` times it) give
+    the same output bit for bit as the engine's token-major caches, on the plain and the tiled-load paths."""
+    H, Hkv, D, page = 4, 2, 16, 16 if CUDA else 8
+    block_n = 16 if CUDA else 4
+    g = torch.Generator().manual_seed(7)
+    lens = [1, block_n + 3, 2 * page, 3 * page + 5]
+    nb = sum(-(-n // page) for n in lens) + 2
+    kc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    vc = torch.randn(nb + 1, page, Hkv, D, generator=g)
+    _, bt = scattered_tables(lens, page, nb, g)
+    q = torch.randn(len(lens), H, D, generator=g)
+    q, kc, vc, bt, cl = [t.to(DEVICE) for t in (q, kc, vc, bt, torch.tensor(lens, dtype=torch.int32))]
+    kh, vh = (c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (kc, vc))
+    assert kh.stride(1) == D and kh.stride(2) == page * D and torch.equal(kh, kc)
+    launch = DecodeLaunch(block_n=block_n, table_prefetch=tiled, tiled_loads=tiled, lazy_rescale=tiled)
+    token_major = paged_decode_attention(q, kc, vc, bt, cl, D ** -0.5, launch=launch)
+    torch.testing.assert_close(paged_decode_attention(q, kh, vh, bt, cl, D ** -0.5, launch=launch), token_major,
+                               rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("query_len,bf16,max_registers", [(1, False, 0), (3, False, 0), (3, True, 0), (1, True, 128)])
 def test_fp8_cache_paged_decode_matches_gathered(query_len, bf16, max_registers):
     """An e4m3 KV cache (``kv_cache_dtype="fp8"``): the kernel upcasts each K/V tile to the query's
