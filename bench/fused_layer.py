@@ -9,6 +9,8 @@ attention kernel (its output is a fixed tensor, so every chain does the same wor
   fused               ``norm_linear`` (qkv), ``triton_qkv``, ``linear_residual`` (o), ``norm_linear`` + SwiGLU
                       (gate_up), ``linear_residual`` (down): five (six)
   fused_qkv_epilogue  the same with ``norm_qkv_to_cache`` for the first two: four (five)
+  fused_qkv_epilogue_pdl  the same launched by programmatic dependent launch, each GEMM's weights prefetched into
+                      L2 while the kernel before it runs (``engine/pdl.py``)
 
 and reports us per layer, each chain's ratio to the engine's and the max abs difference of its last hidden state
 and last q from the engine's. Then each fused kernel
@@ -111,8 +113,21 @@ def fused_chain(step: Step, layers: list[dict], qkv_epilogue: bool = True) -> tu
     return h.float(), q
 
 
+def pdl_chain(step: Step, layers: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_chain`` with its kernels launched by programmatic dependent launch, each GEMM's weight rows prefetched
+    into L2 before it waits for the kernel before (``engine/pdl.py``)."""
+    from asyncrl.engine import pdl
+
+    on = pdl.ENABLED
+    pdl.ENABLED = True
+    try:
+        return fused_chain(step, layers)
+    finally:
+        pdl.ENABLED = on
+
+
 CHAINS = {"engine": engine_chain, "fused": lambda step, layers: fused_chain(step, layers, False),
-          "fused_qkv_epilogue": fused_chain}
+          "fused_qkv_epilogue": fused_chain, "fused_qkv_epilogue_pdl": pdl_chain}
 
 
 def configs() -> list[tuple]:
@@ -166,10 +181,11 @@ def sweep_kernels(step: Step, lw: dict) -> list[dict]:
     return rows
 
 
-def offline(shape: str) -> list[dict]:
+def offline(shape: str, pdl: bool = False) -> list[dict]:
     """The engine's launch of each fused kernel at ``shape`` compiled for sm90 (``bench/sm90_offline.py``): registers,
-    stack, spills (LOCAL) and shared memory, without a GPU."""
-    from sm90_offline import compile_sm90, register_usage
+    stack, spills (LOCAL) and shared memory, without a GPU. ``pdl``: as launched under ``engine/pdl.py``
+    (``USE_PDL``: the weight prefetch and the grid-dependency wait)."""
+    from sm90_offline import compile_sm90, first_instructions, register_usage
 
     from asyncrl.engine import triton_gemm as tg
 
@@ -180,29 +196,32 @@ def offline(shape: str) -> list[dict]:
                              ("gate_up", "swiglu", hidden, inter), ("o", "residual", H * D, hidden),
                              ("down", "residual", inter, hidden)):
         bm, bn, bk, warps, stages = tg.launch(kind, K, N)
-        consts = dict(BM=bm, BK=bk, PREC="tf32")
+        consts = dict(BM=bm, BK=bk, PREC="tf32", USE_PDL=pdl)
         h_desc = f"tensordesc<bf16[{bm}, {bk}]>"
         if kind == "residual":
             kernel, consts["BN"] = tg._linear_residual_kernel, bn
-            sig = dict(a_desc=h_desc, w_desc=f"tensordesc<bf16[{bn}, {bk}]>", RES="*bf16", H="*bf16", SS="*fp32",
-                       M="i32", N="i32", K="i32", stride_res="i32", stride_h="i32", stride_ss="i32")
+            sig = dict(a_desc=h_desc, w_desc=f"tensordesc<bf16[{bn}, {bk}]>", W="*bf16", RES="*bf16", H="*bf16",
+                       SS="*fp32", M="i32", N="i32", K="i32", stride_res="i32", stride_h="i32", stride_ss="i32")
         elif name == "qkv epilogue":
             kernel, bn = tg._norm_qkv_cache_kernel, D
             consts |= dict(H=H, HKV=Hkv, D=D, HALF=D // 2, BP=32, NORM=True, BIAS=False, FP8=False, FP8_MAX=448.0)
-            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{D // 2}, {bk}]>", B="*bf16",
-                       POS="*i64", COS="*fp32", SIN="*fp32", QW="*bf16", KW="*bf16", Q="*bf16", KC="*bf16", VC="*bf16",
+            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{D // 2}, {bk}]>", W="*bf16",
+                       B="*bf16", POS="*i64", COS="*fp32", SIN="*fp32", QW="*bf16", KW="*bf16", Q="*bf16", KC="*bf16",
+                       VC="*bf16",
                        SLOT="*i64", M="i32", K="i32", P="i32", eps="fp32", head_eps="fp32", stride_ss="i32",
                        stride_qt="i32", stride_qh="i32", stride_rope="i32", stride_cs="i32", stride_ch="i32")
         else:
             kernel = tg._norm_linear_kernel
             consts |= dict(BN=bn, BP=32, SWIGLU=kind == "swiglu", BIAS=False)
-            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{bn}, {bk}]>", B="*bf16",
-                       C="*bf16", M="i32", N="i32", K="i32", P="i32", eps="fp32", stride_ss="i32", stride_c="i32",
-                       INTER="i32")
+            sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{bn}, {bk}]>", W="*bf16",
+                       B="*bf16", C="*bf16", M="i32", N="i32", K="i32", P="i32", eps="fp32", stride_ss="i32",
+                       stride_c="i32", INTER="i32")
         sig |= {k: "constexpr" for k in consts}
         compiled = compile_sm90(kernel, sig, consts, {}, warps, stages)
-        rows.append(dict(kernel=name, launch=(bm, bn, bk, warps, stages), usage=register_usage(compiled),
-                         shared_bytes=compiled.metadata.shared))
+        rows.append(dict(kernel=name, launch=(bm, bn, bk, warps, stages), pdl=pdl, usage=register_usage(compiled),
+                         shared_bytes=compiled.metadata.shared,
+                         l2_prefetches=compiled.asm["ptx"].count("cp.async.bulk.prefetch.L2"),
+                         first=first_instructions(compiled, ("UBLKPF", "ACQBULK", "UTMALDG", "LDG", "LDGSTS"))))
         print(rows[-1], flush=True)
     return rows
 
@@ -214,10 +233,11 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8, help="layers per timed graph (launch gaps included)")
     ap.add_argument("--sweep", action="store_true", help="also sweep each fused kernel's launch")
     ap.add_argument("--offline", action="store_true", help="compile for sm90 without a GPU and report resources")
+    ap.add_argument("--pdl", action="store_true", help="with --offline: the kernels as launched under engine/pdl.py")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.offline:
-        write_json(args.json, dict(provenance(" ".join(sys.argv)), offline=offline(args.shape)))
+        write_json(args.json, dict(provenance(" ".join(sys.argv)), offline=offline(args.shape, args.pdl)))
         return 0
     from triton.testing import do_bench_cudagraph
 

@@ -9,7 +9,9 @@ default now; ``gemm``: ``all`` with the decode layers' GEMMs through ``triton_ge
 norms, residual adds, SwiGLU and the q/k norm + RoPE + K/V write inside the GEMMs; opt-in); ``gemm_noqkv``: the same
 with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off); ``lmhead``: ``all`` with the
 sampling decode graphs' LM head + sampler as one kernel (``model_runner.FUSED_LM_HEAD_SAMPLER``, opt-in);
-``gemm_lmhead``: both. One engine per variant (fixed KV pools, all held at once), the variant set while its engine
+``gemm_lmhead``: both; ``gemm_pdl`` / ``gemm_lmhead_pdl``: those with the fused layers' kernels launched by
+programmatic dependent launch, each GEMM's weights prefetched into L2 before it waits (``engine/pdl.py``, opt-in).
+One engine per variant (fixed KV pools, all held at once), the variant set while its engine
 captures its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads
 after one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 
@@ -23,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from asyncrl.engine import model_runner, triton_qkv  # noqa: E402
+from asyncrl.engine import model_runner, pdl, triton_qkv  # noqa: E402
 from asyncrl.engine.bench import provenance, write_json  # noqa: E402
 from asyncrl.engine.models import decoder  # noqa: E402
 
@@ -35,7 +37,7 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
 
 
 def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False,
-            qkv_epilogue: bool = True, fused_head: bool = False):
+            qkv_epilogue: bool = True, fused_head: bool = False, pdl_launch: bool = False):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
@@ -44,6 +46,7 @@ def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: 
         decoder.TRITON_GEMM = triton_gemm
         decoder.TRITON_GEMM_QKV = qkv_epilogue
         model_runner.FUSED_LM_HEAD_SAMPLER = fused_head
+        pdl.ENABLED = pdl_launch
     return apply
 
 
@@ -51,7 +54,9 @@ VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True,
             "both": variant(True, True, False), "all": variant(True, True, True),
             "gemm": variant(True, True, True, True), "gemm_noqkv": variant(True, True, True, True, False),
             "lmhead": variant(True, True, True, fused_head=True),
-            "gemm_lmhead": variant(True, True, True, True, fused_head=True)}
+            "gemm_lmhead": variant(True, True, True, True, fused_head=True),
+            "gemm_pdl": variant(True, True, True, True, pdl_launch=True),
+            "gemm_lmhead_pdl": variant(True, True, True, True, fused_head=True, pdl_launch=True)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:

@@ -37,3 +37,25 @@ def register_usage(compiled) -> str:
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     return " ".join(w for line in usage.splitlines() if "REG:" in line for w in line.split()
                     if w.split(":")[0] in ("REG", "STACK", "LOCAL"))
+
+
+def first_instructions(compiled, opcodes: tuple[str, ...]) -> dict:
+    """Index in the kernel's SASS of the first instruction of each of ``opcodes`` (matched on the opcode's name
+    before its first dot, e.g. ``UTMALDG`` for ``UTMALDG.2D``); absent ones are left out. Orders what a kernel
+    issues: e.g. under ``engine/pdl.py`` the weight prefetch (``UBLKPF``) and the grid-dependency wait
+    (``ACQBULK``) before any load (``UTMALDG``, ``LDG``, ``LDGSTS``)."""
+    import re
+
+    import triton
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    ops = re.findall(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, flags=re.M)
+    first = {}
+    for i, op in enumerate(ops):
+        if op in opcodes:
+            first.setdefault(op, i)
+    return first

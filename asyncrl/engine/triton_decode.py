@@ -34,6 +34,7 @@ import triton.language as tl
 
 from asyncrl.engine import cascade as cascade_module
 from asyncrl.engine.cascade import CascadeLaunchRule
+from asyncrl.engine.pdl import launch_options, wait_then_release
 
 
 @triton.jit
@@ -138,7 +139,7 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
                          EARLY_PREFIX: tl.constexpr = False, PREFIX_MERGE: tl.constexpr = True,
                          F16_DOTS: tl.constexpr = False, BT_PREFETCH: tl.constexpr = False,
                          ORDERED: tl.constexpr = False, TILED: tl.constexpr = False,
-                         LAZY_RESCALE: tl.constexpr = False):
+                         LAZY_RESCALE: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """Program (sequence b, kv head, KV chunk); ORDERED (``DecodeLaunch.longest_first``): program
     (kv head, rank, KV chunk) takes sequence ``b = ORDER[rank]``, so the grid dispatches the longest
     sequences' programs (all their kv heads) first. Its rows are the ``QLEN`` query tokens x the
@@ -155,7 +156,10 @@ def _paged_decode_kernel(Q, K, V, O, BT, CL, START, NSP, PO, PL, SO, SL, ORDER, 
     ``_merge_cascade_kernel``. F16_DOTS (``f16_dots``): q, K, V and p enter the dots as fp16.
     TILED (``tiled_loads``: ``PAGE % BLOCK_N == 0`` and ``D == BLOCK_D``): a tile lies in one block, so its
     addresses are the block's base plus loop-invariant offsets, and every tile but the last loads without
-    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must."""
+    masks. LAZY_RESCALE (``RESCALE_THRESHOLD``; one query token): the running max moves only when it must.
+    USE_PDL (``engine/pdl.py``): launched with programmatic dependent launch; it waits for the kernel before (the
+    K/V write) first, then lets the next one (the o GEMM, which prefetches its weights) launch into its tail."""
+    wait_then_release(USE_PDL)
     if ORDERED:
         b = tl.load(ORDER + tl.program_id(1))
         kvh = tl.program_id(0)
@@ -656,7 +660,7 @@ def _launch_decode(q, k_cache, v_cache, out, block_tables, context_lens, scale, 
         KV_SPLITS=splits, QLEN=qlen, BT_REGS=bt_regs, BT_PREFETCH=bt_prefetch(page, launch, bt_regs),
         EARLY_PREFIX=early_prefix and cascade is not None, F16_DOTS=f16_dots(q, k_cache, launch),
         ORDERED=ordered, TILED=tiled(page, block_d, D, launch), LAZY_RESCALE=launch.lazy_rescale and qlen == 1,
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **launch_options(q.device),
         **({"maxnreg": launch.max_registers} if launch.max_registers else {}))
     if splits > 1:
         _merge_splits_kernel[(T, H)](

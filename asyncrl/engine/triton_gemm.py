@@ -27,6 +27,10 @@ the model dtype before the residual add, the sum rounded once; ``round(round(h *
 to the next GEMM; SwiGLU's ``round(round(silu(round(gate))) * round(up))``. Left to differ: the order of the mean's
 sum (P partials of N / P values; a few fp32 ulps of rsqrt, inside one rounding of the model dtype) and the GEMMs' K
 order. fp32 models multiply in IEEE fp32 (``input_precision="ieee"``), as torch does by default, not in TF32.
+
+Under ``engine/pdl.py`` (opt-in) each kernel launches by programmatic dependent launch: its first row tile's
+programs prefetch the weight rows they multiply into L2, then every program waits for the kernel before and lets the
+next one launch (``_weights_then_wait``), so a GEMM's weights stream during the previous kernel's tail.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import triton
 import triton.language as tl
 
 from asyncrl.engine.attention import FP8_KV, FP8_KV_MAX
+from asyncrl.engine.pdl import launch_options, prefetch_rows, wait_then_release
 from asyncrl.engine.triton_qkv import _cache_slots, _norm_rope_head, _store_halves, cast_rn, check_tables, rsqrt_f32
 from asyncrl.engine.triton_silu import swiglu_rn  # torch's CUDA silu (expf, an IEEE division), eager's roundings
 
@@ -51,12 +56,32 @@ MAX_ROWS = 512  # above it (prefill) cuBLAS's large-tile kernels win; the engine
 
 
 @triton.jit
-def _linear_residual_kernel(a_desc, w_desc, RES, H, SS, M, N, K, stride_res, stride_h, stride_ss,
-                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+def _prefetch_first_row_tile(W, row0, rows, K):
+    """Weight rows ``[row0, row0 + rows)`` into L2, by the programs of the first row tile only (the others read
+    the same rows: one prefetch of each suffices)."""
+    if tl.program_id(0) == 0:
+        prefetch_rows(W, row0, rows, K, W.dtype.element_ty.primitive_bitwidth // 8)
+
+
+@triton.jit
+def _weights_then_wait(W, row0, rows, K, USE_PDL: tl.constexpr):
+    """Under PDL (``engine/pdl.py``): this program's weight rows start streaming into L2, then it waits for the
+    kernel before (whose outputs it reads) and lets the next kernel launch. No-op off."""
+    if USE_PDL:
+        _prefetch_first_row_tile(W, row0, rows, K)
+    wait_then_release(USE_PDL)
+
+
+@triton.jit
+def _linear_residual_kernel(a_desc, w_desc, W, RES, H, SS, M, N, K, stride_res, stride_h, stride_ss,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                            USE_PDL: tl.constexpr = False):
     """Program (row tile, column tile j): ``H = round(round(A @ W^T) + RES)`` on its tile, ``SS[:, j]`` = the tile's
-    row sums of ``H^2`` (fp32). A ``[M, K]`` and W ``[N, K]`` by TMA (out-of-range rows and columns read as 0)."""
+    row sums of ``H^2`` (fp32). A ``[M, K]`` and W ``[N, K]`` by TMA (out-of-range rows and columns read as 0);
+    ``W`` itself (the pointer) for ``USE_PDL``'s prefetch of the tile's weight rows (``_weights_then_wait``)."""
     m0 = tl.program_id(0) * BM
     j = tl.program_id(1)
+    _weights_then_wait(W, j * BN, tl.minimum(N - j * BN, BN), K, USE_PDL)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         acc = tl.dot(a_desc.load([m0, k0]), w_desc.load([j * BN, k0]).T, acc, input_precision=PREC)
@@ -90,17 +115,21 @@ def _normed_tile(h_desc, NW, m0, k0, r, BK: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _norm_linear_kernel(h_desc, SS, NW, w_desc, B, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
+def _norm_linear_kernel(h_desc, SS, NW, w_desc, W, B, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr,
-                        SWIGLU: tl.constexpr, BIAS: tl.constexpr, PREC: tl.constexpr):
+                        SWIGLU: tl.constexpr, BIAS: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr = False):
     """Program (row tile, column tile): ``C = rmsnorm(H) @ W^T`` on its tile, the row's ``rsqrt(mean(h^2) + eps)``
     from ``SS``'s P partials, the normed rows built in registers tile by tile of K; H's and W's tiles by TMA (so
     Triton's pipeliner prefetches both; H's pointer loads were not). SWIGLU: W is gate_up ``[2 INTER, K]``; the
     program also multiplies the up rows ``INTER + n`` and writes SwiGLU's product to C ``[M, INTER]``. BIAS (not
-    with SWIGLU): ``B [N]`` added to the fp32 product before its rounding, as cuBLAS's bias epilogue adds it."""
+    with SWIGLU): ``B [N]`` added to the fp32 product before its rounding, as cuBLAS's bias epilogue adds it.
+    ``W``: the weight's pointer, for ``USE_PDL``'s prefetch (gate and up rows)."""
     m0 = tl.program_id(0) * BM
     m = m0 + tl.arange(0, BM)
     n0 = tl.program_id(1) * BN
+    if SWIGLU and USE_PDL:
+        _prefetch_first_row_tile(W, INTER + n0, tl.minimum(N - n0, BN), K)  # the up rows; the gate rows below
+    _weights_then_wait(W, n0, tl.minimum(N - n0, BN), K, USE_PDL)
     n = n0 + tl.arange(0, BN)
     live = (m < M)[:, None]
     r = _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP)
@@ -122,18 +151,21 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, B, C, M, N, K, P, eps, stride_ss
 
 
 @triton.jit
-def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, B, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, M, K, P, eps,
+def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, W, B, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, M, K, P, eps,
                            head_eps, stride_ss, stride_qt, stride_qh, stride_rope, stride_cs, stride_ch,
                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                            BM: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, NORM: tl.constexpr,
-                           BIAS: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PREC: tl.constexpr):
+                           BIAS: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PREC: tl.constexpr,
+                           USE_PDL: tl.constexpr = False):
     """Program (row tile, head j): head j's D columns of ``rmsnorm(H) @ W_qkv^T`` as its two halves (two dots of
     HALF columns: rotate-half RoPE pairs column i with i + HALF, so each pair sits at one place of the two
     accumulators), then ``triton_qkv._qkv_cache_kernel``'s work on them: j < H a q head (q/k norm, RoPE, to Q
     ``[M, H, D]``), j < H + HKV a k head (norm, RoPE, into KC at SLOT), else a v head (into VC). BIAS: the qkv
-    bias ``B`` (Qwen2) added before the GEMM output's rounding."""
+    bias ``B`` (Qwen2) added before the GEMM output's rounding. ``W``: the weight's pointer, for ``USE_PDL``'s
+    prefetch of the head's D rows."""
     m0 = tl.program_id(0) * BM
     j = tl.program_id(1)
+    _weights_then_wait(W, j * D, D, K, USE_PDL)
     m = m0 + tl.arange(0, BM)
     tmask = m < M
     r = _row_rsqrt(SS, m, tmask[:, None], stride_ss, P, K, eps, BP)
@@ -213,9 +245,9 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     ss = torch.empty(T, triton.cdiv(N, bn), dtype=torch.float32, device=x.device)
     if T:
         _linear_residual_kernel[(triton.cdiv(T, bm), ss.shape[1])](
-            _descriptor(x, [bm, bk]), _descriptor(weight, [bn, bk]), residual, h, ss, T, N, K, residual.stride(0),
-            h.stride(0), ss.stride(0), BM=bm, BN=bn, BK=bk, PREC=_precision(x.dtype), num_warps=warps,
-            num_stages=stages)
+            _descriptor(x, [bm, bk]), _descriptor(weight, [bn, bk]), weight, residual, h, ss, T, N, K,
+            residual.stride(0), h.stride(0), ss.stride(0), BM=bm, BN=bn, BK=bk, PREC=_precision(x.dtype),
+            num_warps=warps, num_stages=stages, **launch_options(x.device))
     return h, ss
 
 
@@ -234,10 +266,10 @@ def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, we
     if T:
         P = ss.shape[1]
         _norm_linear_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
-            _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]),
+            _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]), weight,
             norm_weight if bias is None else bias, out, T, N, K, P, eps, ss.stride(0), out.stride(0), inter or 0,
             BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None, BIAS=bias is not None,
-            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages)
+            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages, **launch_options(h.device))
     return out
 
 
@@ -269,13 +301,13 @@ def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tens
     norm = q_norm_w is not None
     P, half = ss.shape[1], D // 2
     _norm_qkv_cache_kernel[(triton.cdiv(T, bm), num_heads + 2 * num_kv_heads)](
-        _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [half, bk]),
+        _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [half, bk]), weight,
         norm_weight if bias is None else bias, positions, cos, sin, q_norm_w if norm else cos,
         k_norm_w if norm else cos, q, k_cache, v_cache, slot_mapping, T, K, P, eps, head_eps, ss.stride(0),
         q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2), H=num_heads,
         HKV=num_kv_heads, D=D, HALF=half, BM=bm, BK=bk, BP=triton.next_power_of_2(P), NORM=norm,
         BIAS=bias is not None, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PREC=_precision(h.dtype),
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **launch_options(h.device))
     return q
 
 
