@@ -18,6 +18,7 @@ alone over a sweep of tiles / warps / stages (``--sweep``), against the engine's
 set there. Shapes: Qwen3-0.6B (``--shape 0.6b``) or Qwen3-8B (``8b``); bf16.
 
     python bench/fused_layer.py --ms 256,128,64 --sweep --json bench/results/fused_layer.json   # ~3 min, H200
+    python bench/fused_layer.py --ms 256 --pdl-stages 2,3   # the PDL chain at fewer pipeline stages
     python bench/fused_layer.py --offline   # no GPU: each kernel compiled for sm90, its registers / spills / smem
 """
 from __future__ import annotations
@@ -181,6 +182,27 @@ def sweep_kernels(step: Step, lw: dict) -> list[dict]:
     return rows
 
 
+def sweep_pdl_stages(step: Step, layers: list[dict], stages: str, n_layers: int) -> list[dict]:
+    """``pdl_chain`` with every ``triton_gemm.LAUNCH`` entry at each of ``stages`` (comma-separated): under PDL a
+    GEMM's programs start early only where the SM has room beside the kernel before it, so fewer stages (less
+    shared memory) may pay in the chain though not alone. us per layer, each against the default stages."""
+    from triton.testing import do_bench_cudagraph
+
+    from asyncrl.engine import triton_gemm
+
+    default = dict(triton_gemm.LAUNCH)
+    rows = []
+    try:
+        for count in [None] + [int(c) for c in stages.split(",")]:
+            triton_gemm.LAUNCH.update({k: v[:4] + (count,) for k, v in default.items()} if count else default)
+            us = do_bench_cudagraph(lambda: pdl_chain(step, layers), rep=50) * 1e3 / n_layers
+            rows.append(dict(m=step.x.shape[0], stages=count or "default", us_per_layer=round(us, 2)))
+            print(rows[-1], flush=True)
+    finally:
+        triton_gemm.LAUNCH.update(default)
+    return rows
+
+
 def offline(shape: str, pdl: bool = False) -> list[dict]:
     """The engine's launch of each fused kernel at ``shape`` compiled for sm90 (``bench/sm90_offline.py``): registers,
     stack, spills (LOCAL) and shared memory, without a GPU. ``pdl``: as launched under ``engine/pdl.py``
@@ -234,6 +256,8 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="also sweep each fused kernel's launch")
     ap.add_argument("--offline", action="store_true", help="compile for sm90 without a GPU and report resources")
     ap.add_argument("--pdl", action="store_true", help="with --offline: the kernels as launched under engine/pdl.py")
+    ap.add_argument("--pdl-stages", default="", help="e.g. 2,3,4: the PDL chain with every fused kernel's pipeline "
+                    "at each stage count (less shared memory: a GEMM's programs fit beside the one before it)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.offline:
@@ -259,6 +283,8 @@ def main() -> int:
         out["chains"].append(row)
         if args.sweep:
             out["sweeps"] += sweep_kernels(step, layers[0])
+        if args.pdl_stages:
+            out.setdefault("pdl_stages", []).extend(sweep_pdl_stages(step, layers, args.pdl_stages, args.layers))
     write_json(args.json, out)
     return 0
 
