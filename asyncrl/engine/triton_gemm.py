@@ -226,6 +226,12 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # tf32 is Triton's default and means nothing to bf16 / fp16
 
 
+def _pdl_options(weight: torch.Tensor) -> dict:
+    """``pdl.launch_options`` for a kernel multiplying ``weight``: its prefetch takes a program's weight rows as one
+    contiguous range, so a weight that is a strided view launches plainly."""
+    return launch_options(weight.device) if weight.is_contiguous() else {"USE_PDL": False}
+
+
 def tma_ready(t: torch.Tensor) -> bool:
     """Whether ``t`` (2-D) can back a TMA descriptor: contiguous columns, 16-byte aligned base and row stride."""
     return (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
@@ -247,7 +253,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
         _linear_residual_kernel[(triton.cdiv(T, bm), ss.shape[1])](
             _descriptor(x, [bm, bk]), _descriptor(weight, [bn, bk]), weight, residual, h, ss, T, N, K,
             residual.stride(0), h.stride(0), ss.stride(0), BM=bm, BN=bn, BK=bk, PREC=_precision(x.dtype),
-            num_warps=warps, num_stages=stages, **launch_options(x.device))
+            num_warps=warps, num_stages=stages, **_pdl_options(weight))
     return h, ss
 
 
@@ -269,7 +275,7 @@ def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, we
             _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]), weight,
             norm_weight if bias is None else bias, out, T, N, K, P, eps, ss.stride(0), out.stride(0), inter or 0,
             BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None, BIAS=bias is not None,
-            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages, **launch_options(h.device))
+            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages, **_pdl_options(weight))
     return out
 
 
@@ -307,7 +313,7 @@ def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tens
         q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2), H=num_heads,
         HKV=num_kv_heads, D=D, HALF=half, BM=bm, BK=bk, BP=triton.next_power_of_2(P), NORM=norm,
         BIAS=bias is not None, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PREC=_precision(h.dtype),
-        num_warps=warps, num_stages=stages, **launch_options(h.device))
+        num_warps=warps, num_stages=stages, **_pdl_options(weight))
     return q
 
 

@@ -32,6 +32,16 @@ def test_the_switch_turns_it_off_everywhere(monkeypatch):
     assert not pdl.use_pdl(device) and pdl.launch_options(device) == {"USE_PDL": False}
 
 
+def test_a_strided_weight_launches_plainly(monkeypatch):
+    """The prefetch reads a program's weight rows as one contiguous range: a strided view of a weight never gets it."""
+    from asyncrl.engine import triton_gemm
+
+    monkeypatch.setattr(triton_gemm, "launch_options", lambda device: {"USE_PDL": True, "launch_pdl": True})
+    weight = torch.zeros(8, 32)
+    assert triton_gemm._pdl_options(weight)["USE_PDL"]
+    assert triton_gemm._pdl_options(weight[:, :16]) == {"USE_PDL": False}
+
+
 def _bench_module(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
