@@ -106,11 +106,20 @@ def _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP: tl.constexpr):
 
 
 @triton.jit
-def _normed_tile(h_desc, NW, m0, k0, r, BK: tl.constexpr, DT: tl.constexpr):
+def _norm_weights(NW, k0, K, BK: tl.constexpr):
+    """``[1, BK]`` fp32: the RMSNorm weight's columns ``k0 ...`` (0 past K). The K loops load the next tile's
+    while this tile's run: a 256-byte vector, too narrow for Triton 3.6's pipeliner (sm90 TTGIR: a plain load in
+    the loop, its latency in every iteration before the dots), so the loops carry it one tile ahead themselves."""
+    k = k0 + tl.arange(0, BK)
+    return tl.load(NW + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _normed_tile(h_desc, w, m0, k0, r, DT: tl.constexpr):
     """The ``[BM, BK]`` tile (rows ``m0 ...``, columns ``k0 ...``) of ``rmsnorm(H)`` in DT, as ``triton_norm``
-    rounds: ``round(round(h * r) * w)``. H's tile by TMA (rows past the end read as 0)."""
+    rounds: ``round(round(h * r) * w)``, ``w`` the tile's norm weights (``_norm_weights``). H's tile by TMA (rows
+    past the end read as 0)."""
     h = h_desc.load([m0, k0]).to(tl.float32)
-    w = tl.load(NW + k0 + tl.arange(0, BK)).to(tl.float32)[None, :]
     return cast_rn(cast_rn(h * r, DT).to(tl.float32) * w, DT)
 
 
@@ -137,11 +146,14 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, W, B, C, M, N, K, P, eps, stride
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     if SWIGLU:
         acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+    nw = _norm_weights(NW, 0, K, BK)
     for k0 in range(0, K, BK):
-        a = _normed_tile(h_desc, NW, m0, k0, r, BK, DT)
+        nw_next = _norm_weights(NW, k0 + BK, K, BK)
+        a = _normed_tile(h_desc, nw, m0, k0, r, DT)
         acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
         if SWIGLU:
             acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
+        nw = nw_next
     if BIAS:
         acc += tl.load(B + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     out = cast_rn(acc, DT)
@@ -172,10 +184,13 @@ def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, W, B, POS, COS, SIN, QW, KW, 
     DT: tl.constexpr = Q.dtype.element_ty
     acc1 = tl.zeros([BM, HALF], dtype=tl.float32)
     acc2 = tl.zeros([BM, HALF], dtype=tl.float32)
+    nw = _norm_weights(NW, 0, K, BK)
     for k0 in range(0, K, BK):
-        a = _normed_tile(h_desc, NW, m0, k0, r, BK, DT)
+        nw_next = _norm_weights(NW, k0 + BK, K, BK)
+        a = _normed_tile(h_desc, nw, m0, k0, r, DT)
         acc1 = tl.dot(a, w_desc.load([j * D, k0]).T, acc1, input_precision=PREC)
         acc2 = tl.dot(a, w_desc.load([j * D + HALF, k0]).T, acc2, input_precision=PREC)
+        nw = nw_next
     i = tl.arange(0, HALF)
     col = i[None, :]
     mask = tmask[:, None] & (i < HALF)[None, :]
