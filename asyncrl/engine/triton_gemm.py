@@ -99,7 +99,12 @@ def _linear_residual_kernel(a_desc, w_desc, W, RES, H, SS, M, N, K, stride_res, 
 
 @triton.jit
 def _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP: tl.constexpr):
-    """``[BM, 1]`` fp32 ``rsqrt(mean(h^2) + eps)`` of rows ``m`` (K columns) from SS's P partials (fixed order)."""
+    """``[BM, 1]`` fp32 ``rsqrt(mean(h^2) + eps)`` of rows ``m`` (K columns) from SS's P partials (fixed order).
+    Called before the K loop, where it holds back the first tiles' TMA loads by one load's latency (Triton's
+    pipeliner issues them just before the loop, after this reduction: sm90 TTGIR). Inside the loop (``if k0 ==
+    0``) it would not, but the loop-carried ``r`` cost registers (sm90: gate_up 121 -> 200, 3 -> 2 programs an
+    SM; qkv 168 -> 239) and a second shared-memory read of each h tile, so it stays here until a GPU says
+    otherwise (in the loop without the ``if``, the compiler hoists it back out)."""
     p = tl.arange(0, BP)
     parts = tl.load(SS + m.to(tl.int64)[:, None] * stride_ss + p[None, :], mask=live & (p < P)[None, :], other=0.0)
     return rsqrt_f32(tl.sum(parts, 1) / K + eps)[:, None]
@@ -107,11 +112,12 @@ def _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP: tl.constexpr):
 
 @triton.jit
 def _norm_weights(NW, k0, K, BK: tl.constexpr):
-    """``[1, BK]`` fp32: the RMSNorm weight's columns ``k0 ...`` (0 past K). The K loops load the next tile's
+    """``[BK]``: the RMSNorm weight's columns ``k0 ...`` (0 past K), as stored. The K loops load the next tile's
     while this tile's run: a 256-byte vector, too narrow for Triton 3.6's pipeliner (sm90 TTGIR: a plain load in
-    the loop, its latency in every iteration before the dots), so the loops carry it one tile ahead themselves."""
+    the loop, its latency in every iteration before the dots), so the loops carry it one tile ahead themselves (and
+    convert it in ``_normed_tile``: a conversion here would wait for the load where it is issued)."""
     k = k0 + tl.arange(0, BK)
-    return tl.load(NW + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+    return tl.load(NW + k, mask=k < K, other=0.0)
 
 
 @triton.jit
@@ -120,7 +126,7 @@ def _normed_tile(h_desc, w, m0, k0, r, DT: tl.constexpr):
     rounds: ``round(round(h * r) * w)``, ``w`` the tile's norm weights (``_norm_weights``). H's tile by TMA (rows
     past the end read as 0)."""
     h = h_desc.load([m0, k0]).to(tl.float32)
-    return cast_rn(cast_rn(h * r, DT).to(tl.float32) * w, DT)
+    return cast_rn(cast_rn(h * r, DT).to(tl.float32) * w.to(tl.float32)[None, :], DT)
 
 
 @triton.jit
