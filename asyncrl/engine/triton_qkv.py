@@ -82,10 +82,10 @@ def _head_norm(x1, x2, W, i, imask, eps, D: tl.constexpr, HALF: tl.constexpr, DT
 
 
 @triton.jit
-def _rope(x1, x2, COS, SIN, POS, t, tmask, col, mask, stride_rope, HALF: tl.constexpr, DT: tl.constexpr):
-    """``decoder._rotate`` of one head's halves ``[BLOCK_T, BLOCK_HALF]`` fp32 at tokens ``t``' positions ->
-    the rotated halves rounded to ``DT``: ``x * cos + cat(-x2, x1) * sin``."""
-    pos = tl.load(POS + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_rope
+def _rope(x1, x2, COS, SIN, pos, col, mask, stride_rope, HALF: tl.constexpr, DT: tl.constexpr):
+    """``decoder._rotate`` of one head's halves ``[BLOCK_T, BLOCK_HALF]`` fp32 at positions ``pos [BLOCK_T]`` (the
+    tokens' loaded positions) -> the rotated halves rounded to ``DT``: ``x * cos + cat(-x2, x1) * sin``."""
+    pos = pos.to(tl.int64)[:, None] * stride_rope
     cos1 = tl.load(COS + pos + col, mask=mask, other=0.0)
     cos2 = tl.load(COS + pos + HALF + col, mask=mask, other=0.0)
     sin1 = tl.load(SIN + pos + col, mask=mask, other=0.0)
@@ -102,9 +102,10 @@ def _to_cache(x, CT: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _cache_slots(SLOT, t, tmask, head, col, stride_cs, stride_ch):
-    """Offsets ``[BLOCK_T, BLOCK_HALF]`` into a cache of kv head ``head``'s first half at tokens ``t``' slots."""
-    return tl.load(SLOT + t, mask=tmask, other=0).to(tl.int64)[:, None] * stride_cs + head * stride_ch + col
+def _cache_slots(slot, head, col, stride_cs, stride_ch):
+    """Offsets ``[BLOCK_T, BLOCK_HALF]`` into a cache of kv head ``head``'s first half at ``slot [BLOCK_T]`` (the
+    tokens' loaded slots)."""
+    return slot.to(tl.int64)[:, None] * stride_cs + head * stride_ch + col
 
 
 @triton.jit
@@ -116,16 +117,16 @@ def _store_halves(C, offs, y1, y2, mask, HALF: tl.constexpr, FP8: tl.constexpr, 
 
 
 @triton.jit
-def _norm_rope_head(x1, x2, h, t, tmask, i, imask, col, mask, POS, COS, SIN, QW, KW, eps, stride_rope,
+def _norm_rope_head(x1, x2, h, pos, i, imask, col, mask, COS, SIN, QW, KW, eps, stride_rope,
                     H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
-    """Head h's halves ``[BLOCK_T, BLOCK_HALF]`` (fp32 values of the model dtype) of tokens t, normed (q heads h < H
-    by QW, kv heads by KW; NORM) and rotated -> the halves in the model dtype ``DT``."""
+    """Head h's halves ``[BLOCK_T, BLOCK_HALF]`` (fp32 values of the model dtype) of tokens at positions ``pos``,
+    normed (q heads h < H by QW, kv heads by KW; NORM) and rotated -> the halves in the model dtype ``DT``."""
     if NORM:
         if h < H:
             x1, x2 = _head_norm(x1, x2, QW, i, imask, eps, D, HALF, DT)
         else:
             x1, x2 = _head_norm(x1, x2, KW, i, imask, eps, D, HALF, DT)
-    return _rope(x1, x2, COS, SIN, POS, t, tmask, col, mask, stride_rope, HALF, DT)
+    return _rope(x1, x2, COS, SIN, pos, col, mask, stride_rope, HALF, DT)
 
 
 @triton.jit
@@ -149,14 +150,15 @@ def _qkv_cache_kernel(QKV, POS, COS, SIN, QW, KW, Q, KC, VC, SLOT, eps, T,
     row = QKV + t.to(tl.int64)[:, None] * stride_qkv + h * D
     x1 = tl.load(row + col, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(row + HALF + col, mask=mask, other=0.0).to(tl.float32)
-    o1, o2 = _norm_rope_head(x1, x2, h, t, tmask, i, imask, col, mask, POS, COS, SIN, QW, KW, eps, stride_rope, H, D,
-                             HALF, NORM, DT)
+    pos = tl.load(POS + t, mask=tmask, other=0)
+    o1, o2 = _norm_rope_head(x1, x2, h, pos, i, imask, col, mask, COS, SIN, QW, KW, eps, stride_rope, H, D, HALF,
+                             NORM, DT)
     if h < H:
         out = Q + t.to(tl.int64)[:, None] * stride_qt + h * stride_qh + col
         tl.store(out, o1, mask=mask)
         tl.store(out + HALF, o2, mask=mask)
     else:
-        slot = _cache_slots(SLOT, t, tmask, h - H, col, stride_cs, stride_ch)
+        slot = _cache_slots(tl.load(SLOT + t, mask=tmask, other=0), h - H, col, stride_cs, stride_ch)
         _store_halves(KC, slot, o1, o2, mask, HALF, FP8, FP8_MAX)
         v_src = row + HKV * D + col  # v head h - H: column (H + HKV + h - H) * D = (h + HKV) * D
         _store_halves(VC, slot, tl.load(v_src, mask=mask, other=0.0), tl.load(v_src + HALF, mask=mask, other=0.0),
