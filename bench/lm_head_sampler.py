@@ -107,8 +107,12 @@ def main() -> int:
         out["offline"] = offline()
     else:
         g = torch.Generator(device="cuda").manual_seed(0)
-        out["rows"] = [measure(B, WIDTHS[w], mixed, args.sweep and not mixed, g) for w in args.widths.split(",")
-                       for B in map(int, args.batches.split(",")) for mixed in (False, True)]
+        out["rows"] = []
+        for w in args.widths.split(","):
+            for B in map(int, args.batches.split(",")):
+                for mixed in (False, True):
+                    out["rows"].append(measure(B, WIDTHS[w], mixed, args.sweep and not mixed, g))
+                    write_json(args.json, out)  # each row as it comes: a call cut at its time limit keeps them
     write_json(args.json, out)
     return 0
 
