@@ -1,5 +1,7 @@
 """Programmatic dependent launch (PDL) of the fused decode layer's kernels, with each GEMM's weights streamed into
-L2 while the kernel before it finishes. Hopper and newer; opt-in (``ENABLED``) until it is timed.
+L2 while the kernel before it finishes. Hopper and newer; opt-in (``ENABLED``, off). Timed on an H200 (2026-12-05):
+the fused layer chain 1.02x at 256 rows and 1.08x at 64 with it, but that chain is 0.72x the engine's kernels, so
+end to end ``gemm_pdl`` ran (a) 0.93x, (c) 0.90x the engine (bench/RESULTS.md, session 53).
 
 Why: at a decode step's few hundred rows each of a layer's GEMMs (``triton_gemm``) reads its weights once, ~4-13 MB
 at Qwen3-0.6B's shapes, and only starts reading them when the kernel before it has drained: the weight stream of
@@ -39,7 +41,7 @@ except ImportError:
     gdc_launch_dependents = gdc_wait = None
     HAS_GDC = False
 
-ENABLED = os.environ.get("ASYNCRL_PDL", "0") == "1"  # opt-in until bench/glue_ab.py times it (variant gemm_pdl)
+ENABLED = os.environ.get("ASYNCRL_PDL", "0") == "1"  # opt-in: it only serves the (slower) fused layer path
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # cp.async.bulk.prefetch takes its size in 16-byte units in a 16-bit field (sm90 SASS: UBLKPF.L2 after a shift by
 # 4 and a 16-bit pack), so one prefetch covers at most 1 MiB - 16 bytes; longer slices go in chunks of this
