@@ -114,6 +114,29 @@ def fused_chain(step: Step, layers: list[dict], qkv_epilogue: bool = True) -> tu
     return h.float(), q
 
 
+def fold_layers(layers: list[dict]) -> list[dict]:
+    """Each layer's qkv and gate_up weights with the norms before them folded in (``triton_gemm.fold_norm``)."""
+    from asyncrl.engine.triton_gemm import fold_norm
+
+    return [dict(lw, qkv=fold_norm(lw["qkv"], lw["ln1"]), gate_up=fold_norm(lw["gate_up"], lw["ln2"])) for lw in layers]
+
+
+def folded_chain(step: Step, folded: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward_fused`` under ``decoder.FOLD_NORMS`` (``folded``: ``fold_layers``'s weights): qkv (its epilogue
+    included) and gate_up as plain TMA GEMMs with the row scale after the K loop."""
+    from asyncrl.engine.triton_gemm import linear_residual, norm_linear, norm_qkv_to_cache, sum_squares
+
+    h, ss = step.x, sum_squares(step.x)
+    for lw in folded:
+        q = norm_qkv_to_cache(h, ss, None, lw["qkv"], EPS, step.positions, step.cos, step.sin, lw["q_norm"],
+                              lw["k_norm"], EPS, step.H, step.Hkv, step.D, step.k_cache, step.v_cache, step.slots,
+                              folded=True)
+        h, ss = linear_residual(step.attn_out, lw["o"], h)
+        act = norm_linear(h, ss, None, lw["gate_up"], EPS, inter=step.inter, folded=True)
+        h, ss = linear_residual(act, lw["down"], h)
+    return h.float(), q
+
+
 def pdl_chain(step: Step, layers: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """``fused_chain`` with its kernels launched by programmatic dependent launch, each GEMM's weight rows prefetched
     into L2 before it waits for the kernel before (``engine/pdl.py``)."""
@@ -268,16 +291,18 @@ def main() -> int:
     out = dict(provenance(" ".join(sys.argv)), chains=[], sweeps=[])
     g = torch.Generator(device="cuda").manual_seed(0)
     layers = layer_weights(args.shape, args.layers, g)
+    folded = fold_layers(layers)
     for M in map(int, args.ms.split(",")):
         step = Step(args.shape, M, g)
         ref_h, ref_q = engine_chain(step, layers)
         row = dict(m=M, shape=args.shape)
-        for name, chain in CHAINS.items():
+        chains = dict(CHAINS, fused_folded=lambda step, _: folded_chain(step, folded))
+        for name, chain in chains.items():
             h, q = chain(step, layers)
             us = do_bench_cudagraph(lambda: chain(step, layers), rep=50) * 1e3 / args.layers
             row[name] = dict(us_per_layer=round(us, 2), max_abs_diff_last_hidden=(h - ref_h).abs().max().item(),
                              max_abs_diff_q=(q.float() - ref_q.float()).abs().max().item())
-        for name in CHAINS:
+        for name in chains:
             row[name]["x_engine"] = round(row["engine"]["us_per_layer"] / row[name]["us_per_layer"], 3)
         print(row, flush=True)
         out["chains"].append(row)

@@ -10,7 +10,9 @@ norms, residual adds, SwiGLU and the q/k norm + RoPE + K/V write inside the GEMM
 with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off); ``lmhead``: ``all`` with the
 sampling decode graphs' LM head + sampler as one kernel (``model_runner.FUSED_LM_HEAD_SAMPLER``, opt-in);
 ``gemm_lmhead``: both; ``gemm_pdl`` / ``gemm_lmhead_pdl``: those with the fused layers' kernels launched by
-programmatic dependent launch, each GEMM's weights prefetched into L2 before it waits (``engine/pdl.py``, opt-in).
+programmatic dependent launch, each GEMM's weights prefetched into L2 before it waits (``engine/pdl.py``, opt-in);
+``gemm_folded`` / ``gemm_folded_pdl``: ``gemm`` / ``gemm_pdl`` with the RMSNorm weights folded into qkv and gate_up
+(``decoder.FOLD_NORMS``, opt-in: plain TMA GEMMs, the row scale in their epilogues).
 One engine per variant (fixed KV pools, all held at once), the variant set while its engine
 captures its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads
 after one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
@@ -37,7 +39,7 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
 
 
 def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False,
-            qkv_epilogue: bool = True, fused_head: bool = False, pdl_launch: bool = False):
+            qkv_epilogue: bool = True, fused_head: bool = False, pdl_launch: bool = False, fold_norms: bool = False):
     """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
     def apply() -> None:
         triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
@@ -47,6 +49,7 @@ def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: 
         decoder.TRITON_GEMM_QKV = qkv_epilogue
         model_runner.FUSED_LM_HEAD_SAMPLER = fused_head
         pdl.ENABLED = pdl_launch
+        decoder.FOLD_NORMS = fold_norms
     return apply
 
 
@@ -56,7 +59,9 @@ VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True,
             "lmhead": variant(True, True, True, fused_head=True),
             "gemm_lmhead": variant(True, True, True, True, fused_head=True),
             "gemm_pdl": variant(True, True, True, True, pdl_launch=True),
-            "gemm_lmhead_pdl": variant(True, True, True, True, fused_head=True, pdl_launch=True)}
+            "gemm_lmhead_pdl": variant(True, True, True, True, fused_head=True, pdl_launch=True),
+            "gemm_folded": variant(True, True, True, True, fold_norms=True),
+            "gemm_folded_pdl": variant(True, True, True, True, pdl_launch=True, fold_norms=True)}
 
 
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:

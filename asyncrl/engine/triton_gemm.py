@@ -53,8 +53,12 @@ from asyncrl.engine.triton_silu import swiglu_rn  # torch's CUDA silu (expf, an 
 # 264-byte stack there), o / down 64 x 32 x 128 (5.9 / 7.5 us), gate_up + SwiGLU 64 x 32 x 64 (21.8 us; the best,
 # 64 x 128 x 64 on 8 warps, 21.6). The norm prologue is what keeps the path off: cuBLAS takes ~5.4 us for qkv and ~7.0
 # for gate_up alone (bench/RESULTS.md, session 53).
+# The folded kinds (``fold_norm``: plain TMA GEMMs, the row scale after the loop) from bench/folded_norm_gemm.py at 256
+# rows (2026-12-05, session 54): qkv 64 x 128 x 128 on 4 warps, 4 stages (5.85 us against the engine's norm kernel +
+# cuBLAS 7.48); gate_up + SwiGLU 64 x 32 x 64, 4 stages (9.5 us against 11.25); the qkv epilogue kernel as qkv.
 LAUNCH = {"norm": (64, 128, 128, 4, 3), "swiglu": (64, 32, 64, 4, 4), "residual": (64, 32, 128, 4, 4),
-          "qkv_cache": (64, 128, 128, 4, 3)}
+          "qkv_cache": (64, 128, 128, 4, 3), "folded": (64, 128, 128, 4, 4), "folded_swiglu": (64, 32, 64, 4, 4),
+          "folded_qkv_cache": (64, 128, 128, 4, 4)}
 MAX_ROWS = 512  # above it (prefill) cuBLAS's large-tile kernels win; the engine keeps its torch GEMMs there
 
 
@@ -137,13 +141,16 @@ def _normed_tile(h_desc, w, m0, k0, r, DT: tl.constexpr):
 @triton.jit
 def _norm_linear_kernel(h_desc, SS, NW, w_desc, W, B, C, M, N, K, P, eps, stride_ss, stride_c, INTER,
                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr,
-                        SWIGLU: tl.constexpr, BIAS: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr = False):
+                        SWIGLU: tl.constexpr, BIAS: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+                        FOLDED: tl.constexpr = False):
     """Program (row tile, column tile): ``C = rmsnorm(H) @ W^T`` on its tile, the row's ``rsqrt(mean(h^2) + eps)``
     from ``SS``'s P partials, the normed rows built in registers tile by tile of K; H's and W's tiles by TMA (so
     Triton's pipeliner prefetches both; H's pointer loads were not). SWIGLU: W is gate_up ``[2 INTER, K]``; the
     program also multiplies the up rows ``INTER + n`` and writes SwiGLU's product to C ``[M, INTER]``. BIAS (not
     with SWIGLU): ``B [N]`` added to the fp32 product before its rounding, as cuBLAS's bias epilogue adds it.
-    ``W``: the weight's pointer, for ``USE_PDL``'s prefetch (gate and up rows)."""
+    ``W``: the weight's pointer, for ``USE_PDL``'s prefetch (gate and up rows). FOLDED: W is ``fold_norm``'s
+    ``W diag(norm weight)`` (NW unused): H's raw tiles go to the dots as TMA loads them and the row scale ``r``
+    multiplies the fp32 product after the loop (``r * (H @ W'^T)``, then the bias and the rounding)."""
     m0 = tl.program_id(0) * BM
     m = m0 + tl.arange(0, BM)
     n0 = tl.program_id(1) * BN
@@ -152,19 +159,30 @@ def _norm_linear_kernel(h_desc, SS, NW, w_desc, W, B, C, M, N, K, P, eps, stride
     _weights_then_wait(W, n0, tl.minimum(N - n0, BN), K, USE_PDL)
     n = n0 + tl.arange(0, BN)
     live = (m < M)[:, None]
-    r = _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP)
     DT: tl.constexpr = C.dtype.element_ty
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     if SWIGLU:
         acc_up = tl.zeros([BM, BN], dtype=tl.float32)
-    nw = _norm_weights(NW, 0, K, BK)
-    for k0 in range(0, K, BK):
-        nw_next = _norm_weights(NW, k0 + BK, K, BK)
-        a = _normed_tile(h_desc, nw, m0, k0, r, DT)
-        acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
+    if FOLDED:  # a plain TMA GEMM; nothing before the loop holds back its first loads
+        for k0 in range(0, K, BK):
+            a = h_desc.load([m0, k0])
+            acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
+            if SWIGLU:
+                acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
+        r = _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP)
+        acc = acc * r
         if SWIGLU:
-            acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
-        nw = nw_next
+            acc_up = acc_up * r
+    else:
+        r = _row_rsqrt(SS, m, live, stride_ss, P, K, eps, BP)
+        nw = _norm_weights(NW, 0, K, BK)
+        for k0 in range(0, K, BK):
+            nw_next = _norm_weights(NW, k0 + BK, K, BK)
+            a = _normed_tile(h_desc, nw, m0, k0, r, DT)
+            acc = tl.dot(a, w_desc.load([n0, k0]).T, acc, input_precision=PREC)
+            if SWIGLU:
+                acc_up = tl.dot(a, w_desc.load([INTER + n0, k0]).T, acc_up, input_precision=PREC)
+            nw = nw_next
     if BIAS:
         acc += tl.load(B + n, mask=n < N, other=0.0).to(tl.float32)[None, :]
     out = cast_rn(acc, DT)
@@ -179,13 +197,14 @@ def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, W, B, POS, COS, SIN, QW, KW, 
                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                            BM: tl.constexpr, BK: tl.constexpr, BP: tl.constexpr, NORM: tl.constexpr,
                            BIAS: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, PREC: tl.constexpr,
-                           USE_PDL: tl.constexpr = False):
+                           USE_PDL: tl.constexpr = False, FOLDED: tl.constexpr = False):
     """Program (row tile, head j): head j's D columns of ``rmsnorm(H) @ W_qkv^T`` as its two halves (two dots of
     HALF columns: rotate-half RoPE pairs column i with i + HALF, so each pair sits at one place of the two
     accumulators), then ``triton_qkv._qkv_cache_kernel``'s work on them: j < H a q head (q/k norm, RoPE, to Q
     ``[M, H, D]``), j < H + HKV a k head (norm, RoPE, into KC at SLOT), else a v head (into VC). BIAS: the qkv
     bias ``B`` (Qwen2) added before the GEMM output's rounding. ``W``: the weight's pointer, for ``USE_PDL``'s
-    prefetch of the head's D rows."""
+    prefetch of the head's D rows. FOLDED: W is ``fold_norm``'s ``W diag(norm weight)``, as in
+    ``_norm_linear_kernel``."""
     m0 = tl.program_id(0) * BM
     j = tl.program_id(1)
     _weights_then_wait(W, j * D, D, K, USE_PDL)
@@ -196,17 +215,26 @@ def _norm_qkv_cache_kernel(h_desc, SS, NW, w_desc, W, B, POS, COS, SIN, QW, KW, 
     # Nothing before the loop uses them: the first tiles' TMA loads are not held back (sm90: 175 -> 236 registers
     # on 8 warps, no spills; one program an SM either way, by its shared memory)
     pos = tl.load(POS + m, mask=tmask, other=0)
-    r = _row_rsqrt(SS, m, tmask[:, None], stride_ss, P, K, eps, BP)
     DT: tl.constexpr = Q.dtype.element_ty
     acc1 = tl.zeros([BM, HALF], dtype=tl.float32)
     acc2 = tl.zeros([BM, HALF], dtype=tl.float32)
-    nw = _norm_weights(NW, 0, K, BK)
-    for k0 in range(0, K, BK):
-        nw_next = _norm_weights(NW, k0 + BK, K, BK)
-        a = _normed_tile(h_desc, nw, m0, k0, r, DT)
-        acc1 = tl.dot(a, w_desc.load([j * D, k0]).T, acc1, input_precision=PREC)
-        acc2 = tl.dot(a, w_desc.load([j * D + HALF, k0]).T, acc2, input_precision=PREC)
-        nw = nw_next
+    if FOLDED:
+        for k0 in range(0, K, BK):
+            a = h_desc.load([m0, k0])
+            acc1 = tl.dot(a, w_desc.load([j * D, k0]).T, acc1, input_precision=PREC)
+            acc2 = tl.dot(a, w_desc.load([j * D + HALF, k0]).T, acc2, input_precision=PREC)
+        r = _row_rsqrt(SS, m, tmask[:, None], stride_ss, P, K, eps, BP)
+        acc1 = acc1 * r
+        acc2 = acc2 * r
+    else:
+        r = _row_rsqrt(SS, m, tmask[:, None], stride_ss, P, K, eps, BP)
+        nw = _norm_weights(NW, 0, K, BK)
+        for k0 in range(0, K, BK):
+            nw_next = _norm_weights(NW, k0 + BK, K, BK)
+            a = _normed_tile(h_desc, nw, m0, k0, r, DT)
+            acc1 = tl.dot(a, w_desc.load([j * D, k0]).T, acc1, input_precision=PREC)
+            acc2 = tl.dot(a, w_desc.load([j * D + HALF, k0]).T, acc2, input_precision=PREC)
+            nw = nw_next
     i = tl.arange(0, HALF)
     col = i[None, :]
     mask = tmask[:, None] & (i < HALF)[None, :]
@@ -287,25 +315,48 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     return h, ss
 
 
-def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
-                inter: Optional[int] = None, bias: Optional[torch.Tensor] = None,
-                config: Optional[tuple] = None) -> torch.Tensor:
+def fold_norm(weight: torch.Tensor, norm_weight: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``W' = W diag(w)``, ``weight [N, K]`` times the RMSNorm weight ``w [K]`` per column, in fp32, rounded once to
+    W's dtype (into ``out`` in place where given: a CUDA graph's captured address keeps its meaning after a weight
+    sync). ``rmsnorm(h) @ W^T = r * (h @ W'^T)`` with ``r = rsqrt(mean(h^2) + eps)`` per row: the norm leaves the
+    GEMM's prologue (``norm_linear(..., folded=True)``)."""
+    folded = weight.float() * norm_weight.float()[None, :]
+    if out is None:
+        return folded.to(weight.dtype)
+    return out.copy_(folded)
+
+
+def _norm_kind(kind: str, folded: bool) -> str:
+    """The ``LAUNCH`` key of a norm-prologue kind ("norm", "swiglu", "qkv_cache") or of its folded form."""
+    if not folded:
+        return kind
+    return "folded" if kind == "norm" else f"folded_{kind}"
+
+
+def norm_linear(h: torch.Tensor, ss: torch.Tensor, norm_weight: Optional[torch.Tensor], weight: torch.Tensor,
+                eps: float, inter: Optional[int] = None, bias: Optional[torch.Tensor] = None,
+                config: Optional[tuple] = None, folded: bool = False) -> torch.Tensor:
     """``rmsnorm(h) @ weight^T (+ bias)`` with ``mean(h^2)`` from ``ss [T, P]`` (``linear_residual``'s partials, or
     any split of the row sums); with ``inter``: SwiGLU of a gate_up ``weight [2 inter, K]`` -> ``[T, inter]`` (no
     bias). ``h [T, K]`` and ``weight [N, K]`` TMA-ready, ``norm_weight [K]`` and ``bias [N]`` in h's dtype.
-    ``config``: (BM, BN, BK, warps, stages), default ``launch("swiglu" if inter else "norm", K, N)``."""
+    ``folded``: ``weight`` is ``fold_norm(W, norm_weight)`` (``norm_weight`` unused, may be None) and the kernel a
+    plain GEMM with the row scale in its epilogue: not the engine's roundings (the normed rows are not rounded to the
+    model dtype before the product; W' is rounded once), a different rounding of the same product.
+    ``config``: (BM, BN, BK, warps, stages), default ``launch`` of the kind ("norm" / "swiglu", "folded" /
+    "folded_swiglu")."""
     if inter is not None and bias is not None:
         raise ValueError("norm_linear: a SwiGLU projection with a bias is not supported")
     (T, K), N = h.shape, inter or weight.shape[0]
-    bm, bn, bk, warps, stages = config or launch("swiglu" if inter else "norm", K, N)
+    bm, bn, bk, warps, stages = config or launch(_norm_kind("swiglu" if inter else "norm", folded), K, N)
     out = torch.empty(T, N, dtype=h.dtype, device=h.device)
     if T:
         P = ss.shape[1]
+        nw = weight if folded else norm_weight  # folded: NW is never read
         _norm_linear_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
-            _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [bn, bk]), weight,
-            norm_weight if bias is None else bias, out, T, N, K, P, eps, ss.stride(0), out.stride(0), inter or 0,
-            BM=bm, BN=bn, BK=bk, BP=triton.next_power_of_2(P), SWIGLU=inter is not None, BIAS=bias is not None,
-            PREC=_precision(h.dtype), num_warps=warps, num_stages=stages, **_pdl_options(weight))
+            _descriptor(h, [bm, bk]), ss, nw, _descriptor(weight, [bn, bk]), weight, nw if bias is None else bias,
+            out, T, N, K, P, eps, ss.stride(0), out.stride(0), inter or 0, BM=bm, BN=bn, BK=bk,
+            BP=triton.next_power_of_2(P), SWIGLU=inter is not None, BIAS=bias is not None, PREC=_precision(h.dtype),
+            FOLDED=folded, num_warps=warps, num_stages=stages, **_pdl_options(weight))
     return out
 
 
@@ -315,16 +366,19 @@ def qkv_epilogue_fits(head_dim: int) -> bool:
     return head_dim % 2 == 0 and half >= 16 and half & (half - 1) == 0
 
 
-def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
+def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: Optional[torch.Tensor], weight: torch.Tensor,
+                      eps: float,
                       positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm_w: Optional[torch.Tensor],
                       k_norm_w: Optional[torch.Tensor], head_eps: float, num_heads: int, num_kv_heads: int,
                       head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      bias: Optional[torch.Tensor] = None, config: Optional[tuple] = None) -> torch.Tensor:
+                      bias: Optional[torch.Tensor] = None, config: Optional[tuple] = None,
+                      folded: bool = False) -> torch.Tensor:
     """``triton_qkv.qkv_to_cache(norm_linear(h, ss, norm_weight, weight, eps), ...)`` in one kernel: the layer's
     RMSNorm in the qkv GEMM's prologue, the q/k norm + RoPE + K/V cache write in its epilogue -> q ``[T, H, D]``;
     k and v land in the caches at ``slot_mapping``. ``bias``: the qkv bias (Qwen2) or None. ``h`` and ``weight [(H
     + 2 Hkv) D, K]`` TMA-ready, heads as ``qkv_epilogue_fits`` says, the rest as ``qkv_to_cache`` takes them.
-    ``config``: (BM, -, BK, warps, stages), default ``launch("qkv_cache", K, N)`` (the column tile is the head)."""
+    ``folded``: ``weight`` is ``fold_norm(W_qkv, norm_weight)``, as in ``norm_linear``. ``config``: (BM, -, BK,
+    warps, stages), default ``launch("qkv_cache" / "folded_qkv_cache", K, N)`` (the column tile is the head)."""
     (T, K), D = h.shape, head_dim
     if not qkv_epilogue_fits(D) or weight.shape[0] != (num_heads + 2 * num_kv_heads) * D:
         raise ValueError(f"norm_qkv_to_cache: weight {tuple(weight.shape)} is not [(H + 2 Hkv) * D, K] with D / 2 a "
@@ -333,17 +387,18 @@ def norm_qkv_to_cache(h: torch.Tensor, ss: torch.Tensor, norm_weight: torch.Tens
     q = torch.empty(T, num_heads, D, dtype=h.dtype, device=h.device)
     if T == 0:
         return q
-    bm, _, bk, warps, stages = config or launch("qkv_cache", K, weight.shape[0])
+    bm, _, bk, warps, stages = config or launch(_norm_kind("qkv_cache", folded), K, weight.shape[0])
     norm = q_norm_w is not None
     P, half = ss.shape[1], D // 2
+    nw = weight if folded else norm_weight  # folded: NW is never read
     _norm_qkv_cache_kernel[(triton.cdiv(T, bm), num_heads + 2 * num_kv_heads)](
-        _descriptor(h, [bm, bk]), ss, norm_weight, _descriptor(weight, [half, bk]), weight,
-        norm_weight if bias is None else bias, positions, cos, sin, q_norm_w if norm else cos,
+        _descriptor(h, [bm, bk]), ss, nw, _descriptor(weight, [half, bk]), weight, nw if bias is None else bias,
+        positions, cos, sin, q_norm_w if norm else cos,
         k_norm_w if norm else cos, q, k_cache, v_cache, slot_mapping, T, K, P, eps, head_eps, ss.stride(0),
         q.stride(0), q.stride(1), cos.stride(0), k_cache.stride(1), k_cache.stride(2), H=num_heads,
         HKV=num_kv_heads, D=D, HALF=half, BM=bm, BK=bk, BP=triton.next_power_of_2(P), NORM=norm,
         BIAS=bias is not None, FP8=k_cache.dtype == FP8_KV, FP8_MAX=FP8_KV_MAX, PREC=_precision(h.dtype),
-        num_warps=warps, num_stages=stages, **_pdl_options(weight))
+        FOLDED=folded, num_warps=warps, num_stages=stages, **_pdl_options(weight))
     return q
 
 

@@ -129,6 +129,79 @@ def test_norm_qkv_to_cache_is_the_gemm_then_the_qkv_kernel(dtype, cache_dtype, H
     assert torch.equal(raw(v_new).flatten(0, 1)[untouched], raw(old_v).flatten(0, 1)[untouched])
 
 
+def _mean_error(got: torch.Tensor, truth: torch.Tensor) -> float:
+    return (got.double() - truth).abs().mean().item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,K,N,inter,bias", [(3, 64, 128, None, False), (70, 128, 80, None, True),
+                                              (37, 128, None, 48, False)])
+def test_folded_norm_linear_is_rmsnorm_then_the_gemm(dtype, T, K, N, inter, bias):
+    """``folded=True`` with ``fold_norm``'s weight computes the same product as the norm prologue: fp32 within a few
+    ulps of the engine's path; bf16 (another rounding of it) no further from the float64 truth than the engine's
+    path, on average. SwiGLU and a bias (added after the row scale, as it is not normalised) included."""
+    from asyncrl.engine.triton_gemm import fold_norm
+
+    x, w_in, res = _tensors(T, K, K, dtype, 5 + T)
+    h, ss = linear_residual(x, w_in, res)
+    g = torch.Generator().manual_seed(K + T)
+    nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE, dtype)
+    w = (torch.randn(2 * inter if inter else N, K, generator=g) / K ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(N, generator=g).to(DEVICE, dtype) if bias else None
+    got = norm_linear(h, ss, None, fold_norm(w, nw), 1e-6, inter=inter, bias=b, folded=True)
+    engine = norm_linear(h, ss, nw, w, 1e-6, inter=inter, bias=b)
+    hd = h.double()
+    normed = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+    truth = F.linear(normed, w.double(), None if b is None else b.double())
+    if inter:
+        truth = F.silu(truth[:, :inter]) * truth[:, inter:]
+    assert got.shape == engine.shape == truth.shape and got.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, engine, rtol=1e-5, atol=1e-5)
+    else:
+        assert not torch.equal(got, engine)  # a different rounding: the flag is not a no-op
+        assert _mean_error(got, truth) <= 1.25 * _mean_error(engine, truth)
+
+
+def test_fold_norm_scales_columns_and_refills_in_place():
+    from asyncrl.engine.triton_gemm import fold_norm
+
+    w = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.bfloat16)
+    nw = torch.tensor([0.5, 2.0, 1.0], dtype=torch.bfloat16)
+    out = fold_norm(w, nw)
+    assert out.dtype == torch.bfloat16 and out.tolist() == [[0.5, 4.0, 3.0], [2.0, 10.0, 6.0]]
+    again = fold_norm(w * 2, nw, out)
+    assert again is out and out.tolist() == [[1.0, 8.0, 6.0], [4.0, 20.0, 12.0]]
+
+
+@pytest.mark.parametrize("D,norm,bias", [(32, True, False), (64, False, True)])
+def test_folded_norm_qkv_to_cache_is_the_norm_prologues(D, norm, bias):
+    """The qkv epilogue kernel on the folded weight: q and both caches as the norm-prologue kernel writes them (fp32)."""
+    from asyncrl.engine.triton_gemm import fold_norm, norm_qkv_to_cache
+
+    H, Hkv, T, K, blocks, page = 4, 2, 9, 64, 8, 4
+    x, w_o, res = _tensors(T, K, K, torch.float32, D)
+    h, ss = linear_residual(x, w_o, res)
+    g = torch.Generator().manual_seed(D)
+    nw = (torch.rand(K, generator=g) + 0.5).to(DEVICE)
+    w = (torch.randn((H + 2 * Hkv) * D, K, generator=g) / K ** 0.5 * 3).to(DEVICE)
+    qw, kw = ((torch.rand(2, D, generator=g) + 0.5).to(DEVICE) if norm else (None, None))
+    b = torch.randn(w.shape[0], generator=g).to(DEVICE) if bias else None
+    positions = torch.randint(0, 64, (T,), generator=g).to(DEVICE)
+    slots = torch.randperm((blocks + 1) * page, generator=g)[:T].to(DEVICE)
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, dtype=torch.float) / D))
+    emb = torch.outer(torch.arange(64, dtype=torch.float), inv).repeat(1, 2)
+    cos, sin = emb.cos().to(DEVICE), emb.sin().to(DEVICE)
+    caches = [torch.zeros(2, blocks + 1, page, Hkv, D, device=DEVICE) for _ in range(2)]
+    args = (positions, cos, sin, qw, kw, 1e-5, H, Hkv, D)
+    q_ref = norm_qkv_to_cache(h, ss, nw, w, 1e-6, *args, caches[0][0], caches[0][1], slots, bias=b)
+    q = norm_qkv_to_cache(h, ss, None, fold_norm(w, nw), 1e-6, *args, caches[1][0], caches[1][1], slots, bias=b,
+                          folded=True)
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(caches[1], caches[0], rtol=1e-5, atol=1e-5)
+    assert caches[1].abs().sum() > 0
+
+
 def test_launch_fits_k_and_n():
     assert launch("residual", 1024, 1024) == (64, 32, 128, 4, 4)
     assert launch("norm", 48, 96)[1:3] == (64, 16)  # 96 columns: 64-wide tiles; K 48: 16-deep tiles
@@ -182,6 +255,44 @@ def test_engine_layers_through_the_fused_gemms_give_the_same_tokens(tiny_dirs, m
     else:  # the prefill, then the 9 decode steps of 3 rows
         assert calls == prefill + [3] * (2 * layers * 9)
     _same_completions(off, on)
+
+
+def test_folded_norms_give_the_same_tokens_and_follow_weight_syncs(tiny_dirs, hf_models, monkeypatch):
+    """``FOLD_NORMS`` (with ``TRITON_GEMM``): the torch path's greedy tokens and log-probs (fp32); a weight sync
+    refolds the copies in place, so the engine then equals a fresh engine built on the new weights, and the old
+    weights sent back restore the first outputs."""
+    from asyncrl.engine import triton_gemm
+
+    hf = hf_models["qwen3"]
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
+    off = _greedy(_engine(tiny_dirs["qwen3"]))
+    folded_calls = []
+    made = triton_gemm.norm_linear
+    monkeypatch.setattr(triton_gemm, "norm_linear",
+                        lambda *a, **k: folded_calls.append(k.get("folded")) or made(*a, **k))
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    monkeypatch.setattr(decoder, "FOLD_NORMS", True)
+    llm = _engine(tiny_dirs["qwen3"])
+    first = _greedy(llm)
+    _same_completions(off, first)
+    assert folded_calls and all(folded_calls)
+    layer = llm.runner.model.model.layers[0]
+    address = layer.folded_weights()[0].data_ptr()
+    original = {n: t.clone() for n, t in hf.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    moved = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in original.items()}
+    llm.update_weights(moved.items(), version=1)
+    assert layer.folded_weights()[0].data_ptr() == address
+    expected = triton_gemm.fold_norm(layer.self_attn.qkv_proj.weight, layer.input_layernorm.weight)
+    assert torch.equal(layer.folded_weights()[0], expected)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
+    fresh = _engine(tiny_dirs["qwen3"])
+    fresh.update_weights(moved.items(), version=1)
+    reference = _greedy(fresh)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    _same_completions(reference, _greedy(llm))
+    llm.update_weights(original.items(), version=2)
+    _same_completions(first, _greedy(llm))
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +376,8 @@ def test_the_benchs_chains_compute_the_same_layers(monkeypatch):
     layers = bench.layer_weights("tiny", 3, g, torch.float32)
     step = bench.Step("tiny", 5, g, torch.float32)
     want_h, want_q = bench.engine_chain(step, layers)
-    for chain in bench.CHAINS.values():
+    folded = bench.fold_layers(layers)
+    for chain in [*bench.CHAINS.values(), lambda step, _: bench.folded_chain(step, folded)]:
         h, q = chain(step, layers)
         torch.testing.assert_close(h, want_h, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(q, want_q, rtol=1e-5, atol=1e-5)

@@ -132,6 +132,12 @@ TRITON_GEMM = False
 # With TRITON_GEMM and the fused K/V write: the q/k norm + RoPE + K/V write in the qkv GEMM's epilogue (five kernels a
 # layer); off: triton_qkv's own kernel after the GEMM (benchmarks flip it to time the epilogue alone)
 TRITON_GEMM_QKV = True
+# With TRITON_GEMM: each RMSNorm weight folded into the projection after it (``triton_gemm.fold_norm``: W diag(w), kept
+# per layer and re-folded in place on every weight load), so qkv and gate_up run as plain TMA GEMMs with the row scale
+# in their epilogues instead of building the normed rows in registers (the prologue that doubled them). Another
+# rounding of the same product, not the engine's / HF's roundings; costs a second copy of those two weights
+# (bench/RESULTS.md, issue 23, session 54). Off until an A/B adopts it.
+FOLD_NORMS = False
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # the Triton interpreter runs the kernels on CPU (tests)
 
 
@@ -206,20 +212,23 @@ class Attention(nn.Module):
         return self.q_norm.weight, self.k_norm.weight
 
     def attend_normed(self, h: torch.Tensor, ss: torch.Tensor, norm: "RMSNorm", positions: torch.Tensor,
-                      rope: RotaryEmbedding, meta: AttentionMetadata) -> torch.Tensor:
+                      rope: RotaryEmbedding, meta: AttentionMetadata,
+                      folded: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``attend(qkv_proj(norm(h)))`` with the norm in the qkv GEMM's prologue (``triton_gemm``; ``ss [T, P]``:
-        h's row sums of squares in partials) and, where the K/V write is fused (``fused_kv_write``) and
+        h's row sums of squares in partials; ``folded``: the qkv weight with the norm's weight folded in, the row
+        scale in the epilogue instead) and, where the K/V write is fused (``fused_kv_write``) and
         ``TRITON_GEMM_QKV`` is on, the q/k norm + RoPE + cache write in its epilogue -> ``[T, H D]``."""
         from asyncrl.engine import triton_gemm  # Triton: only where it runs
 
+        weight = self.qkv_proj.weight if folded is None else folded
+        fold = dict(folded=folded is not None, bias=self.qkv_proj.bias)
         if not (self.fused_kv_write and TRITON_GEMM_QKV and triton_gemm.qkv_epilogue_fits(self.head_dim)):
-            qkv = triton_gemm.norm_linear(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, bias=self.qkv_proj.bias)
+            qkv = triton_gemm.norm_linear(h, ss, norm.weight, weight, norm.eps, **fold)
             return self.attend(qkv, positions, rope, meta)
         qn, kn = self.qk_norm_weights()
-        q = triton_gemm.norm_qkv_to_cache(h, ss, norm.weight, self.qkv_proj.weight, norm.eps, positions, rope.cos,
-                                          rope.sin, qn, kn, self.eps, self.num_heads, self.num_kv_heads,
-                                          self.head_dim, self.k_cache, self.v_cache, meta.slot_mapping,
-                                          bias=self.qkv_proj.bias)
+        q = triton_gemm.norm_qkv_to_cache(h, ss, norm.weight, weight, norm.eps, positions, rope.cos, rope.sin, qn, kn,
+                                          self.eps, self.num_heads, self.num_kv_heads, self.head_dim, self.k_cache,
+                                          self.v_cache, meta.slot_mapping, **fold)
         return attend_cached(q, self.k_cache, self.v_cache, meta, self.scale).reshape(h.shape[0], self.q_size)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
@@ -259,6 +268,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(c, tp)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        # (qkv, gate_up) weights with the norms before them folded in (FOLD_NORMS): made at the first folded forward
+        # (a CUDA-graph warm-up runs eagerly before its capture), refolded in place by every weight load
+        self._folded: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def forward(self, x, residual, positions, rope, meta):
         """Pre-norm block over a separate residual stream (the add fused into the norms):
@@ -277,11 +289,32 @@ class DecoderLayer(nn.Module):
         from asyncrl.engine.triton_gemm import linear_residual, norm_linear  # Triton: only where it runs
 
         attn, mlp = self.self_attn, self.mlp
-        o = attn.attend_normed(h, ss, self.input_layernorm, positions, rope, meta)
+        qkv_w, gate_up_w = self.folded_weights() if FOLD_NORMS else (None, None)
+        o = attn.attend_normed(h, ss, self.input_layernorm, positions, rope, meta, folded=qkv_w)
         h, ss = linear_residual(o, attn.o_proj.weight, h)
         norm = self.post_attention_layernorm
-        act = norm_linear(h, ss, norm.weight, mlp.gate_up_proj.weight, norm.eps, inter=mlp.inter)
+        act = norm_linear(h, ss, norm.weight, mlp.gate_up_proj.weight if gate_up_w is None else gate_up_w, norm.eps,
+                          inter=mlp.inter, folded=gate_up_w is not None)
         return linear_residual(act, mlp.down_proj.weight, h)
+
+    def folded_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(W_qkv diag(w_in), W_gate_up diag(w_post))`` (``triton_gemm.fold_norm``), made on first use."""
+        if self._folded is None:
+            self._folded = self._fold()
+        return self._folded
+
+    def refold(self) -> None:
+        """After a weight load: the folded weights (where made) from the new weights, in place (the addresses a
+        CUDA graph captured stay valid)."""
+        if self._folded is not None:
+            self._fold(self._folded)
+
+    def _fold(self, out=(None, None)) -> tuple[torch.Tensor, torch.Tensor]:
+        from asyncrl.engine.triton_gemm import fold_norm  # torch only, but beside its kernels
+
+        with torch.inference_mode():
+            return (fold_norm(self.self_attn.qkv_proj.weight, self.input_layernorm.weight, out[0]),
+                    fold_norm(self.mlp.gate_up_proj.weight, self.post_attention_layernorm.weight, out[1]))
 
     def fits_fused_gemms(self, dtype: torch.dtype) -> bool:
         """Whether ``forward_fused`` computes this layer: a plain dense layer (no MoE / hybrid subclass), its four
@@ -430,4 +463,7 @@ class CausalLM(nn.Module):
             else:
                 loader(param_name, tensor, shard, name)
             n += 1
+        for module in modules.values():  # FOLD_NORMS' copies follow the weights just loaded
+            if isinstance(module, DecoderLayer):
+                module.refold()
         return n
