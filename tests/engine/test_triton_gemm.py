@@ -176,7 +176,8 @@ def test_fold_norm_scales_columns_and_refills_in_place():
 
 @pytest.mark.parametrize("D,norm,bias", [(32, True, False), (64, False, True)])
 def test_folded_norm_qkv_to_cache_is_the_norm_prologues(D, norm, bias):
-    """The qkv epilogue kernel on the folded weight: q and both caches as the norm-prologue kernel writes them (fp32)."""
+    """The qkv epilogue kernel on the folded weight: q and both caches as the norm-prologue kernel writes them
+    (fp32)."""
     from asyncrl.engine.triton_gemm import fold_norm, norm_qkv_to_cache
 
     H, Hkv, T, K, blocks, page = 4, 2, 9, 64, 8, 4
