@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.engine import LLM  # noqa: E402
 from asyncrl.engine.bench import SHAPES, build_random_hf, provenance, workload_c, write_json  # noqa: E402
+from asyncrl.engine.models import decoder  # noqa: E402
 from asyncrl.types import SamplingParams  # noqa: E402
 
 
@@ -51,7 +52,12 @@ ROWS = {  # engine options of each row
     "fp8_kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},       # both
     "fp8_channel": {"quantization": "fp8", "fp8_scaling": "channel"},  # per-channel x per-token FP8 weights
     "fp8_channel_kv": {"quantization": "fp8", "fp8_scaling": "channel", "kv_cache_dtype": "fp8"},
+    "bf16_folded": {},                                                # the decode layers with FOLD_NORMS (below)
+    "kv_fp8_folded": {"kv_cache_dtype": "fp8"},
 }
+# module switches of ``models.decoder`` a row runs under (set while its engine is built, runs and is measured)
+DECODER_FLAGS = {"bf16_folded": dict(TRITON_GEMM=True, FOLD_NORMS=True),
+                 "kv_fp8_folded": dict(TRITON_GEMM=True, FOLD_NORMS=True)}
 
 
 def sync(device: str) -> None:
@@ -195,11 +201,18 @@ def main(argv=None) -> int:
             results["gemm"] = dict(error=f"{type(err).__name__}: {err}")
         print("gemm", json.dumps(results["gemm"]), flush=True)
     for name in args.rows.split(","):
+        flags = DECODER_FLAGS.get(name, {})
+        saved = {k: getattr(decoder, k) for k in flags}
         try:  # one failing row (a kernel this GPU lacks) still leaves the others' numbers
+            for k, v in flags.items():
+                setattr(decoder, k, v)
             row = run_row(hf, ROWS[name], dict(dtype=dtype, device=dev, max_model_len=max_len),
                           (a_prompts, a_params), (c_prompts, c_params), args)
         except Exception as err:  # noqa: BLE001 - reported in the results, the run goes on
             row = dict(error=f"{type(err).__name__}: {err}")
+        finally:
+            for k, v in saved.items():
+                setattr(decoder, k, v)
         results["rows"][name] = row
         print(name, json.dumps(row), flush=True)
     ok = {name: r for name, r in results["rows"].items() if "error" not in r}
