@@ -239,15 +239,19 @@ def offline(shape: str, pdl: bool = False) -> list[dict]:
     rows = []
     for name, kind, K, N in (("qkv", "norm", hidden, qkv), ("qkv epilogue", "qkv_cache", hidden, qkv),
                              ("gate_up", "swiglu", hidden, inter), ("o", "residual", H * D, hidden),
-                             ("down", "residual", inter, hidden)):
+                             ("down", "residual", inter, hidden), ("qkv folded", "folded", hidden, qkv),
+                             ("qkv epilogue folded", "folded_qkv_cache", hidden, qkv),
+                             ("gate_up folded", "folded_swiglu", hidden, inter)):
         bm, bn, bk, warps, stages = tg.launch(kind, K, N)
         consts = dict(BM=bm, BK=bk, PREC="tf32", USE_PDL=pdl)
+        if kind != "residual":
+            consts["FOLDED"] = kind.startswith("folded")
         h_desc = f"tensordesc<bf16[{bm}, {bk}]>"
         if kind == "residual":
             kernel, consts["BN"] = tg._linear_residual_kernel, bn
             sig = dict(a_desc=h_desc, w_desc=f"tensordesc<bf16[{bn}, {bk}]>", W="*bf16", RES="*bf16", H="*bf16",
                        SS="*fp32", M="i32", N="i32", K="i32", stride_res="i32", stride_h="i32", stride_ss="i32")
-        elif name == "qkv epilogue":
+        elif name.startswith("qkv epilogue"):
             kernel, bn = tg._norm_qkv_cache_kernel, D
             consts |= dict(H=H, HKV=Hkv, D=D, HALF=D // 2, BP=32, NORM=True, BIAS=False, FP8=False, FP8_MAX=448.0)
             sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{D // 2}, {bk}]>", W="*bf16",
@@ -257,7 +261,7 @@ def offline(shape: str, pdl: bool = False) -> list[dict]:
                        stride_qt="i32", stride_qh="i32", stride_rope="i32", stride_cs="i32", stride_ch="i32")
         else:
             kernel = tg._norm_linear_kernel
-            consts |= dict(BN=bn, BP=32, SWIGLU=kind == "swiglu", BIAS=False)
+            consts |= dict(BN=bn, BP=32, SWIGLU=kind.endswith("swiglu"), BIAS=False)
             sig = dict(h_desc=h_desc, SS="*fp32", NW="*bf16", w_desc=f"tensordesc<bf16[{bn}, {bk}]>", W="*bf16",
                        B="*bf16", C="*bf16", M="i32", N="i32", K="i32", P="i32", eps="fp32", stride_ss="i32",
                        stride_c="i32", INTER="i32")
