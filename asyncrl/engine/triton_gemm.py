@@ -30,6 +30,11 @@ to the next GEMM; SwiGLU's ``round(round(silu(round(gate))) * round(up))``. Left
 sum (P partials of N / P values; a few fp32 ulps of rsqrt, inside one rounding of the model dtype) and the GEMMs' K
 order. fp32 models multiply in IEEE fp32 (``input_precision="ieee"``), as torch does by default, not in TF32.
 
+Folded norms (``decoder.FOLD_NORMS``, opt-in): ``rmsnorm(h) @ W^T = r * (h @ (W diag(w))^T)`` with ``r =
+rsqrt(mean(h^2) + eps)`` per row, so with ``fold_norm``'s ``W' = W diag(w)`` kept beside each qkv / gate_up weight the
+two norm kernels become plain TMA GEMMs that scale their fp32 product by ``r`` after the K loop (``folded=True``).
+Another rounding of the same product: the normed rows are never rounded to the model dtype, and W' is rounded once.
+
 Under ``engine/pdl.py`` (opt-in) each kernel launches by programmatic dependent launch: its first row tile's
 programs prefetch the weight rows they multiply into L2, then every program waits for the kernel before and lets the
 next one launch (``_weights_then_wait``), so a GEMM's weights stream during the previous kernel's tail.
