@@ -11,8 +11,9 @@ with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off
 sampling decode graphs' LM head + sampler as one kernel (``model_runner.FUSED_LM_HEAD_SAMPLER``, opt-in);
 ``gemm_lmhead``: both; ``gemm_pdl`` / ``gemm_lmhead_pdl``: those with the fused layers' kernels launched by
 programmatic dependent launch, each GEMM's weights prefetched into L2 before it waits (``engine/pdl.py``, opt-in);
-``gemm_folded`` / ``gemm_folded_pdl``: ``gemm`` / ``gemm_pdl`` with the RMSNorm weights folded into qkv and gate_up
-(``decoder.FOLD_NORMS``, opt-in: plain TMA GEMMs, the row scale in their epilogues).
+``gemm_folded`` / ``gemm_folded_noqkv`` / ``gemm_folded_pdl``: ``gemm`` / ``gemm_noqkv`` / ``gemm_pdl`` with the
+RMSNorm weights folded into qkv and gate_up (``decoder.FOLD_NORMS``, opt-in: plain TMA GEMMs, the row scale in their
+epilogues).
 One engine per variant (fixed KV pools, all held at once), the variant set while its engine
 captures its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads
 after one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
@@ -61,6 +62,7 @@ VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True,
             "gemm_pdl": variant(True, True, True, True, pdl_launch=True),
             "gemm_lmhead_pdl": variant(True, True, True, True, fused_head=True, pdl_launch=True),
             "gemm_folded": variant(True, True, True, True, fold_norms=True),
+            "gemm_folded_noqkv": variant(True, True, True, True, False, fold_norms=True),
             "gemm_folded_pdl": variant(True, True, True, True, pdl_launch=True, fold_norms=True)}
 
 
