@@ -52,12 +52,17 @@ ROWS = {  # engine options of each row
     "fp8_kv": {"quantization": "fp8", "kv_cache_dtype": "fp8"},       # both
     "fp8_channel": {"quantization": "fp8", "fp8_scaling": "channel"},  # per-channel x per-token FP8 weights
     "fp8_channel_kv": {"quantization": "fp8", "fp8_scaling": "channel", "kv_cache_dtype": "fp8"},
-    "bf16_folded": {},                                                # the decode layers with FOLD_NORMS (below)
+    "bf16_folded": {},                                                # the decode layers with FOLD_NORMS forced (below)
     "kv_fp8_folded": {"kv_cache_dtype": "fp8"},
+    "bf16_torch_gemm": {},                                            # torch's GEMMs and glue kernels (below)
+    "kv_fp8_torch_gemm": {"kv_cache_dtype": "fp8"},
 }
-# module switches of ``models.decoder`` a row runs under (set while its engine is built, runs and is measured)
+# module switches of ``models.decoder`` a row runs under (set while its engine is built, runs and is measured); the
+# other rows take the engine's defaults (on Hopper the folded fused GEMMs: ``decoder.TRITON_GEMM`` None)
 DECODER_FLAGS = {"bf16_folded": dict(TRITON_GEMM=True, FOLD_NORMS=True),
-                 "kv_fp8_folded": dict(TRITON_GEMM=True, FOLD_NORMS=True)}
+                 "kv_fp8_folded": dict(TRITON_GEMM=True, FOLD_NORMS=True),
+                 "bf16_torch_gemm": dict(TRITON_GEMM=False),
+                 "kv_fp8_torch_gemm": dict(TRITON_GEMM=False)}
 
 
 def sync(device: str) -> None:

@@ -5,15 +5,16 @@
 Variants (the first is the baseline): ``before``: one token per qkv program on one warp, the compiled torch
 SiLU and RMSNorm (Inductor), the engine until 2026-12-04 session 48; ``silu``: the Triton SiLU only;
 ``both``: the tiled qkv launch and the Triton SiLU; ``all``: those and the Triton RMSNorm, the engine's
-default now; ``gemm``: ``all`` with the decode layers' GEMMs through ``triton_gemm`` (``decoder.TRITON_GEMM``: the
-norms, residual adds, SwiGLU and the q/k norm + RoPE + K/V write inside the GEMMs; opt-in); ``gemm_noqkv``: the same
+default off Hopper (torch's GEMMs); ``gemm``: ``all`` with the decode layers' GEMMs through ``triton_gemm``
+(``decoder.TRITON_GEMM``: the norms, residual adds, SwiGLU and the q/k norm + RoPE + K/V write inside the GEMMs,
+the norms in the GEMMs' prologues); ``gemm_noqkv``: the same
 with ``triton_qkv``'s kernel after the qkv GEMM (``decoder.TRITON_GEMM_QKV`` off); ``lmhead``: ``all`` with the
 sampling decode graphs' LM head + sampler as one kernel (``model_runner.FUSED_LM_HEAD_SAMPLER``, opt-in);
 ``gemm_lmhead``: both; ``gemm_pdl`` / ``gemm_lmhead_pdl``: those with the fused layers' kernels launched by
 programmatic dependent launch, each GEMM's weights prefetched into L2 before it waits (``engine/pdl.py``, opt-in);
 ``gemm_folded`` / ``gemm_folded_noqkv`` / ``gemm_folded_pdl``: ``gemm`` / ``gemm_noqkv`` / ``gemm_pdl`` with the
-RMSNorm weights folded into qkv and gate_up (``decoder.FOLD_NORMS``, opt-in: plain TMA GEMMs, the row scale in their
-epilogues).
+RMSNorm weights folded into qkv and gate_up (``decoder.FOLD_NORMS``: plain TMA GEMMs, the row scale in their
+epilogues); ``gemm_folded`` is the engine's default on Hopper (session 57).
 One engine per variant (fixed KV pools, all held at once), the variant set while its engine
 captures its CUDA graphs and before each of its runs, interleaved repeats of ``asyncrl bench rollout``'s workloads
 after one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
@@ -54,6 +55,10 @@ def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: 
     return apply
 
 
+# every module switch a variant sets (``variant``), restored after the A/B
+SWITCHES = {triton_qkv: ("qkv_launch",), model_runner: ("FUSED_LM_HEAD_SAMPLER",), pdl: ("ENABLED",),
+            decoder: ("TRITON_SILU", "TRITON_NORM", "TRITON_GEMM", "TRITON_GEMM_QKV", "FOLD_NORMS")}
+
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
             "both": variant(True, True, False), "all": variant(True, True, True),
             "gemm": variant(True, True, True, True), "gemm_noqkv": variant(True, True, True, True, False),
@@ -69,10 +74,13 @@ VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True,
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:
     from asyncrl.engine.bench import workloads_ab
 
+    saved = {m: {k: getattr(m, k) for k in keys} for m, keys in SWITCHES.items()}
     try:
         return workloads_ab({n: VARIANTS[n] for n in names}, kv_dtypes, blocks, repeats)
-    finally:
-        variant(True, True, True)()
+    finally:  # the engine's defaults back
+        for module, values in saved.items():
+            for k, v in values.items():
+                setattr(module, k, v)
 
 
 def main() -> int:

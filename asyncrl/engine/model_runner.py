@@ -114,6 +114,7 @@ class ModelRunner:
         # hybrid prefill on GPU: FLA's varlen kernel over the packed tokens (metadata built on the host)
         self.packed_state_prefill = bool(linear) and self.is_cuda and fla_available()
         self.kv_budget: Optional[KvBudget] = None  # GPU sizing from memory: its numbers
+        self.folded_weight_bytes = self._prepare_fused_gemms()  # also before the sizing: the pool leaves them room
         self.num_blocks = self._num_kv_blocks()
         if self.tp.size > 1:  # one block table for all ranks: the count that fits on every GPU
             self.num_blocks = self.tp.comm.min_int(self.num_blocks)
@@ -160,6 +161,17 @@ class ModelRunner:
     def _attention_layers(self) -> list:
         """The layers with a K/V cache (all of them, but the full-attention ones of a hybrid model)."""
         return [layer.self_attn for layer in self.model.model.layers if hasattr(layer, "self_attn")]
+
+    def _prepare_fused_gemms(self) -> int:
+        """The decoder's folded qkv / gate_up weights (``decoder.FOLD_NORMS``), made now on a GPU where the decode
+        layers will fold: -> their bytes (0 where none)."""
+        prepare = getattr(getattr(self.model, "model", None), "prepare_fused_gemms", None)
+        if not (self.is_cuda and prepare):
+            return 0
+        made = prepare(self.dtype, self.device)
+        if made:
+            logger.info("folded decode weights (decoder.FOLD_NORMS): %.2f GiB", made / 2**30)
+        return made
 
     def _block_bytes(self) -> int:
         per_layer = self.block_size * self.num_kv_heads * self.model.config.head_dim * self.kv_dtype.itemsize

@@ -1,9 +1,12 @@
 """A decode layer's four GEMMs with its glue inside them: the residual add and the RMSNorm statistics in the epilogue
 of the GEMM that ends a sub-block (o_proj, down_proj), the RMSNorm itself in the prologue of the GEMM that starts the
 next one (qkv_proj, gate_up_proj), SwiGLU in gate_up's epilogue, and the q/k norm + RoPE + K/V cache write in qkv's
-epilogue. Opt-in (``decoder.TRITON_GEMM``, off): timed on an H200 (2026-12-05), a layer through these kernels takes
-0.72x the engine's (the norm prologue: qkv 11.7 us, gate_up + SwiGLU 21.8, against cuBLAS's ~5.4 and ~7.0 alone), and
-workload (a) end to end 0.93x, (c) 0.90x. The residual epilogues match cuBLAS (o 5.9 us, down 7.5).
+epilogue. On by default on Hopper with the norms folded (``decoder.TRITON_GEMM`` None + ``FOLD_NORMS``, below):
+workload (a) end to end 1.023x on an H100 (bf16 K/V; every interleaved repeat >= 1.02x), 1.018-1.023x with an FP8 K/V
+cache, (c) 1.00x (bench/RESULTS.md, issue 23, session 57). With the norm in the prologue instead (``FOLD_NORMS`` off)
+a layer takes 0.72x the engine's on an H200 (qkv 11.7 us, gate_up + SwiGLU 21.8, against cuBLAS's ~5.4 and ~7.0
+alone) and (a) 0.93x, (c) 0.90x, so that form is not the default. The residual epilogues match cuBLAS (o 5.9 us,
+down 7.5).
 
 Why: at a decode step's few hundred rows every GEMM is latency-bound (~6-7 us on an H200 for Qwen3-0.6B's shapes,
 ``bench/blas_choice.py``) and a layer runs four glue kernels beside its four GEMMs (two residual add + RMSNorm,
@@ -30,10 +33,12 @@ to the next GEMM; SwiGLU's ``round(round(silu(round(gate))) * round(up))``. Left
 sum (P partials of N / P values; a few fp32 ulps of rsqrt, inside one rounding of the model dtype) and the GEMMs' K
 order. fp32 models multiply in IEEE fp32 (``input_precision="ieee"``), as torch does by default, not in TF32.
 
-Folded norms (``decoder.FOLD_NORMS``, opt-in): ``rmsnorm(h) @ W^T = r * (h @ (W diag(w))^T)`` with ``r =
+Folded norms (``decoder.FOLD_NORMS``, on): ``rmsnorm(h) @ W^T = r * (h @ (W diag(w))^T)`` with ``r =
 rsqrt(mean(h^2) + eps)`` per row, so with ``fold_norm``'s ``W' = W diag(w)`` kept beside each qkv / gate_up weight the
 two norm kernels become plain TMA GEMMs that scale their fp32 product by ``r`` after the K loop (``folded=True``).
-Another rounding of the same product: the normed rows are never rounded to the model dtype, and W' is rounded once.
+Another rounding of the same product: the normed rows are never rounded to the model dtype, and W' is rounded once
+(the mean |log-prob - HF's| at workload (a) 0.007374 against the unfolded engine's 0.007348). The copies cost the two
+weights' bytes again (~0.6 GB at 0.6B, ~9 GB at 8B), made before the KV pool is sized.
 
 Under ``engine/pdl.py`` (opt-in) each kernel launches by programmatic dependent launch: its first row tile's
 programs prefetch the weight rows they multiply into L2, then every program waits for the kernel before and lets the

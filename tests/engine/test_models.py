@@ -79,3 +79,30 @@ def test_in_memory_model_stops_at_the_same_eos_list_as_its_directory(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(path)
     assert make_llm(path).eos_token_ids == [3, 5]
     assert make_llm(hf).eos_token_ids == [3, 5]  # was [3]: the module's generation_config was ignored
+
+
+def test_fused_gemms_default_to_hopper_with_folded_norms(monkeypatch):
+    """``decoder.TRITON_GEMM = None`` (the default) turns the fused decode GEMMs on only where they were measured
+    faster: CUDA compute capability 9.x with ``FOLD_NORMS``; True forces them on any CUDA device, False turns them
+    off; a CPU never takes them outside the Triton interpreter."""
+    from asyncrl.engine.models import decoder
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    monkeypatch.setattr(decoder, "_INTERPRET", False)
+    assert decoder.TRITON_GEMM is None and decoder.FOLD_NORMS
+    assert decoder.fused_gemms_enabled(cuda) and not decoder.fused_gemms_enabled(cpu)
+    capability[0] = (8, 0)
+    assert not decoder.fused_gemms_enabled(cuda)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    assert decoder.fused_gemms_enabled(cuda) and not decoder.fused_gemms_enabled(cpu)
+    monkeypatch.setattr(decoder, "_INTERPRET", True)
+    assert decoder.fused_gemms_enabled(cpu)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", None)
+    capability[0] = (9, 0)
+    monkeypatch.setattr(decoder, "FOLD_NORMS", False)
+    assert not decoder.fused_gemms_enabled(cuda)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
+    monkeypatch.setattr(decoder, "FOLD_NORMS", True)
+    assert not decoder.fused_gemms_enabled(cuda)

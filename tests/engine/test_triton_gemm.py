@@ -234,14 +234,15 @@ def _same_completions(off, on) -> None:
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
 def test_engine_layers_through_the_fused_gemms_give_the_same_tokens(tiny_dirs, monkeypatch, arch):
-    """The engine with ``TRITON_GEMM`` on runs every layer through ``forward_fused`` (a prefill of 28 rows and the
-    decode steps) and gives the torch path's greedy tokens, log-probs within 1e-5 (fp32; on a GPU through its
-    CUDA graphs)."""
+    """The engine with ``TRITON_GEMM`` on (and the norms in the GEMMs' prologues, not folded) runs every layer
+    through ``forward_fused`` (a prefill of 28 rows and the decode steps) and gives the torch path's greedy tokens,
+    log-probs within 1e-5 (fp32; on a GPU through its CUDA graphs)."""
     from asyncrl.engine import triton_gemm
 
     calls = []
     made = triton_gemm.norm_linear
     monkeypatch.setattr(triton_gemm, "norm_linear", lambda *a, **k: calls.append(a[0].shape[0]) or made(*a, **k))
+    monkeypatch.setattr(decoder, "FOLD_NORMS", False)  # the norm prologues (folding: the next test)
     monkeypatch.setattr(decoder, "TRITON_GEMM", False)
     off = _greedy(_engine(tiny_dirs[arch]))
     assert calls == []
@@ -294,6 +295,35 @@ def test_folded_norms_give_the_same_tokens_and_follow_weight_syncs(tiny_dirs, hf
     _same_completions(reference, _greedy(llm))
     llm.update_weights(original.items(), version=2)
     _same_completions(first, _greedy(llm))
+
+
+def test_folded_weights_are_made_before_the_kv_pool_is_sized(tiny_dirs, monkeypatch):
+    """``prepare_fused_gemms`` makes every layer's folded (qkv, gate_up) copies where decode forwards will fold and
+    returns their bytes, none where they will not (``FOLD_NORMS`` off, or the fused path off); a GPU engine has them
+    before its first forward, so its KV pool was sized with them in memory."""
+    from asyncrl.engine.models import load_model
+
+    def fresh():
+        return load_model(tiny_dirs["qwen3"], dtype=torch.float32, device=DEVICE).model
+
+    monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+    model = fresh()
+    expected = sum(4 * (layer.self_attn.qkv_proj.weight.numel() + layer.mlp.gate_up_proj.weight.numel())
+                   for layer in model.layers)
+    assert model.prepare_fused_gemms(torch.float32, DEVICE) == expected > 0
+    assert all(layer._folded is not None for layer in model.layers)
+    monkeypatch.setattr(decoder, "FOLD_NORMS", False)
+    unfolded = fresh()
+    assert unfolded.prepare_fused_gemms(torch.float32, DEVICE) == 0
+    assert all(layer._folded is None for layer in unfolded.layers)
+    monkeypatch.setattr(decoder, "FOLD_NORMS", True)
+    monkeypatch.setattr(decoder, "TRITON_GEMM", False)
+    assert fresh().prepare_fused_gemms(torch.float32, DEVICE) == 0
+    if CUDA:
+        monkeypatch.setattr(decoder, "TRITON_GEMM", True)
+        llm = _engine(tiny_dirs["qwen3"])
+        assert llm.runner.folded_weight_bytes == expected
+        assert all(layer._folded is not None for layer in llm.runner.model.model.layers)
 
 
 @pytest.fixture(scope="module")

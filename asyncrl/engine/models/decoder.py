@@ -125,20 +125,30 @@ TRITON_SILU = True
 # program, fewer and wider programs than Inductor's at a decode step's few hundred rows (bench/glue_kernels.py)
 TRITON_NORM = True
 # CUDA, decode-sized batches: the layer's GEMMs as triton_gemm's kernels with the residual adds, RMSNorms, SwiGLU and
-# (TRITON_GEMM_QKV) the q/k norm + RoPE + K/V write inside them (five kernels a layer instead of nine). Off until an
-# H200 A/B shows it faster (bench/RESULTS.md, issue 23); read at each forward, so CUDA graphs keep the choice made at
-# capture.
-TRITON_GEMM = False
+# (TRITON_GEMM_QKV) the q/k norm + RoPE + K/V write inside them (five kernels a layer instead of nine). None (default):
+# on where it was measured faster end to end, a CUDA device of compute capability 9.x (Hopper) with FOLD_NORMS (1.023x
+# at workload (a) on an H100, every interleaved repeat >= 1.02x; without the folding 0.93x: bench/RESULTS.md, issue
+# 23); True: forced (any CUDA device with TMA, or the Triton interpreter: tests); False: off. Read at each forward, so
+# CUDA graphs keep the choice made at capture.
+TRITON_GEMM: Optional[bool] = None
 # With TRITON_GEMM and the fused K/V write: the q/k norm + RoPE + K/V write in the qkv GEMM's epilogue (five kernels a
 # layer); off: triton_qkv's own kernel after the GEMM (benchmarks flip it to time the epilogue alone)
 TRITON_GEMM_QKV = True
 # With TRITON_GEMM: each RMSNorm weight folded into the projection after it (``triton_gemm.fold_norm``: W diag(w), kept
 # per layer and re-folded in place on every weight load), so qkv and gate_up run as plain TMA GEMMs with the row scale
 # in their epilogues instead of building the normed rows in registers (the prologue that doubled them). Another
-# rounding of the same product, not the engine's / HF's roundings; costs a second copy of those two weights
-# (bench/RESULTS.md, issue 23, session 54). Off until an A/B adopts it.
-FOLD_NORMS = False
+# rounding of the same product, not the engine's / HF's roundings (the log-prob mismatch against HF measured unchanged,
+# 0.00737 vs 0.00735); costs a second copy of those two weights (~0.6 GB at 0.6B, ~9 GB at 8B), made before the KV
+# pool is sized so the pool leaves room for it (``DecoderModel.prepare_fused_gemms``).
+FOLD_NORMS = True
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"  # the Triton interpreter runs the kernels on CPU (tests)
+
+
+def fused_gemms_enabled(device: torch.device) -> bool:
+    """Whether ``TRITON_GEMM`` sends decode-sized forwards on ``device`` through ``triton_gemm`` (see the flag)."""
+    if TRITON_GEMM is None:
+        return FOLD_NORMS and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    return TRITON_GEMM and (device.type == "cuda" or _INTERPRET)
 
 
 def swiglu(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
@@ -351,14 +361,25 @@ class DecoderModel(nn.Module):
         return self.norm(x, residual)[0]
 
     def fits_fused_gemms(self, x: torch.Tensor) -> bool:
-        """Whether this forward takes ``forward_fused``: ``TRITON_GEMM`` on, the embedding ``x [T, hidden]`` on
-        CUDA (or the Triton interpreter) with at most ``triton_gemm.MAX_ROWS`` rows, every layer fitting."""
-        if not (TRITON_GEMM and (x.is_cuda or _INTERPRET) and x.dim() == 2):
+        """Whether this forward takes ``forward_fused``: ``fused_gemms_enabled`` on ``x``'s device, the embedding
+        ``x [T, hidden]`` with at most ``triton_gemm.MAX_ROWS`` rows, every layer fitting."""
+        if not (fused_gemms_enabled(x.device) and x.dim() == 2):
             return False
         from asyncrl.engine.triton_gemm import MAX_ROWS, tma_ready
 
-        return (0 < x.shape[0] <= MAX_ROWS and tma_ready(x) and type(self.norm) is RMSNorm
-                and all(isinstance(layer, DecoderLayer) and layer.fits_fused_gemms(x.dtype) for layer in self.layers))
+        return 0 < x.shape[0] <= MAX_ROWS and tma_ready(x) and self.layers_fit_fused_gemms(x.dtype)
+
+    def layers_fit_fused_gemms(self, dtype: torch.dtype) -> bool:
+        """Whether every layer (and the final norm) can run through ``forward_fused`` in ``dtype``."""
+        return type(self.norm) is RMSNorm and all(isinstance(layer, DecoderLayer) and layer.fits_fused_gemms(dtype)
+                                                  for layer in self.layers)
+
+    def prepare_fused_gemms(self, dtype: torch.dtype, device: torch.device) -> int:
+        """Make every layer's folded weights now if decode forwards will fold (``FOLD_NORMS``), so they are in memory
+        before the engine sizes its KV pool from what is free: -> bytes they take (0 where nothing folds)."""
+        if not (FOLD_NORMS and fused_gemms_enabled(device) and self.layers_fit_fused_gemms(dtype)):
+            return 0
+        return sum(w.numel() * w.element_size() for layer in self.layers for w in layer.folded_weights())
 
     def forward_fused(self, x, positions, meta):
         """``forward`` with every layer through ``DecoderLayer.forward_fused`` (the embedding's row sums of squares
