@@ -24,8 +24,10 @@ after one untimed run of each (``engine.bench.interleaved_ab``). GPU only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,22 +44,20 @@ def _one_token_launch(tokens: int) -> tuple[int, int]:
 
 def variant(qkv_tiled: bool, triton_silu: bool, triton_norm: bool, triton_gemm: bool = False,
             qkv_epilogue: bool = True, fused_head: bool = False, pdl_launch: bool = False, fold_norms: bool = False):
-    """A no-argument switch of the module-level choices the engine reads at capture and at eager steps."""
+    """A no-argument switch of the module-level choices the engine reads at capture and at eager steps; its
+    ``settings`` ({module: {name: value}}) name every switch it sets."""
+    settings = {triton_qkv: dict(qkv_launch=ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch),
+                decoder: dict(TRITON_SILU=triton_silu, TRITON_NORM=triton_norm, TRITON_GEMM=triton_gemm,
+                              TRITON_GEMM_QKV=qkv_epilogue, FOLD_NORMS=fold_norms),
+                model_runner: dict(FUSED_LM_HEAD_SAMPLER=fused_head), pdl: dict(ENABLED=pdl_launch)}
+
     def apply() -> None:
-        triton_qkv.qkv_launch = ENGINE_QKV_LAUNCH if qkv_tiled else _one_token_launch
-        decoder.TRITON_SILU = triton_silu
-        decoder.TRITON_NORM = triton_norm
-        decoder.TRITON_GEMM = triton_gemm
-        decoder.TRITON_GEMM_QKV = qkv_epilogue
-        model_runner.FUSED_LM_HEAD_SAMPLER = fused_head
-        pdl.ENABLED = pdl_launch
-        decoder.FOLD_NORMS = fold_norms
+        for module, values in settings.items():
+            for name, value in values.items():
+                setattr(module, name, value)
+    apply.settings = settings
     return apply
 
-
-# every module switch a variant sets (``variant``), restored after the A/B
-SWITCHES = {triton_qkv: ("qkv_launch",), model_runner: ("FUSED_LM_HEAD_SAMPLER",), pdl: ("ENABLED",),
-            decoder: ("TRITON_SILU", "TRITON_NORM", "TRITON_GEMM", "TRITON_GEMM_QKV", "FOLD_NORMS")}
 
 VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True, False),
             "both": variant(True, True, False), "all": variant(True, True, True),
@@ -74,13 +74,10 @@ VARIANTS = {"before": variant(False, False, False), "silu": variant(False, True,
 def run(repeats: int, kv_dtypes: list[str], blocks: int, names: list[str]) -> dict:
     from asyncrl.engine.bench import workloads_ab
 
-    saved = {m: {k: getattr(m, k) for k in keys} for m, keys in SWITCHES.items()}
-    try:
+    with contextlib.ExitStack() as restore:  # the engine's own choices back afterwards
+        for module, values in VARIANTS[names[0]].settings.items():
+            restore.enter_context(mock.patch.multiple(module, **{name: getattr(module, name) for name in values}))
         return workloads_ab({n: VARIANTS[n] for n in names}, kv_dtypes, blocks, repeats)
-    finally:  # the engine's defaults back
-        for module, values in saved.items():
-            for k, v in values.items():
-                setattr(module, k, v)
 
 
 def main() -> int:

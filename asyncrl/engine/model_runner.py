@@ -165,7 +165,7 @@ class ModelRunner:
     def _prepare_fused_gemms(self) -> int:
         """The decoder's folded qkv / gate_up weights (``decoder.FOLD_NORMS``), made now on a GPU where the decode
         layers will fold: -> their bytes (0 where none)."""
-        prepare = getattr(getattr(self.model, "model", None), "prepare_fused_gemms", None)
+        prepare = getattr(self.model.model, "prepare_fused_gemms", None)  # the dense decoder's
         if not (self.is_cuda and prepare):
             return 0
         made = prepare(self.dtype, self.device)
